@@ -1,0 +1,121 @@
+"""Consensus channel: member <-> member (Aeron ids 50-57, 75-76, plus Triarch's own 58-60).
+
+Triarch ships the replicated log over the same member link as the consensus messages
+(Aeron uses a separate log channel): :class:`AppendRequest` carries a byte range of the
+log exactly as it is in the leader's archive, so followers append it unchanged.
+"""
+
+from __future__ import annotations
+
+from .._typing import Int32, Int64
+from ._base import Message
+
+
+class CanvassPosition(Message, tag=50):
+    log_leadership_term_id: Int64
+    log_position: Int64
+    leadership_term_id: Int64
+    follower_member_id: Int32
+    protocol_version: Int32
+
+
+class RequestVote(Message, tag=51):
+    log_leadership_term_id: Int64
+    log_position: Int64
+    candidate_term_id: Int64
+    candidate_member_id: Int32
+    protocol_version: Int32
+
+
+class Vote(Message, tag=52):
+    candidate_term_id: Int64
+    log_leadership_term_id: Int64
+    log_position: Int64
+    candidate_member_id: Int32
+    follower_member_id: Int32
+    vote: bool
+
+
+class NewLeadershipTerm(Message, tag=53):
+    log_leadership_term_id: Int64
+    next_leadership_term_id: Int64
+    next_term_base_log_position: Int64
+    next_log_position: Int64
+    leadership_term_id: Int64
+    term_base_log_position: Int64
+    log_position: Int64
+    leader_recording_id: Int64
+    timestamp: Int64
+    leader_member_id: Int32
+    log_session_id: Int32
+    app_version: Int32
+    is_startup: bool
+
+
+class AppendPosition(Message, tag=54):
+    leadership_term_id: Int64
+    log_position: Int64
+    follower_member_id: Int32
+    flags: Int32 = 0
+
+
+class CommitPosition(Message, tag=55):
+    leadership_term_id: Int64
+    log_position: Int64
+    leader_member_id: Int32
+
+
+class CatchupPosition(Message, tag=56):
+    leadership_term_id: Int64
+    log_position: Int64
+    follower_member_id: Int32
+    catchup_endpoint: str = ""
+
+
+class StopCatchup(Message, tag=57):
+    leadership_term_id: Int64
+    follower_member_id: Int32
+
+
+class MemberHello(Message, tag=58):
+    """First frame on a member link: who is calling, and with which protocol version."""
+
+    member_id: Int32
+    protocol_version: Int32
+    cluster_id: Int32 = 0
+
+
+class AppendRequest(Message, tag=59):
+    """A byte range of the leader's log, ``[log_position, log_position + len(data))``."""
+
+    leadership_term_id: Int64
+    log_position: Int64
+    leader_member_id: Int32
+    data: bytes
+
+
+class TerminationPosition(Message, tag=75):
+    leadership_term_id: Int64
+    log_position: Int64
+
+
+class TerminationAck(Message, tag=76):
+    leadership_term_id: Int64
+    log_position: Int64
+    member_id: Int32
+
+
+ConsensusMessage = (
+    CanvassPosition
+    | RequestVote
+    | Vote
+    | NewLeadershipTerm
+    | AppendPosition
+    | CommitPosition
+    | CatchupPosition
+    | StopCatchup
+    | MemberHello
+    | AppendRequest
+    | TerminationPosition
+    | TerminationAck
+)

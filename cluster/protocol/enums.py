@@ -1,0 +1,66 @@
+"""Enumerations shared by the message channels (Aeron Cluster's codes, same values)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class EventCode(enum.IntEnum):
+    """Code carried by a :class:`~cluster.protocol.egress.SessionEvent`."""
+
+    OK = 0
+    ERROR = 1
+    REDIRECT = 2
+    AUTHENTICATION_REJECTED = 3
+    CLOSED = 4
+
+
+class CloseReason(enum.IntEnum):
+    """Why a ClusterSession was closed."""
+
+    CLIENT_ACTION = 0
+    SERVICE_ACTION = 1
+    TIMEOUT = 2
+
+
+class ClusterAction(enum.IntEnum):
+    """Action carried by a ClusterActionRequest on the log."""
+
+    SUSPEND = 0
+    RESUME = 1
+    SNAPSHOT = 2
+
+
+class SnapshotMark(enum.IntEnum):
+    BEGIN = 0
+    SECTION = 1
+    END = 2
+
+
+class ClusterTimeUnit(enum.IntEnum):
+    MILLIS = 0
+    MICROS = 1
+    NANOS = 2
+
+
+class AdminRequestType(enum.IntEnum):
+    SNAPSHOT = 0
+
+
+class AdminResponseCode(enum.IntEnum):
+    OK = 0
+    ERROR = 1
+    UNAUTHORISED_ACCESS = 2
+
+
+class ChangeType(enum.IntEnum):
+    JOIN = 0
+    QUIT = 1
+
+
+class Role(enum.IntEnum):
+    """Cluster role of a member (Aeron's ``Cluster.Role``)."""
+
+    FOLLOWER = 0
+    CANDIDATE = 1
+    LEADER = 2

@@ -1,0 +1,28 @@
+"""Semantic protocol version, packed as Aeron packs it: ``major << 16 | minor << 8 | patch``."""
+
+from __future__ import annotations
+
+
+def compose(major: int, minor: int, patch: int) -> int:
+    """Pack a semantic version into one int."""
+    for part in (major, minor, patch):
+        if not 0 <= part <= 255:
+            raise ValueError(f"version part out of range 0..255: {part}")
+    return (major << 16) | (minor << 8) | patch
+
+
+def major(version: int) -> int:
+    return (version >> 16) & 0xFF
+
+
+def to_string(version: int) -> str:
+    return f"{(version >> 16) & 0xFF}.{(version >> 8) & 0xFF}.{version & 0xFF}"
+
+
+PROTOCOL_VERSION = compose(1, 0, 0)
+"""Version of the session protocol; a client must share the cluster's major version."""
+
+
+def is_compatible(client_version: int, cluster_version: int = PROTOCOL_VERSION) -> bool:
+    """Aeron's rule: the major versions must match."""
+    return major(client_version) == major(cluster_version)
