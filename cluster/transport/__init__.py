@@ -1,0 +1,9 @@
+"""Transports: the :class:`Network` interface, real TCP, batched frame I/O."""
+
+from __future__ import annotations
+
+from .base import Network, StreamHandler
+from .framed import FrameWriter, read_frames
+from .tcp import TcpNetwork
+
+__all__ = ["FrameWriter", "Network", "StreamHandler", "TcpNetwork", "read_frames"]

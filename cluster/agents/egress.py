@@ -1,0 +1,136 @@
+"""Egress agent: one outbound connection per client session, shared by the consensus
+module and the service (Aeron's shared egress publication, seed 000).
+
+The consensus module asks to :meth:`EgressPublisher.connect` to a session's response
+channel (``host:port``); frames sent before the connection is up are queued (bounded) and
+go out first.  Each connection has one writer task that sends everything queued with one
+``send_all`` per wake-up.  Connection results are reported back to the consensus module.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from ..transport.base import Network
+from ..transport.framed import FrameWriter
+
+log = logging.getLogger("cluster.egress")
+
+
+class _Egress:
+    __slots__ = ("channel", "connected", "scope", "writer")
+
+    def __init__(self, channel: str, max_backlog: int) -> None:
+        self.channel = channel
+        self.writer = FrameWriter(max_backlog)
+        self.connected = False
+        self.scope = trio.CancelScope()
+
+
+def split_channel(channel: str) -> tuple[str, int]:
+    host, sep, port = channel.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"bad response channel {channel!r}: expected host:port")
+    return host.strip("[]"), int(port)
+
+
+class EgressPublisher:
+    """Implements :class:`cluster.core.consensus.EgressPort` over a :class:`Network`."""
+
+    def __init__(
+        self,
+        network: Network,
+        *,
+        max_backlog: int,
+        on_connected: Callable[[int], None],
+        on_failed: Callable[[int], None],
+        connect_timeout: float = 2.0,
+    ) -> None:
+        self.network = network
+        self.max_backlog = max_backlog
+        self.connect_timeout = connect_timeout
+        self._on_connected = on_connected
+        self._on_failed = on_failed
+        self._egress: dict[int, _Egress] = {}
+        self._nursery: trio.Nursery | None = None
+        self._queued_starts: list[tuple[int, _Egress]] = []
+        self.dropped_messages = 0
+
+    # ---- EgressPort -----------------------------------------------------------------
+
+    def connect(self, egress_id: int, channel: str) -> None:
+        old = self._egress.pop(egress_id, None)
+        if old is not None:
+            old.scope.cancel()
+        egress = _Egress(channel, self.max_backlog)
+        self._egress[egress_id] = egress
+        if self._nursery is None:
+            self._queued_starts.append((egress_id, egress))
+        else:
+            self._nursery.start_soon(self._run, egress_id, egress)
+
+    def send(self, egress_id: int, message: Any) -> bool:
+        egress = self._egress.get(egress_id)
+        if egress is None or not egress.writer.write_message(message):
+            self.dropped_messages += 1
+            return False
+        return True
+
+    def close(self, egress_id: int) -> None:
+        egress = self._egress.pop(egress_id, None)
+        if egress is not None:
+            egress.writer.close()
+            if not egress.connected:
+                egress.scope.cancel()
+
+    def backlog(self, egress_id: int) -> int:
+        egress = self._egress.get(egress_id)
+        return egress.writer.backlog if egress is not None else 0
+
+    def close_all(self) -> None:
+        for egress_id in list(self._egress):
+            self.close(egress_id)
+
+    # ---- the agent ------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for egress_id, egress in self._queued_starts:
+                nursery.start_soon(self._run, egress_id, egress)
+            self._queued_starts.clear()
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def drain(self, timeout: float) -> None:
+        """Close every connection after flushing it; wait up to ``timeout`` for that."""
+        self.close_all()
+        with trio.move_on_after(timeout):
+            while self._nursery is not None and len(self._nursery.child_tasks) > 1:
+                await trio.sleep(0.01)
+
+    async def _run(self, egress_id: int, egress: _Egress) -> None:
+        with egress.scope:
+            try:
+                host, port = split_channel(egress.channel)
+                with trio.fail_after(self.connect_timeout):
+                    stream = await self.network.open_stream(host, port)
+            except (OSError, ValueError, trio.TooSlowError) as exc:
+                log.info("egress %d to %s failed: %s", egress_id, egress.channel, exc)
+                if self._egress.get(egress_id) is egress:
+                    del self._egress[egress_id]
+                self._on_failed(egress_id)
+                return
+            egress.connected = True
+            self._on_connected(egress_id)
+            try:
+                await egress.writer.run(stream)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                log.info("egress %d to %s broke: %s", egress_id, egress.channel, exc)
+                if self._egress.get(egress_id) is egress:
+                    del self._egress[egress_id]
+                    self._on_failed(egress_id)

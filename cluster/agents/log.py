@@ -1,0 +1,151 @@
+"""Archive and log agents: persist the log, then feed committed entries to the service.
+
+The **archive agent** takes every record the consensus module has encoded since its last
+write and appends them as one batch (group commit: whatever accumulates during one
+write and fdatasync goes into the next).  Only after the archive returns does the
+position count as appended.  A failed write (a full disk) is retried with back-off; the
+commit position simply stops moving meanwhile, so nothing is acknowledged that is not on
+disk.
+
+The **log agent** applies records up to the commit position, in order, through the
+:class:`~cluster.core.service_container.ServiceContainer`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import trio
+
+from ..archive.errors import ArchiveWriteError
+from ..archive.segments import Archive
+from ..core.consensus import ConsensusModule
+from ..core.service_container import ServiceContainer
+
+log = logging.getLogger("cluster.log")
+
+
+class LogBuffer:
+    """Records appended but not yet applied: ``[base, base + len(data))`` of the log."""
+
+    __slots__ = ("base", "data")
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.data = bytearray()
+
+    @property
+    def end(self) -> int:
+        return self.base + len(self.data)
+
+
+class ArchiveAgent:
+    def __init__(
+        self,
+        archive: Archive,
+        cm: ConsensusModule,
+        log_buffer: LogBuffer,
+        on_appended: Callable[[], None],
+        *,
+        retry_interval: float = 1.0,
+    ) -> None:
+        self.archive = archive
+        self.cm = cm
+        self.log_buffer = log_buffer
+        self.on_appended = on_appended
+        self.retry_interval = retry_interval
+        self.wake = trio.Event()
+        self.batches = 0
+        self.bytes_appended = 0
+        self.write_errors = 0
+        self.last_error = ""
+        self.idle = trio.Event()
+
+    def kick(self) -> None:
+        self.wake.set()
+
+    async def run(self) -> None:
+        while True:
+            if not self.cm.log_buffer:
+                self.idle.set()
+                await self.wake.wait()
+            self.wake = trio.Event()
+            self.idle = trio.Event()
+            batch = self.cm.take_log_batch()
+            if batch is None:
+                continue
+            start, data = batch
+            if start != self.log_buffer.end:
+                raise RuntimeError(f"log gap: batch at {start}, buffer ends {self.log_buffer.end}")
+            self.log_buffer.data += data
+            position = await self._append(data)
+            self.batches += 1
+            self.bytes_appended += len(data)
+            self.cm.on_archive_position(position)
+            self.on_appended()
+
+    async def _append(self, data: bytearray) -> int:
+        while True:
+            try:
+                return await trio.to_thread.run_sync(self.archive.append, data)
+            except ArchiveWriteError as exc:
+                self.write_errors += 1
+                self.last_error = str(exc)
+                log.error(
+                    "archive write failed (%s); %d bytes held, retrying in %.1fs",
+                    exc, len(data), self.retry_interval,
+                )
+                await trio.sleep(self.retry_interval)
+
+    async def wait_idle(self) -> None:
+        """Wait until everything encoded so far is durably appended."""
+        while self.cm.log_buffer or not self.idle.is_set():
+            self.kick()
+            await self.idle.wait()
+            await trio.sleep(0)
+
+
+class LogAgent:
+    def __init__(
+        self,
+        cm: ConsensusModule,
+        container: ServiceContainer,
+        log_buffer: LogBuffer,
+        after_apply: Callable[[], None],
+    ) -> None:
+        self.cm = cm
+        self.container = container
+        self.log_buffer = log_buffer
+        self.after_apply = after_apply
+        self.wake = trio.Event()
+
+    @property
+    def applied_position(self) -> int:
+        return self.log_buffer.base
+
+    def kick(self) -> None:
+        self.wake.set()
+
+    def apply_committed(self) -> int:
+        buf = self.log_buffer
+        limit = self.cm.commit_position - buf.base
+        if limit <= 0:
+            return 0
+        with memoryview(buf.data) as view, view[:limit] as committed:
+            consumed = self.container.apply(
+                committed,
+                buf.base,
+                mirror_into_consensus=self.cm.role.name != "LEADER",
+            )
+        if consumed:
+            del buf.data[:consumed]
+            buf.base += consumed
+        return consumed
+
+    async def run(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake = trio.Event()
+            if self.apply_committed():
+                self.after_apply()

@@ -1,0 +1,309 @@
+"""Node configuration: defaults < TOML file < ``CLUSTER_*`` environment < command-line flags.
+
+Every setting is one :class:`Setting`: its flag (``--session-timeout``), its environment
+variable (``CLUSTER_SESSION_TIMEOUT``) and its TOML key (``session-timeout`` or
+``session_timeout``) are the same setting.  Durations accept ``10s``, ``200ms``,
+``500us``, ``1m``; sizes accept ``4096``, ``64KiB``, ``1MiB``.  Defaults follow Aeron
+Cluster's where Aeron has one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .archive.segments import FsyncPolicy
+from .protocol.framing import DEFAULT_MAX_FRAME_SIZE
+
+
+class ConfigError(ValueError):
+    """A setting with a bad value; the message names the setting and where it came from."""
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|m|h)?\s*$")
+_DURATION_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000,
+                "m": 60_000_000_000, "h": 3_600_000_000_000}
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB|k|m|g)?\s*$", re.IGNORECASE)
+_SIZE_MULT = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 1000,
+              "mb": 1000_000, "gb": 1000_000_000, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_duration_ns(text: str | int | float) -> int:
+    """``'10s'`` -> 10_000_000_000; a bare number is seconds."""
+    if isinstance(text, int | float):
+        return int(text * 1_000_000_000)
+    m = _DURATION.match(text)
+    if not m:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 10s, 200ms, 500us)")
+    value, unit = m.groups()
+    return int(float(value) * _DURATION_NS[unit or "s"])
+
+
+def format_duration(ns: int) -> str:
+    for unit in ("h", "m", "s", "ms", "us"):
+        mult = _DURATION_NS[unit]
+        if ns >= mult and ns % mult == 0:
+            return f"{ns // mult}{unit}"
+    return f"{ns}ns"
+
+
+def parse_size(text: str | int) -> int:
+    if isinstance(text, int):
+        return text
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"not a size: {text!r} (use e.g. 4096, 64KiB, 1MiB)")
+    value, unit = m.groups()
+    return int(value) * _SIZE_MULT[(unit or "b").lower()]
+
+
+def parse_bool(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _positive(parse: Callable[[Any], int]) -> Callable[[Any], int]:
+    def check(text: Any) -> int:
+        value = parse(text)
+        if value <= 0:
+            raise ValueError(f"must be positive, got {text!r}")
+        return value
+
+    return check
+
+
+def _int(text: Any) -> int:
+    if isinstance(text, bool):
+        raise ValueError(f"not an integer: {text!r}")
+    return int(text)
+
+
+@dataclass(frozen=True, slots=True)
+class MemberEndpoints:
+    member_id: int
+    host: str
+    ingress_port: int
+    consensus_port: int
+    admin_port: int
+
+    @property
+    def ingress(self) -> str:
+        return f"{self.host}:{self.ingress_port}"
+
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_INGRESS_PORT = 9010
+DEFAULT_CONSENSUS_PORT = 9020
+DEFAULT_ADMIN_PORT = 9030
+
+
+def parse_members(text: str) -> list[MemberEndpoints]:
+    """Parse ``0=host:ingress:consensus:admin,1=...`` into member endpoints."""
+    members: list[MemberEndpoints] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        ident, sep, rest = part.partition("=")
+        fields = rest.rsplit(":", 3)
+        if not sep or len(fields) != 4:
+            raise ValueError(
+                f"bad member {part!r}: expected id=host:ingress_port:consensus_port:admin_port"
+            )
+        try:
+            member_id = int(ident)
+            host = fields[0].strip("[]")
+            ports = [int(p) for p in fields[1:]]
+        except ValueError:
+            raise ValueError(f"bad member {part!r}: id and ports must be integers") from None
+        if not host or any(not 0 < p < 65536 for p in ports):
+            raise ValueError(f"bad member {part!r}: empty host or port outside 1..65535")
+        members.append(MemberEndpoints(member_id, host, *ports))
+    if not members:
+        raise ValueError("no members given")
+    ids = [m.member_id for m in members]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"duplicate member ids in {text!r}")
+    return members
+
+
+def format_ingress_endpoints(members: Sequence[MemberEndpoints]) -> str:
+    return ",".join(f"{m.member_id}={m.ingress}" for m in members)
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    name: str
+    default: Any
+    parse: Callable[[Any], Any]
+    help: str
+    show: Callable[[Any], str] = str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("member-id", 0, _int, "this member's id in --members"),
+    Setting("members", "", str,
+            "cluster members: 0=host:ingress:consensus:admin,1=...; empty = a single-member "
+            f"cluster on {DEFAULT_HOST}:{DEFAULT_INGRESS_PORT}:{DEFAULT_CONSENSUS_PORT}:"
+            f"{DEFAULT_ADMIN_PORT}"),
+    Setting("dir", "cluster-data", str, "data directory (archive segments, recording log)"),
+    Setting("service", "cluster.examples.kv:KeyValueService", str,
+            "the clustered service, MODULE:CLASS"),
+    Setting("authenticator", "", str,
+            "authenticator MODULE:CLASS (empty = accept every client as anonymous)"),
+    Setting("session-timeout", 10_000_000_000, _positive(parse_duration_ns),
+            "close a session idle this long", format_duration),
+    Setting("leader-heartbeat-timeout", 10_000_000_000, _positive(parse_duration_ns),
+            "followers start an election after this long without the leader", format_duration),
+    Setting("leader-heartbeat-interval", 200_000_000, _positive(parse_duration_ns),
+            "leader sends CommitPosition at least this often", format_duration),
+    Setting("election-timeout", 1_000_000_000, _positive(parse_duration_ns),
+            "candidate ballot timeout", format_duration),
+    Setting("startup-canvass-timeout", 60_000_000_000, _positive(parse_duration_ns),
+            "how long to canvass at start-up before nominating without every member",
+            format_duration),
+    Setting("slow-tick-interval", 10_000_000, _positive(parse_duration_ns),
+            "period of the slow tick (sessions, timeouts, heartbeats)", format_duration),
+    Setting("max-concurrent-sessions", 10, _positive(_int),
+            "more client sessions than this are rejected with ERROR"),
+    Setting("max-frame-size", DEFAULT_MAX_FRAME_SIZE, _positive(parse_size),
+            "largest frame accepted on any connection (bytes)"),
+    Setting("max-egress-backlog", 8 << 20, _positive(parse_size),
+            "per-session egress bytes queued before offers fail (back pressure)"),
+    Setting("fsync", FsyncPolicy.BATCH, FsyncPolicy.parse,
+            "archive fsync policy: batch (fdatasync each batch before it counts as "
+            "appended) or none", lambda v: v.value),
+    Setting("segment-size", 64 << 20, _positive(parse_size), "archive segment file size"),
+    Setting("log-level", "INFO", lambda v: str(v).upper(), "logging level"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    member_id: int = 0
+    members: str = ""
+    dir: str = "cluster-data"
+    service: str = "cluster.examples.kv:KeyValueService"
+    authenticator: str = ""
+    session_timeout: int = 10_000_000_000
+    leader_heartbeat_timeout: int = 10_000_000_000
+    leader_heartbeat_interval: int = 200_000_000
+    election_timeout: int = 1_000_000_000
+    startup_canvass_timeout: int = 60_000_000_000
+    slow_tick_interval: int = 10_000_000
+    max_concurrent_sessions: int = 10
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    max_egress_backlog: int = 8 << 20
+    fsync: FsyncPolicy = FsyncPolicy.BATCH
+    segment_size: int = 64 << 20
+    log_level: str = "INFO"
+
+    @property
+    def member_list(self) -> list[MemberEndpoints]:
+        if not self.members:
+            return [MemberEndpoints(self.member_id, DEFAULT_HOST, DEFAULT_INGRESS_PORT,
+                                    DEFAULT_CONSENSUS_PORT, DEFAULT_ADMIN_PORT)]
+        return parse_members(self.members)
+
+    @property
+    def this_member(self) -> MemberEndpoints:
+        for member in self.member_list:
+            if member.member_id == self.member_id:
+                return member
+        raise ConfigError(f"--member-id {self.member_id} is not in --members {self.members!r}")
+
+    def replace(self, **changes: Any) -> NodeConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _attr(name: str) -> str:
+    return name.replace("-", "_")
+
+
+def _apply(values: dict[str, Any], source: str, raw: Mapping[str, Any]) -> None:
+    by_key = {s.name: s for s in SETTINGS} | {_attr(s.name): s for s in SETTINGS}
+    for key, text in raw.items():
+        setting = by_key.get(key)
+        if setting is None:
+            raise ConfigError(f"unknown setting {key!r} in {source}")
+        try:
+            values[_attr(setting.name)] = setting.parse(text)
+        except ValueError as exc:
+            raise ConfigError(f"bad value for {setting.name} in {source}: {exc}") from None
+
+
+def build_parser(prog: str = "python -m cluster.node") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Run one Triarch cluster node. Settings come from defaults, then "
+        "--config FILE.toml, then CLUSTER_* environment variables, then flags.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", metavar="FILE.toml", help="TOML file of settings")
+    for s in SETTINGS:
+        env = "CLUSTER_" + _attr(s.name).upper()
+        parser.add_argument(
+            f"--{s.name}",
+            dest=_attr(s.name),
+            default=None,
+            metavar=_attr(s.name).upper(),
+            help=f"{s.help} (default: {s.show(s.default)}; env {env})",
+        )
+    return parser
+
+
+def load_config(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> NodeConfig:
+    """Resolve the configuration from defaults, TOML, environment and ``argv``."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    config_file = args.config or environ.get("CLUSTER_CONFIG")
+    if config_file:
+        try:
+            with open(config_file, "rb") as f:
+                data = tomllib.load(f)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {config_file}: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"bad TOML in {config_file}: {exc}") from None
+        _apply(values, config_file, data.get("node", data))
+    env = {
+        _attr(s.name): environ["CLUSTER_" + _attr(s.name).upper()]
+        for s in SETTINGS
+        if "CLUSTER_" + _attr(s.name).upper() in environ
+    }
+    _apply(values, "environment", env)
+    flags = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
+    _apply(values, "command line", flags)
+    config = NodeConfig(**values)
+    try:
+        config.member_list  # noqa: B018  (validate)
+    except ValueError as exc:
+        raise ConfigError(f"bad --members: {exc}") from None
+    config.this_member  # noqa: B018
+    return config
+
+
+def describe(config: NodeConfig) -> str:
+    """One line per setting, for the start-up log."""
+    lines = []
+    for s in SETTINGS:
+        lines.append(f"  {s.name} = {s.show(getattr(config, _attr(s.name)))}")
+    return "\n".join(lines)
+
+
+def data_path(config: NodeConfig) -> Path:
+    return Path(config.dir)

@@ -1,0 +1,66 @@
+"""Authentication of client sessions (Aeron's Authenticator / SessionProxy).
+
+The consensus module calls the :class:`Authenticator` as a connection progresses:
+
+1. :meth:`Authenticator.on_connect_request` with the credentials of the
+   SessionConnectRequest;
+2. :meth:`Authenticator.on_connected_session` on every slow tick once the session's egress
+   is connected, until the authenticator decides: ``authenticate``, ``challenge`` or
+   ``reject`` through the :class:`SessionProxy`;
+3. after a challenge, :meth:`Authenticator.on_challenge_response` with the client's
+   answer, then :meth:`Authenticator.on_challenged_session` on each slow tick until it
+   decides.
+
+Authenticators run in the consensus module, not in the replicated service, so they may
+use randomness and wall-clock time.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class SessionProxy(Protocol):
+    """What an authenticator may do to a session waiting for its decision."""
+
+    @property
+    def session_id(self) -> int: ...
+
+    def challenge(self, encoded_challenge: bytes) -> bool:
+        """Send a Challenge to the client; the session becomes CHALLENGED."""
+        ...
+
+    def authenticate(self, encoded_principal: bytes = b"") -> bool:
+        """Accept the session, naming its principal; the session becomes AUTHENTICATED."""
+        ...
+
+    def reject(self) -> None:
+        """Reject the session: the client gets AUTHENTICATION_REJECTED."""
+        ...
+
+
+class Authenticator:
+    """Base authenticator; the default accepts every session as an anonymous principal."""
+
+    #: Whether this authenticator really checks identities.  With the default
+    #: authenticator every client is anonymous, so principals mean nothing.
+    enforces_identity: bool = False
+
+    def on_connect_request(self, session_id: int, encoded_credentials: bytes, now_ms: int) -> None:
+        """Called when a SessionConnectRequest arrives (egress not yet connected)."""
+
+    def on_challenge_response(
+        self, session_id: int, encoded_credentials: bytes, now_ms: int
+    ) -> None:
+        """Called with the client's ChallengeResponse."""
+
+    def on_connected_session(self, proxy: SessionProxy, now_ms: int) -> None:
+        """Called on each slow tick for a CONNECTED session until a decision is made."""
+        proxy.authenticate(b"")
+
+    def on_challenged_session(self, proxy: SessionProxy, now_ms: int) -> None:
+        """Called on each slow tick for a CHALLENGED session until a decision is made."""
+
+
+DefaultAuthenticator = Authenticator
+"""Aeron's name for the accept-everything authenticator."""

@@ -1,0 +1,174 @@
+"""Feeds committed log records to the clustered service, in order (sans-IO).
+
+The container is Aeron's ClusteredServiceAgent in miniature: it decodes each committed
+record, keeps the service's view of client sessions, stamps egress replies with the
+timestamp of the log entry being processed (seed 002), fakes egress on followers, and
+routes the service's requests (close a session, timers) to the consensus module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..archive.record import RECORD_HEADER_LENGTH, iter_records
+from ..protocol.codec import LOG
+from ..protocol.enums import CloseReason, Role
+from ..protocol.ingress import SessionMessageHeader
+from ..protocol.log import (
+    ClusterActionRequest,
+    NewLeadershipTermEvent,
+    SessionCloseEvent,
+    SessionOpenEvent,
+    TimerEvent,
+)
+from ..service import ClientSession, ClusteredService
+from .consensus import ConsensusModule, EgressPort
+
+_decode_log = LOG.decode
+
+
+class _ClientSession:
+    __slots__ = (
+        "_container",
+        "encoded_principal",
+        "id",
+        "is_closing",
+        "response_channel",
+        "response_stream_id",
+    )
+
+    def __init__(self, container: ServiceContainer, event: SessionOpenEvent) -> None:
+        self._container = container
+        self.id = event.cluster_session_id
+        self.response_stream_id = event.response_stream_id
+        self.response_channel = event.response_channel
+        self.encoded_principal = event.encoded_principal
+        self.is_closing = False
+
+    def offer(self, payload: bytes) -> bool:
+        c = self._container
+        if self.is_closing or self.id not in c.sessions:
+            return False
+        if c.role is not Role.LEADER:
+            return True  # followers fake the egress (seed 002)
+        return c.egress.send(
+            self.id, SessionMessageHeader(c.leadership_term_id, self.id, c.time, payload)
+        )
+
+    def close(self) -> bool:
+        if self.is_closing or self.id not in self._container.sessions:
+            return False
+        self.is_closing = True
+        return self._container.close_client_session(self.id)
+
+    def __repr__(self) -> str:
+        return f"ClientSession(id={self.id}, channel={self.response_channel!r})"
+
+
+class ServiceContainer:
+    """Drives one :class:`ClusteredService` from the committed log."""
+
+    def __init__(
+        self,
+        service: ClusteredService,
+        consensus_module: ConsensusModule,
+        egress: EgressPort,
+        *,
+        member_id: int,
+        clock_ns: Callable[[], int],
+    ) -> None:
+        self.service = service
+        self.cm = consensus_module
+        self.egress = egress
+        self.member_id = member_id
+        self._clock_ns = clock_ns
+        self.role = Role.FOLLOWER
+        self.time = 0
+        self.log_position = 0
+        self.leadership_term_id = -1
+        self.sessions: dict[int, _ClientSession] = {}
+        self.applied_messages = 0
+
+    # ---- the Cluster handle -------------------------------------------------------
+
+    @property
+    def client_sessions(self) -> list[ClientSession]:
+        return list(self.sessions.values())
+
+    def get_client_session(self, cluster_session_id: int) -> ClientSession | None:
+        return self.sessions.get(cluster_session_id)
+
+    def close_client_session(self, cluster_session_id: int) -> bool:
+        if cluster_session_id not in self.sessions:
+            return False
+        return self.cm.on_service_close_session(cluster_session_id, self._clock_ns())
+
+    def schedule_timer(self, correlation_id: int, deadline: int) -> bool:
+        self.cm.schedule_timer(correlation_id, deadline)
+        return True
+
+    def cancel_timer(self, correlation_id: int) -> bool:
+        return self.cm.cancel_timer(correlation_id)
+
+    # ---- lifecycle ----------------------------------------------------------------
+
+    def start(self, snapshot: bytes | None = None) -> None:
+        self.service.on_start(self, snapshot)
+
+    def set_role(self, role: Role) -> None:
+        if role is not self.role:
+            self.role = role
+            self.service.on_role_change(role)
+
+    # ---- the log ------------------------------------------------------------------
+
+    def apply(
+        self,
+        data: bytes | bytearray | memoryview,
+        base_position: int,
+        *,
+        mirror_into_consensus: bool = False,
+    ) -> int:
+        """Apply every complete record in ``data`` (which starts at ``base_position``).
+
+        Returns the number of bytes consumed (whole records only).  With
+        ``mirror_into_consensus`` (followers, recovery) the consensus module also sees
+        each entry so it can rebuild its sessions and timers.
+        """
+        consumed = 0
+        service = self.service
+        sessions = self.sessions
+        mirror = self.cm.on_replay_log_message if mirror_into_consensus else None
+        now_ns = self._clock_ns() if mirror_into_consensus else 0
+        for offset, body in iter_records(data):
+            message = _decode_log(body)
+            consumed = offset + RECORD_HEADER_LENGTH + len(body)
+            position = base_position + consumed
+            self.log_position = position
+            self.time = message.timestamp
+            if mirror is not None:
+                mirror(message, position, now_ns)
+            if type(message) is SessionMessageHeader:
+                session = sessions.get(message.cluster_session_id)
+                if session is not None:
+                    self.applied_messages += 1
+                    service.on_session_message(session, message.timestamp, message.payload)
+            elif isinstance(message, SessionOpenEvent):
+                session = _ClientSession(self, message)
+                sessions[session.id] = session
+                service.on_session_open(session, message.timestamp)
+            elif isinstance(message, SessionCloseEvent):
+                closed = sessions.pop(message.cluster_session_id, None)
+                if closed is not None:
+                    closed.is_closing = True
+                    service.on_session_close(
+                        closed, message.timestamp, CloseReason(message.close_reason)
+                    )
+            elif isinstance(message, TimerEvent):
+                service.on_timer_event(message.correlation_id, message.timestamp)
+            elif isinstance(message, NewLeadershipTermEvent):
+                self.leadership_term_id = message.leadership_term_id
+                service.on_new_leadership_term_event(message)
+            elif isinstance(message, ClusterActionRequest):
+                pass  # snapshots and suspend/resume arrive with the cluster tool (issue 4)
+        return consumed

@@ -1,0 +1,17 @@
+"""EchoService: replies to every message with the same payload (used by the benchmark)."""
+
+from __future__ import annotations
+
+from ..service import ClientSession, ClusteredService
+
+
+class EchoService(ClusteredService):
+    def __init__(self) -> None:
+        self.messages = 0
+
+    def on_session_message(self, session: ClientSession, timestamp: int, payload: bytes) -> None:
+        self.messages += 1
+        session.offer(payload)
+
+    def on_take_snapshot(self) -> bytes:
+        return self.messages.to_bytes(8, "little")

@@ -1,0 +1,196 @@
+"""A replicated key-value store: :class:`KeyValueService` and :class:`KeyValueClient`.
+
+Requests and responses are msgspec Structs encoded with MessagePack; every request has a
+client-chosen ``request_id`` that its response echoes, so a client may keep many
+requests in flight on one session.  Keys are strings, values bytes.
+
+Run it::
+
+    python -m cluster.node --service cluster.examples.kv:KeyValueService
+
+and use it::
+
+    async with client.connect("0=127.0.0.1:9010") as c, KeyValueClient(c) as kv:
+        await kv.put("k", b"v")
+        assert await kv.get("k") == b"v"
+"""
+
+from __future__ import annotations
+
+import itertools
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ..service import ClientSession, Cluster, ClusteredService
+
+if TYPE_CHECKING:
+    import anyio.abc
+
+    from client import ClusterClient
+
+
+class Put(msgspec.Struct, tag="put", array_like=True):
+    request_id: int
+    key: str
+    value: bytes
+
+
+class Get(msgspec.Struct, tag="get", array_like=True):
+    request_id: int
+    key: str
+
+
+class Delete(msgspec.Struct, tag="del", array_like=True):
+    request_id: int
+    key: str
+
+
+class CompareAndSet(msgspec.Struct, tag="cas", array_like=True):
+    """Set ``key`` to ``value`` if its current value is ``expected`` (None = absent)."""
+
+    request_id: int
+    key: str
+    expected: bytes | None
+    value: bytes
+
+
+Request = Put | Get | Delete | CompareAndSet
+
+
+class Response(msgspec.Struct, array_like=True):
+    request_id: int
+    ok: bool
+    value: bytes | None = None
+    error: str = ""
+
+
+_request_decoder = msgspec.msgpack.Decoder(Request)
+_response_decoder = msgspec.msgpack.Decoder(Response)
+_encode = msgspec.msgpack.Encoder().encode
+_snapshot_decoder = msgspec.msgpack.Decoder(dict[str, bytes])
+
+
+class KeyValueError(Exception):
+    """The service refused a request (bad request bytes, for instance)."""
+
+
+class KeyValueService(ClusteredService):
+    """The replicated store: every member applies the same requests in log order."""
+
+    def __init__(self) -> None:
+        self.store: dict[str, bytes] = {}
+        self.requests = 0
+        self.bad_requests = 0
+
+    def on_start(self, cluster: Cluster, snapshot: bytes | None) -> None:
+        if snapshot:
+            self.store = _snapshot_decoder.decode(snapshot)
+
+    def on_take_snapshot(self) -> bytes:
+        return _encode(self.store)
+
+    def on_session_message(self, session: ClientSession, timestamp: int, payload: bytes) -> None:
+        self.requests += 1
+        try:
+            request = _request_decoder.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self.bad_requests += 1
+            session.offer(_encode(Response(-1, False, None, f"bad request: {exc}")))
+            return
+        session.offer(_encode(self.apply(request)))
+
+    def apply(self, request: Request) -> Response:
+        store = self.store
+        if isinstance(request, Put):
+            store[request.key] = request.value
+            return Response(request.request_id, True)
+        if isinstance(request, Get):
+            value = store.get(request.key)
+            return Response(request.request_id, value is not None, value)
+        if isinstance(request, Delete):
+            return Response(request.request_id, store.pop(request.key, None) is not None)
+        current = store.get(request.key)
+        if current != request.expected:
+            return Response(request.request_id, False, current)
+        store[request.key] = request.value
+        return Response(request.request_id, True, request.value)
+
+
+class KeyValueClient:
+    """Typed requests over a :class:`client.ClusterClient`, many in flight at once.
+
+    Use as an async context manager: it runs a task that matches responses to requests
+    by ``request_id``.
+    """
+
+    def __init__(self, cluster_client: ClusterClient) -> None:
+        self.client = cluster_client
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, Any] = {}
+        self._results: dict[int, Response] = {}
+        self._error: BaseException | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    async def __aenter__(self) -> KeyValueClient:
+        import anyio
+
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._receive_loop)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        await self._tg.__aexit__(exc_type, exc, tb)
+
+    async def _receive_loop(self) -> None:
+        try:
+            while True:
+                payload = await self.client.receive()
+                response = _response_decoder.decode(payload)
+                event = self._waiting.pop(response.request_id, None)
+                if event is not None:
+                    self._results[response.request_id] = response
+                    event.set()
+        except Exception as exc:  # wake every waiter with the cause
+            self._error = exc
+            for event in self._waiting.values():
+                event.set()
+            self._waiting.clear()
+
+    async def request(self, build: Any, *args: Any) -> Response:
+        import anyio
+
+        if self._error is not None:
+            raise self._error
+        request_id = next(self._ids)
+        event = anyio.Event()
+        self._waiting[request_id] = event
+        await self.client.offer(_encode(build(request_id, *args)))
+        await event.wait()
+        response = self._results.pop(request_id, None)
+        if response is None:
+            raise self._error or KeyValueError("no response")
+        if response.error:
+            raise KeyValueError(response.error)
+        return response
+
+    async def put(self, key: str, value: bytes) -> None:
+        await self.request(Put, key, value)
+
+    async def get(self, key: str) -> bytes | None:
+        return (await self.request(Get, key)).value
+
+    async def delete(self, key: str) -> bool:
+        return (await self.request(Delete, key)).ok
+
+    async def compare_and_set(self, key: str, expected: bytes | None, value: bytes) -> bool:
+        return (await self.request(CompareAndSet, key, expected, value)).ok

@@ -1,0 +1,358 @@
+"""A Triarch cluster node: ``python -m cluster.node``.
+
+The node is a Trio nursery with one task per agent (DESIGN.md section 1)::
+
+    node nursery
+    ├── ingress     accepts clients, decodes frames into the ingress inbox
+    ├── consensus   drains the inbox into the ConsensusModule (sequencing the log)
+    ├── archive     appends the encoded log in batches, fdatasync, reports the position
+    ├── log         applies committed entries to the clustered service
+    ├── slow_tick   every 10 ms: pending sessions, session timeouts, timers
+    └── egress      one connection per session, batched writes
+
+The consensus module and the service container are sans-IO objects from
+``cluster.core``; the agents only move bytes and time in and out of them.  A failure in
+any agent cancels the nursery, so the node never runs half alive.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from .agents.egress import EgressPublisher
+from .agents.ingress import IngressAgent, IngressInbox
+from .agents.log import ArchiveAgent, LogAgent, LogBuffer
+from .archive.errors import ArchiveError
+from .archive.recording_log import RecordingLog
+from .archive.segments import Archive
+from .config import ConfigError, NodeConfig, describe, format_ingress_endpoints, load_config
+from .core.auth import Authenticator
+from .core.consensus import ConsensusConfig, ConsensusModule
+from .core.service_container import ServiceContainer
+from .protocol.enums import Role
+from .protocol.ingress import (
+    AdminRequest,
+    ChallengeResponse,
+    SessionCloseRequest,
+    SessionConnectRequest,
+    SessionKeepAlive,
+    SessionMessageHeader,
+)
+from .service import ClusteredService
+from .transport.base import Network
+from .transport.tcp import TcpNetwork
+
+log = logging.getLogger("cluster.node")
+
+REPLAY_CHUNK = 8 << 20
+
+
+def load_object(spec: str, what: str) -> Any:
+    """Import ``module:Name`` and return the object, with a clear error if it fails."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"bad {what} {spec!r}: expected MODULE:CLASS")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {what} module {module_name!r}: {exc}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"{what} {spec!r}: module has no attribute {attr!r}") from None
+
+
+class Node:
+    """One cluster member: its state, its agents and its lifecycle."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        service: ClusteredService,
+        *,
+        authenticator: Authenticator | None = None,
+        network: Network | None = None,
+    ) -> None:
+        self.config = config
+        self.service = service
+        self.network = network or TcpNetwork()
+        self.member = config.this_member
+        self.members = config.member_list
+        self.authenticator = authenticator
+        self.ingress_port = self.member.ingress_port
+        self._ready = trio.Event()
+        self._stopping = False
+        self._nursery: trio.Nursery | None = None
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.config.dir)
+
+    def _now_ns(self) -> int:
+        return time.monotonic_ns()
+
+    # ------------------------------------------------------------------ start-up
+
+    def _open_storage(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.archive = Archive.open(
+            self.data_dir / "archive",
+            segment_size=self.config.segment_size,
+            fsync=self.config.fsync,
+        )
+        self.recording_log = RecordingLog.open(self.data_dir)
+
+    def _build(self) -> None:
+        cfg = self.config
+        position = self.archive.position
+        self.egress = EgressPublisher(
+            self.network,
+            max_backlog=cfg.max_egress_backlog,
+            on_connected=self._on_egress_connected,
+            on_failed=self._on_egress_failed,
+        )
+        self.cm = ConsensusModule(
+            ConsensusConfig(
+                member_id=cfg.member_id,
+                session_timeout_ns=cfg.session_timeout,
+                max_concurrent_sessions=cfg.max_concurrent_sessions,
+                ingress_endpoints=format_ingress_endpoints(self.members),
+                member_count=len(self.members),
+            ),
+            self.egress,
+            self.authenticator,
+            log_position=position,
+            epoch_offset_ns=time.time_ns() - time.monotonic_ns(),
+        )
+        self.container = ServiceContainer(
+            self.service, self.cm, self.egress, member_id=cfg.member_id, clock_ns=self._now_ns
+        )
+        self.log_buffer = LogBuffer(position)
+        self.inbox = IngressInbox()
+        self.archive_agent = ArchiveAgent(self.archive, self.cm, self.log_buffer, self._on_appended)
+        self.log_agent = LogAgent(self.cm, self.container, self.log_buffer, self._after_apply)
+        self.ingress = IngressAgent(
+            self.network,
+            self.member.host,
+            self.member.ingress_port,
+            self.inbox,
+            max_frame_size=cfg.max_frame_size,
+        )
+
+    def _replay(self) -> int:
+        """Replay the archived log into the consensus module and the service."""
+        start = time.perf_counter()
+        position = 0
+        end = self.archive.position
+        chunk = REPLAY_CHUNK
+        while position < end:
+            data = self.archive.read(position, min(end, position + chunk))
+            consumed = self.container.apply(data, position, mirror_into_consensus=True)
+            if consumed == 0:
+                chunk *= 2  # one record larger than the chunk
+                continue
+            position += consumed
+        if end:
+            log.info(
+                "replayed %d bytes of log (%d messages) in %.3fs",
+                end, self.container.applied_messages, time.perf_counter() - start,
+            )
+        return position
+
+    def _elect_single_member(self) -> None:
+        """A cluster of one: become leader of the next term at once."""
+        last = self.recording_log.find_last_term()
+        term = 0 if last is None else last.leadership_term_id + 1
+        now = self._now_ns()
+        self.recording_log.append_term(term, self.archive.position, self.cm.cluster_time(now))
+        self.cm.become_leader(term, now)
+        self.container.set_role(Role.LEADER)
+        log.info(
+            "member %d is LEADER of term %d at log position %d",
+            self.config.member_id, term, self.archive.position,
+        )
+
+    # ------------------------------------------------------------------ callbacks
+
+    def _on_egress_connected(self, egress_id: int) -> None:
+        self.cm.on_egress_connected(egress_id)
+
+    def _on_egress_failed(self, egress_id: int) -> None:
+        self.cm.on_egress_failed(egress_id)
+
+    def _on_appended(self) -> None:
+        self.log_agent.kick()
+
+    def _after_apply(self) -> None:
+        if self.cm.log_buffer:
+            self.archive_agent.kick()
+
+    # ------------------------------------------------------------------ agents
+
+    async def _consensus_agent(self) -> None:
+        inbox = self.inbox
+        cm = self.cm
+        on_ingress = cm.on_ingress_message
+        while True:
+            await inbox.wake.wait()
+            batch = inbox.take()
+            now = self._now_ns()
+            for message in batch:
+                if type(message) is SessionMessageHeader:
+                    on_ingress(message, now)
+                elif isinstance(message, SessionKeepAlive):
+                    cm.on_keepalive(message, now)
+                elif isinstance(message, SessionConnectRequest):
+                    cm.on_session_connect(message, now)
+                elif isinstance(message, SessionCloseRequest):
+                    cm.on_session_close_request(message, now)
+                elif isinstance(message, ChallengeResponse):
+                    cm.on_challenge_response(message, now)
+                elif isinstance(message, AdminRequest):
+                    cm.on_admin_request(message, now)
+            cm.consensus_work(now)
+            if cm.log_buffer:
+                self.archive_agent.kick()
+            await trio.sleep(0)
+
+    async def _slow_tick_agent(self) -> None:
+        interval = self.config.slow_tick_interval / 1e9
+        deadline = trio.current_time()
+        while True:
+            deadline += interval
+            await trio.sleep_until(deadline)
+            now = self._now_ns()
+            self.cm.on_slow_tick(now)
+            self.cm.consensus_work(now)
+            if self.cm.log_buffer:
+                self.archive_agent.kick()
+            if trio.current_time() > deadline + interval:
+                deadline = trio.current_time()  # overran: don't try to catch up
+
+    async def _signal_agent(self) -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("received %s: shutting down", signal.Signals(signum).name)
+                await self.shutdown()
+                return
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(
+        self,
+        *,
+        handle_signals: bool = True,
+        task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Recover, elect, run every agent until shut down."""
+        await trio.to_thread.run_sync(self._open_storage)
+        try:
+            self._build()
+            if self.cm.authenticator.enforces_identity is False and self.config.authenticator:
+                log.info("authenticator %s", self.config.authenticator)
+            self.container.start(None)
+            self._replay()
+            self.cm.commit_position = self.archive.position  # single member: durable == committed
+            if len(self.members) != 1:
+                raise ConfigError(
+                    "multi-member clusters are not supported by this build yet "
+                    f"(got {len(self.members)} members)"
+                )
+            self._elect_single_member()
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self.ingress_port = await nursery.start(self.ingress.run)
+                await nursery.start(self.egress.run)
+                nursery.start_soon(self._consensus_agent, name="consensus")
+                nursery.start_soon(self.archive_agent.run, name="archive")
+                nursery.start_soon(self.log_agent.run, name="log")
+                nursery.start_soon(self._slow_tick_agent, name="slow_tick")
+                if handle_signals:
+                    nursery.start_soon(self._signal_agent, name="signals")
+                self.archive_agent.kick()
+                log.info(
+                    "node %d ready: ingress %s:%d, data %s",
+                    self.config.member_id, self.member.host, self.ingress_port, self.data_dir,
+                )
+                self._ready.set()
+                task_status.started(self)
+        finally:
+            with trio.CancelScope(shield=True):
+                try:
+                    self.service.on_terminate(self.container)
+                finally:
+                    self.archive.close()
+
+    async def shutdown(self, drain_timeout: float = 5.0) -> None:
+        """Graceful stop: no new ingress, log flushed to disk and applied, egress flushed."""
+        if self._stopping or self._nursery is None:
+            return
+        self._stopping = True
+        with trio.move_on_after(drain_timeout) as scope:
+            await self.archive_agent.wait_idle()
+            while self.log_agent.applied_position < self.cm.commit_position:
+                self.log_agent.kick()
+                await trio.sleep(0.001)
+            await self.egress.drain(timeout=1.0)
+        if scope.cancelled_caught:
+            log.warning("shutdown drain timed out after %.1fs", drain_timeout)
+        self._nursery.cancel_scope.cancel()
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level, logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = load_config(argv)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    _configure_logging(config.log_level)
+    try:
+        service_cls = load_object(config.service, "service")
+        authenticator = (
+            load_object(config.authenticator, "authenticator")() if config.authenticator else None
+        )
+        service = service_cls()
+        if not isinstance(service, ClusteredService):
+            raise ConfigError(f"service {config.service!r} is not a ClusteredService")
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    log.info("starting member %d (pid %d) with\n%s", config.member_id, os.getpid(),
+             describe(config))
+    node = Node(config, service, authenticator=authenticator)
+    try:
+        trio.run(node.run)
+    except ArchiveError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    except OSError as exc:
+        log.error("node stopped: %s", exc)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
