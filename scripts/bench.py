@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Benchmark: drive the echo service with many messages in flight.
+
+Starts a local cluster running ``cluster.examples.echo:EchoService`` (or uses
+``--endpoints`` of a running one), opens ``--clients`` sessions and keeps ``--in-flight``
+messages outstanding in total.  Each payload carries its send time; an echo coming back
+means the message was committed (durably appended by a quorum) and applied.  Prints
+committed messages/s and round-trip latency percentiles from an HDR-style histogram, as
+text or ``--json``.
+
+    python3 scripts/dev.py bench --duration 10 --in-flight 2000 --payload 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import client  # noqa: E402
+from cluster.local import LocalCluster  # noqa: E402
+from cluster.metrics import Histogram  # noqa: E402
+
+STAMP = struct.Struct("<qq")  # sequence, send time (perf_counter_ns)
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.histogram = Histogram()
+        self.sent = 0
+        self.received = 0
+        self.measured = 0
+        self.measuring = False
+
+
+async def run_client(
+    endpoints: str, stats: Stats, window: int, payload_size: int, stop: trio.Event,
+    rate: float | None,
+) -> None:
+    padding = b"x" * max(0, payload_size - STAMP.size)
+    credit = trio.Semaphore(window)
+    async with client.connect(endpoints, connect_timeout=10) as c:
+
+        async def receiver() -> None:
+            hist = stats.histogram
+            while True:
+                payload = await c.receive()
+                now = time.perf_counter_ns()
+                _, sent_at = STAMP.unpack_from(payload)
+                stats.received += 1
+                if stats.measuring:
+                    stats.measured += 1
+                    hist.record(now - sent_at)
+                credit.release()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(receiver)
+            seq = 0
+            interval = 1.0 / rate if rate else 0.0
+            next_send = time.perf_counter()
+            while not stop.is_set():
+                await credit.acquire()
+                if interval:
+                    # open loop: latency counts from the intended send time
+                    next_send += interval
+                    delay = next_send - time.perf_counter()
+                    if delay > 0:
+                        await trio.sleep(delay)
+                    intended = int(next_send * 1e9)
+                else:
+                    intended = time.perf_counter_ns()
+                seq += 1
+                await c.offer(STAMP.pack(seq, intended) + padding)
+                stats.sent += 1
+            # let in-flight messages come back before closing
+            with trio.move_on_after(5):
+                while stats.received < stats.sent:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+
+
+async def bench(args: argparse.Namespace, endpoints: str) -> dict[str, object]:
+    stats = Stats()
+    stop = trio.Event()
+    window = max(1, args.in_flight // args.clients)
+    per_client_rate = args.rate / args.clients if args.rate else None
+    async with trio.open_nursery() as nursery:
+        for _ in range(args.clients):
+            nursery.start_soon(
+                run_client, endpoints, stats, window, args.payload, stop, per_client_rate
+            )
+        await trio.sleep(args.warmup)
+        stats.measuring = True
+        start_received = stats.received
+        started = time.perf_counter()
+        await trio.sleep(args.duration)
+        elapsed = time.perf_counter() - started
+        committed = stats.received - start_received
+        stats.measuring = False
+        stop.set()
+    h = stats.histogram
+    return {
+        "nodes": args.nodes,
+        "clients": args.clients,
+        "in_flight": args.in_flight,
+        "payload_bytes": args.payload,
+        "rate": args.rate,
+        "fsync": args.fsync,
+        "duration_s": round(elapsed, 3),
+        "committed_messages": committed,
+        "messages_per_s": round(committed / elapsed, 1),
+        "payload_mb_per_s": round(committed * args.payload / elapsed / 1e6, 2),
+        "latency_us": {
+            "p50": h.percentile(50) / 1e3,
+            "p90": h.percentile(90) / 1e3,
+            "p99": h.percentile(99) / 1e3,
+            "p999": h.percentile(99.9) / 1e3,
+            "max": h.max / 1e3,
+            "mean": round(h.mean / 1e3, 1),
+            "samples": h.count,
+        },
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, default=1, choices=[1, 3, 5])
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--in-flight", type=int, default=1000, help="messages outstanding, in total")
+    p.add_argument("--payload", type=int, default=32, help="payload bytes (>= 16)")
+    p.add_argument("--rate", type=float, default=None, help="open loop: messages/s in total")
+    p.add_argument("--duration", type=float, default=5.0, help="measured seconds")
+    p.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
+    p.add_argument("--fsync", default="batch", choices=["batch", "none"])
+    p.add_argument("--endpoints", help="use a running cluster (ingress endpoints)")
+    p.add_argument("--dir", help="data directory (default: a temporary one)")
+    p.add_argument("--json", action="store_true", help="print JSON only")
+    args = p.parse_args()
+    if args.payload < STAMP.size:
+        p.error(f"--payload must be at least {STAMP.size}")
+    if args.endpoints:
+        result = trio.run(bench, args, args.endpoints)
+    else:
+        with tempfile.TemporaryDirectory(prefix="triarch-bench-") as tmp:
+            cluster = LocalCluster(
+                args.nodes,
+                "cluster.examples.echo:EchoService",
+                args.dir or tmp,
+                extra_args=["--fsync", args.fsync, "--max-concurrent-sessions", "1000",
+                            "--log-level", "WARNING"],
+            )
+            with cluster:
+                result = trio.run(bench, args, cluster.ingress_endpoints)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        lat = result["latency_us"]
+        assert isinstance(lat, dict)
+        print(
+            f"{result['nodes']} node(s), {args.clients} clients, {args.in_flight} in flight, "
+            f"{args.payload} B payload, fsync={args.fsync}\n"
+            f"committed: {result['messages_per_s']:,.0f} msg/s "
+            f"({result['payload_mb_per_s']} MB/s payload) over {result['duration_s']} s\n"
+            f"round trip: p50 {lat['p50']:.0f} us  p90 {lat['p90']:.0f} us  "
+            f"p99 {lat['p99']:.0f} us  p999 {lat['p999']:.0f} us  max {lat['max']:.0f} us "
+            f"({lat['samples']} samples)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Set up the project and run its jobs; needs nothing but Python 3.11+.
+
+    python3 scripts/dev.py demo     # local cluster + example service + load (the main job)
+    python3 scripts/dev.py test     # lint, type check and the whole test suite (CI runs this)
+    python3 scripts/dev.py bench    # scripts/bench.py with its arguments
+
+The first run creates ``.venv`` and installs the project with its ``dev`` extra; later
+runs reinstall only when ``pyproject.toml`` changes.  Extra arguments after ``test`` go
+to pytest (e.g. ``-m "not slow"`` to skip the real-process tests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PY = BIN / "python"
+
+
+def ensure_env(extras: str = "dev") -> Path:
+    if sys.version_info < (3, 11):
+        sys.exit(f"Python 3.11 or newer is needed, this is {sys.version.split()[0]}")
+    if not PY.exists():
+        print(f"creating virtualenv {VENV}", flush=True)
+        subprocess.check_call([sys.executable, "-m", "venv", str(VENV)])
+    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + extras.encode()).hexdigest()
+    stamp = VENV / ".triarch-installed"
+    if not stamp.exists() or stamp.read_text() != want:
+        print(f"installing triarch[{extras}] into {VENV}", flush=True)
+        subprocess.check_call(
+            [str(PY), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
+        )
+        subprocess.check_call(
+            [str(PY), "-m", "pip", "install", "--quiet", "-e", f".[{extras}]"], cwd=ROOT
+        )
+        stamp.write_text(want)
+    return PY
+
+
+def run(*cmd: str) -> int:
+    print("+", " ".join(cmd), flush=True)
+    return subprocess.call(cmd, cwd=ROOT)
+
+
+def cmd_test(args: list[str]) -> int:
+    py = str(ensure_env())
+    failed = []
+    for name, cmd in (
+        ("ruff check", (py, "-m", "ruff", "check", ".")),
+        ("ruff format", (py, "-m", "ruff", "format", "--check", ".")),
+        ("mypy", (py, "-m", "mypy")),
+    ):
+        if run(*cmd) != 0:
+            failed.append(name)
+    code = run(py, "-m", "pytest", *args)
+    if failed:
+        print(f"FAILED checks: {', '.join(failed)}", flush=True)
+        return 1
+    return code
+
+
+def cmd_demo(args: list[str]) -> int:
+    py = str(ensure_env())
+    return run(py, str(ROOT / "scripts" / "demo.py"), *args)
+
+
+def cmd_bench(args: list[str]) -> int:
+    py = str(ensure_env())
+    return run(py, str(ROOT / "scripts" / "bench.py"), *args)
+
+
+def main() -> int:
+    commands = {"test": cmd_test, "demo": cmd_demo, "bench": cmd_bench}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+        print(__doc__)
+        return 2
+    try:
+        return commands[sys.argv[1]](sys.argv[2:])
+    except subprocess.CalledProcessError as exc:
+        print(f"setup failed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""A real node in this process (real sockets, real files) driven by the real client.
+
+Each test starts :class:`cluster.node.Node` on free loopback ports inside the test's
+Trio nursery, with its data in ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import client
+from client import AuthenticationRejectedError, SessionClosedError, SessionRejectedError
+from cluster.config import NodeConfig
+from cluster.core.auth import Authenticator
+from cluster.examples.auth import SharedSecretAuthenticator, SharedSecretCredentials
+from cluster.examples.echo import EchoService
+from cluster.examples.kv import KeyValueClient, KeyValueService
+from cluster.local import free_ports
+from cluster.node import Node
+from cluster.protocol import PROTOCOL_VERSION, EGRESS, EventCode, FrameDecoder, encode_frame
+from cluster.protocol.egress import SessionEvent
+from cluster.protocol.enums import CloseReason
+from cluster.protocol.ingress import SessionConnectRequest
+from cluster.protocol.version import compose
+from cluster.service import ClientSession, ClusteredService
+
+
+def make_config(directory: Path, **overrides: Any) -> NodeConfig:
+    ports = free_ports(3)
+    return NodeConfig(
+        member_id=0,
+        members=f"0=127.0.0.1:{ports[0]}:{ports[1]}:{ports[2]}",
+        dir=str(directory),
+        **overrides,
+    )
+
+
+@asynccontextmanager
+async def running_node(
+    config: NodeConfig,
+    service: ClusteredService,
+    authenticator: Authenticator | None = None,
+) -> AsyncIterator[Node]:
+    node = Node(config, service, authenticator=authenticator)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: node.run(handle_signals=False,
+                                                         task_status=task_status))
+        try:
+            yield node
+        finally:
+            await node.shutdown()
+
+
+def endpoints(node: Node) -> str:
+    return f"0=127.0.0.1:{node.ingress_port}"
+
+
+async def test_kv_round_trip_and_restart_replays_log(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    with trio.fail_after(30):
+        async with running_node(config, KeyValueService()) as node:
+            async with client.connect(endpoints(node)) as c, KeyValueClient(c) as kv:
+                async with trio.open_nursery() as n:
+                    for i in range(500):
+                        n.start_soon(kv.put, f"k{i}", f"v{i}".encode())
+                assert await kv.get("k7") == b"v7"
+                assert await kv.compare_and_set("k7", b"v7", b"new")
+                assert not await kv.compare_and_set("k7", b"v7", b"newer")
+                assert await kv.delete("k8")
+                assert await kv.get("k8") is None
+        restored = KeyValueService()
+        async with running_node(config, restored) as node:
+            assert restored.store["k7"] == b"new"
+            assert "k8" not in restored.store
+            assert len(restored.store) == 499
+            async with client.connect(endpoints(node)) as c, KeyValueClient(c) as kv:
+                assert await kv.get("k499") == b"v499"
+            # a new term after the restart
+            assert node.cm.leadership_term_id == 1
+
+
+async def test_echo_reply_carries_log_timestamp(tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        async with running_node(make_config(tmp_path), EchoService()) as node:
+            async with client.connect(endpoints(node)) as c:
+                before = trio.current_time()
+                await c.offer(b"hello")
+                reply = await c.receive_message()
+                assert reply.payload == b"hello"
+                assert reply.cluster_session_id == c.cluster_session_id
+                assert reply.leadership_term_id == c.leadership_term_id == 0
+                # the timestamp is the cluster time (epoch ms) stamped on the log entry
+                import time
+
+                assert abs(reply.timestamp - time.time() * 1000) < 5_000
+                assert reply.timestamp <= node.cm.timestamp
+                del before
+
+
+async def test_bad_frames_do_not_stop_the_node(tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        async with running_node(make_config(tmp_path), EchoService()) as node:
+            for garbage in (b"\xff\xff\xff\x7f" + b"x" * 10, b"\x05\x00\x00\x00hello",
+                            b"\x00\x00\x00\x00"):
+                stream = await trio.open_tcp_stream("127.0.0.1", node.ingress_port)
+                await stream.send_all(garbage)
+                # the node closes the connection
+                with trio.fail_after(5):
+                    while await stream.receive_some(100):
+                        pass
+                await stream.aclose()
+            assert node.ingress.stats.protocol_errors == 3
+            async with client.connect(endpoints(node)) as c:
+                await c.offer(b"still alive")
+                assert await c.receive() == b"still alive"
+
+
+async def test_concurrent_session_limit(tmp_path: Path) -> None:
+    config = make_config(tmp_path, max_concurrent_sessions=1)
+    with trio.fail_after(20):
+        async with running_node(config, EchoService()) as node:
+            async with client.connect(endpoints(node)):
+                with pytest.raises(SessionRejectedError, match="concurrent session limit"):
+                    async with client.connect(endpoints(node)):
+                        pass
+
+
+async def test_version_mismatch_gets_error(tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        async with running_node(make_config(tmp_path), EchoService()) as node:
+            listener = socket.socket()
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+            listener.setblocking(False)
+            port = listener.getsockname()[1]
+            stream = await trio.open_tcp_stream("127.0.0.1", node.ingress_port)
+            await stream.send_all(
+                encode_frame(SessionConnectRequest(1, 0, compose(9, 0, 0), f"127.0.0.1:{port}"))
+            )
+            tsock = trio.socket.from_stdlib_socket(listener)
+            conn, _ = await tsock.accept()
+            egress = trio.SocketStream(conn)
+            decoder = FrameDecoder()
+            frames: list[bytes] = []
+            while not frames:
+                frames = decoder.feed(await egress.receive_some(4096))
+            event = EGRESS.decode(frames[0])
+            assert isinstance(event, SessionEvent)
+            assert event.code is EventCode.ERROR
+            assert "invalid client version 9.0.0" in event.detail
+            assert event.version == PROTOCOL_VERSION
+            await stream.aclose()
+            await egress.aclose()
+            tsock.close()
+
+
+async def test_challenge_authentication(tmp_path: Path) -> None:
+    secret = b"s3cret"
+    auth = SharedSecretAuthenticator(secret)
+    with trio.fail_after(20):
+        async with running_node(make_config(tmp_path), EchoService(), auth) as node:
+            creds = SharedSecretCredentials(b"alice", secret)
+            async with client.connect(endpoints(node), credentials=creds) as c:
+                await c.offer(b"authenticated")
+                assert await c.receive() == b"authenticated"
+                # the principal named in the credentials reached the service via the log
+                session = node.container.sessions[c.cluster_session_id]
+                assert session.encoded_principal == b"alice"
+            with pytest.raises(AuthenticationRejectedError):
+                async with client.connect(
+                    endpoints(node), credentials=SharedSecretCredentials(b"mallory", b"wrong")
+                ):
+                    pass
+
+
+class RecordingService(ClusteredService):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+        self.close_on: bytes | None = b"close me"
+
+    def on_session_open(self, session: ClientSession, timestamp: int) -> None:
+        self.events.append(("open", session.id))
+
+    def on_session_message(self, session: ClientSession, timestamp: int, payload: bytes) -> None:
+        self.events.append(("message", payload))
+        if payload == self.close_on:
+            session.close()
+        else:
+            session.offer(payload)
+
+    def on_session_close(
+        self, session: ClientSession, timestamp: int, close_reason: CloseReason
+    ) -> None:
+        self.events.append(("close", close_reason))
+
+
+async def wait_for(predicate: Callable[[], bool], timeout: float = 10) -> None:
+    with trio.fail_after(timeout):
+        while not predicate():
+            await trio.sleep(0.01)
+
+
+async def test_session_closes_by_client_service_and_timeout(tmp_path: Path) -> None:
+    service = RecordingService()
+    config = make_config(tmp_path, session_timeout=500_000_000)
+    with trio.fail_after(30):
+        async with running_node(config, service) as node:
+            # CLIENT_ACTION
+            async with client.connect(endpoints(node)) as c:
+                await c.offer(b"one")
+                assert await c.receive() == b"one"
+            await wait_for(lambda: ("close", CloseReason.CLIENT_ACTION) in service.events)
+
+            # SERVICE_ACTION
+            async with client.connect(endpoints(node)) as c:
+                await c.offer(b"close me")
+                with pytest.raises(SessionClosedError) as info:
+                    await c.receive()
+                assert "SERVICE_ACTION" in str(info.value.reason)
+            await wait_for(lambda: ("close", CloseReason.SERVICE_ACTION) in service.events)
+
+            # TIMEOUT: no keepalives, idle past the 500 ms session timeout
+            async with client.connect(endpoints(node), keepalive_interval=60) as c:
+                with pytest.raises(SessionClosedError) as info:
+                    await c.receive()
+                assert "TIMEOUT" in str(info.value.reason)
+            await wait_for(lambda: ("close", CloseReason.TIMEOUT) in service.events)
+            assert node.cm.counters.timed_out_sessions == 1
+
+            # keepalives keep an idle session open past the timeout
+            async with client.connect(endpoints(node), keepalive_interval=0.1) as c:
+                await trio.sleep(1.2)
+                await c.offer(b"alive")
+                assert await c.receive() == b"alive"
+    opens = [e for e in service.events if e[0] == "open"]
+    closes = [e for e in service.events if e[0] == "close"]
+    assert len(opens) == 4
+    assert len(closes) == 4  # the last closed by the client on exit
+
+
+async def test_unknown_session_and_wrong_term_are_ignored_and_counted(tmp_path: Path) -> None:
+    from cluster.protocol.ingress import SessionMessageHeader
+
+    with trio.fail_after(20):
+        async with running_node(make_config(tmp_path), EchoService()) as node:
+            async with client.connect(endpoints(node)) as c:
+                stream = await trio.open_tcp_stream("127.0.0.1", node.ingress_port)
+                await stream.send_all(
+                    encode_frame(SessionMessageHeader(0, 999, 0, b"who am i"))
+                    + encode_frame(SessionMessageHeader(7, c.cluster_session_id, 0, b"old term"))
+                )
+                await wait_for(
+                    lambda: node.cm.counters.unknown_session_messages == 1
+                    and node.cm.counters.wrong_term_messages == 1
+                )
+                await stream.aclose()
+                await c.offer(b"real")
+                assert await c.receive() == b"real"
+
+
+async def test_many_in_flight_echo(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with running_node(make_config(tmp_path), EchoService()) as node:
+            async with client.connect(endpoints(node)) as c:
+                n = 5000
+                for i in range(n):
+                    await c.offer(i.to_bytes(4, "little"))
+                for i in range(n):
+                    assert await c.receive() == i.to_bytes(4, "little")
