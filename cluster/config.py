@@ -28,11 +28,28 @@ class ConfigError(ValueError):
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|m|h)?\s*$")
-_DURATION_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000,
-                "m": 60_000_000_000, "h": 3_600_000_000_000}
+_DURATION_NS = {
+    "ns": 1,
+    "us": 1_000,
+    "µs": 1_000,
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+}
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB|k|m|g)?\s*$", re.IGNORECASE)
-_SIZE_MULT = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 1000,
-              "mb": 1000_000, "gb": 1000_000_000, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+_SIZE_MULT = {
+    "b": 1,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "kb": 1000,
+    "mb": 1000_000,
+    "gb": 1000_000_000,
+    "k": 1 << 10,
+    "m": 1 << 20,
+    "g": 1 << 30,
+}
 
 
 def parse_duration_ns(text: str | int | float) -> int:
@@ -152,37 +169,91 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("member-id", 0, _int, "this member's id in --members"),
-    Setting("members", "", str,
-            "cluster members: 0=host:ingress:consensus:admin,1=...; empty = a single-member "
-            f"cluster on {DEFAULT_HOST}:{DEFAULT_INGRESS_PORT}:{DEFAULT_CONSENSUS_PORT}:"
-            f"{DEFAULT_ADMIN_PORT}"),
+    Setting(
+        "members",
+        "",
+        str,
+        "cluster members: 0=host:ingress:consensus:admin,1=...; empty = a single-member "
+        f"cluster on {DEFAULT_HOST}:{DEFAULT_INGRESS_PORT}:{DEFAULT_CONSENSUS_PORT}:"
+        f"{DEFAULT_ADMIN_PORT}",
+    ),
     Setting("dir", "cluster-data", str, "data directory (archive segments, recording log)"),
-    Setting("service", "cluster.examples.kv:KeyValueService", str,
-            "the clustered service, MODULE:CLASS"),
-    Setting("authenticator", "", str,
-            "authenticator MODULE:CLASS (empty = accept every client as anonymous)"),
-    Setting("session-timeout", 10_000_000_000, _positive(parse_duration_ns),
-            "close a session idle this long", format_duration),
-    Setting("leader-heartbeat-timeout", 10_000_000_000, _positive(parse_duration_ns),
-            "followers start an election after this long without the leader", format_duration),
-    Setting("leader-heartbeat-interval", 200_000_000, _positive(parse_duration_ns),
-            "leader sends CommitPosition at least this often", format_duration),
-    Setting("election-timeout", 1_000_000_000, _positive(parse_duration_ns),
-            "candidate ballot timeout", format_duration),
-    Setting("startup-canvass-timeout", 60_000_000_000, _positive(parse_duration_ns),
-            "how long to canvass at start-up before nominating without every member",
-            format_duration),
-    Setting("slow-tick-interval", 10_000_000, _positive(parse_duration_ns),
-            "period of the slow tick (sessions, timeouts, heartbeats)", format_duration),
-    Setting("max-concurrent-sessions", 10, _positive(_int),
-            "more client sessions than this are rejected with ERROR"),
-    Setting("max-frame-size", DEFAULT_MAX_FRAME_SIZE, _positive(parse_size),
-            "largest frame accepted on any connection (bytes)"),
-    Setting("max-egress-backlog", 8 << 20, _positive(parse_size),
-            "per-session egress bytes queued before offers fail (back pressure)"),
-    Setting("fsync", FsyncPolicy.BATCH, FsyncPolicy.parse,
-            "archive fsync policy: batch (fdatasync each batch before it counts as "
-            "appended) or none", lambda v: v.value),
+    Setting(
+        "service", "cluster.examples.kv:KeyValueService", str, "the clustered service, MODULE:CLASS"
+    ),
+    Setting(
+        "authenticator",
+        "",
+        str,
+        "authenticator MODULE:CLASS (empty = accept every client as anonymous)",
+    ),
+    Setting(
+        "session-timeout",
+        10_000_000_000,
+        _positive(parse_duration_ns),
+        "close a session idle this long",
+        format_duration,
+    ),
+    Setting(
+        "leader-heartbeat-timeout",
+        10_000_000_000,
+        _positive(parse_duration_ns),
+        "followers start an election after this long without the leader",
+        format_duration,
+    ),
+    Setting(
+        "leader-heartbeat-interval",
+        200_000_000,
+        _positive(parse_duration_ns),
+        "leader sends CommitPosition at least this often",
+        format_duration,
+    ),
+    Setting(
+        "election-timeout",
+        1_000_000_000,
+        _positive(parse_duration_ns),
+        "candidate ballot timeout",
+        format_duration,
+    ),
+    Setting(
+        "startup-canvass-timeout",
+        60_000_000_000,
+        _positive(parse_duration_ns),
+        "how long to canvass at start-up before nominating without every member",
+        format_duration,
+    ),
+    Setting(
+        "slow-tick-interval",
+        10_000_000,
+        _positive(parse_duration_ns),
+        "period of the slow tick (sessions, timeouts, heartbeats)",
+        format_duration,
+    ),
+    Setting(
+        "max-concurrent-sessions",
+        10,
+        _positive(_int),
+        "more client sessions than this are rejected with ERROR",
+    ),
+    Setting(
+        "max-frame-size",
+        DEFAULT_MAX_FRAME_SIZE,
+        _positive(parse_size),
+        "largest frame accepted on any connection (bytes)",
+    ),
+    Setting(
+        "max-egress-backlog",
+        8 << 20,
+        _positive(parse_size),
+        "per-session egress bytes queued before offers fail (back pressure)",
+    ),
+    Setting(
+        "fsync",
+        FsyncPolicy.BATCH,
+        FsyncPolicy.parse,
+        "archive fsync policy: batch (fdatasync each batch before it counts as appended) or none",
+        lambda v: v.value,
+    ),
     Setting("segment-size", 64 << 20, _positive(parse_size), "archive segment file size"),
     Setting("log-level", "INFO", lambda v: str(v).upper(), "logging level"),
 )
@@ -211,8 +282,15 @@ class NodeConfig:
     @property
     def member_list(self) -> list[MemberEndpoints]:
         if not self.members:
-            return [MemberEndpoints(self.member_id, DEFAULT_HOST, DEFAULT_INGRESS_PORT,
-                                    DEFAULT_CONSENSUS_PORT, DEFAULT_ADMIN_PORT)]
+            return [
+                MemberEndpoints(
+                    self.member_id,
+                    DEFAULT_HOST,
+                    DEFAULT_INGRESS_PORT,
+                    DEFAULT_CONSENSUS_PORT,
+                    DEFAULT_ADMIN_PORT,
+                )
+            ]
         return parse_members(self.members)
 
     @property

@@ -81,11 +81,17 @@ class LocalCluster:
 
     def command(self, member_id: int) -> list[str]:
         return [
-            sys.executable, "-m", "cluster.node",
-            "--member-id", str(member_id),
-            "--members", self.members,
-            "--dir", str(self.directory / f"node-{member_id}"),
-            "--service", self.service,
+            sys.executable,
+            "-m",
+            "cluster.node",
+            "--member-id",
+            str(member_id),
+            "--members",
+            self.members,
+            "--dir",
+            str(self.directory / f"node-{member_id}"),
+            "--service",
+            self.service,
             *self.extra_args,
         ]
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+import trio.lowlevel
 
 from .agents.egress import EgressPublisher
 from .agents.ingress import IngressAgent, IngressInbox
@@ -165,7 +166,9 @@ class Node:
         if end:
             log.info(
                 "replayed %d bytes of log (%d messages) in %.3fs",
-                end, self.container.applied_messages, time.perf_counter() - start,
+                end,
+                self.container.applied_messages,
+                time.perf_counter() - start,
             )
         return position
 
@@ -179,7 +182,9 @@ class Node:
         self.container.set_role(Role.LEADER)
         log.info(
             "member %d is LEADER of term %d at log position %d",
-            self.config.member_id, term, self.archive.position,
+            self.config.member_id,
+            term,
+            self.archive.position,
         )
 
     # ------------------------------------------------------------------ callbacks
@@ -223,7 +228,7 @@ class Node:
             cm.consensus_work(now)
             if cm.log_buffer:
                 self.archive_agent.kick()
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
 
     async def _slow_tick_agent(self) -> None:
         interval = self.config.slow_tick_interval / 1e9
@@ -282,16 +287,18 @@ class Node:
                 self.archive_agent.kick()
                 log.info(
                     "node %d ready: ingress %s:%d, data %s",
-                    self.config.member_id, self.member.host, self.ingress_port, self.data_dir,
+                    self.config.member_id,
+                    self.member.host,
+                    self.ingress_port,
+                    self.data_dir,
                 )
                 self._ready.set()
                 task_status.started(self)
         finally:
-            with trio.CancelScope(shield=True):
-                try:
-                    self.service.on_terminate(self.container)
-                finally:
-                    self.archive.close()
+            try:
+                self.service.on_terminate(self.container)
+            finally:
+                self.archive.close()
 
     async def shutdown(self, drain_timeout: float = 5.0) -> None:
         """Graceful stop: no new ingress, log flushed to disk and applied, egress flushed."""
@@ -303,7 +310,8 @@ class Node:
             while self.log_agent.applied_position < self.cm.commit_position:
                 self.log_agent.kick()
                 await trio.sleep(0.001)
-            await self.egress.drain(timeout=1.0)
+            with trio.move_on_after(1.0):
+                await self.egress.drain()
         if scope.cancelled_caught:
             log.warning("shutdown drain timed out after %.1fs", drain_timeout)
         self._nursery.cancel_scope.cancel()
@@ -335,8 +343,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    log.info("starting member %d (pid %d) with\n%s", config.member_id, os.getpid(),
-             describe(config))
+    log.info(
+        "starting member %d (pid %d) with\n%s", config.member_id, os.getpid(), describe(config)
+    )
     node = Node(config, service, authenticator=authenticator)
     try:
         trio.run(node.run)

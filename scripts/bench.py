@@ -43,7 +43,11 @@ class Stats:
 
 
 async def run_client(
-    endpoints: str, stats: Stats, window: int, payload_size: int, stop: trio.Event,
+    endpoints: str,
+    stats: Stats,
+    window: int,
+    payload_size: int,
+    stop: trio.Event,
     rate: float | None,
 ) -> None:
     padding = b"x" * max(0, payload_size - STAMP.size)
@@ -83,7 +87,7 @@ async def run_client(
                 stats.sent += 1
             # let in-flight messages come back before closing
             with trio.move_on_after(5):
-                while stats.received < stats.sent:
+                while stats.received < stats.sent:  # noqa: ASYNC110
                     await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
 
@@ -132,7 +136,9 @@ async def bench(args: argparse.Namespace, endpoints: str) -> dict[str, object]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--nodes", type=int, default=1, choices=[1, 3, 5])
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--in-flight", type=int, default=1000, help="messages outstanding, in total")
@@ -155,8 +161,14 @@ def main() -> int:
                 args.nodes,
                 "cluster.examples.echo:EchoService",
                 args.dir or tmp,
-                extra_args=["--fsync", args.fsync, "--max-concurrent-sessions", "1000",
-                            "--log-level", "WARNING"],
+                extra_args=[
+                    "--fsync",
+                    args.fsync,
+                    "--max-concurrent-sessions",
+                    "1000",
+                    "--log-level",
+                    "WARNING",
+                ],
             )
             with cluster:
                 result = trio.run(bench, args, cluster.ingress_endpoints)

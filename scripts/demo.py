@@ -70,7 +70,9 @@ async def read_keys(endpoints: str, keys: int) -> tuple[int, float]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--keys", type=int, default=20_000)
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--in-flight", type=int, default=500, help="requests in flight per client")
@@ -85,21 +87,31 @@ def main() -> int:
             endpoints = cluster.ingress_endpoints
             print(f"cluster up: ingress {endpoints}, data in {directory}", flush=True)
             elapsed = trio.run(write_keys, endpoints, keys, args.clients, args.in_flight)
-            print(f"wrote {keys} keys from {args.clients} clients in {elapsed:.2f}s "
-                  f"({keys / elapsed:,.0f} writes/s, each acknowledged after fsync)", flush=True)
+            print(
+                f"wrote {keys} keys from {args.clients} clients in {elapsed:.2f}s "
+                f"({keys / elapsed:,.0f} writes/s, each acknowledged after fsync)",
+                flush=True,
+            )
             missing, elapsed = trio.run(read_keys, endpoints, keys)
-            print(f"read back {keys} keys in {elapsed:.2f}s: {missing} missing or wrong",
-                  flush=True)
+            print(
+                f"read back {keys} keys in {elapsed:.2f}s: {missing} missing or wrong", flush=True
+            )
             print("restarting the node (SIGTERM, then start again)...", flush=True)
             cluster.stop(0)
             started = time.perf_counter()
             cluster.start(0)
             cluster.wait_ready()
-            print(f"node back in {time.perf_counter() - started:.2f}s "
-                  "(log replayed from the archive)", flush=True)
+            print(
+                f"node back in {time.perf_counter() - started:.2f}s "
+                "(log replayed from the archive)",
+                flush=True,
+            )
             missing_after, elapsed = trio.run(read_keys, endpoints, keys)
-            print(f"read back {keys} keys after the restart in {elapsed:.2f}s: "
-                  f"{missing_after} missing or wrong", flush=True)
+            print(
+                f"read back {keys} keys after the restart in {elapsed:.2f}s: "
+                f"{missing_after} missing or wrong",
+                flush=True,
+            )
         finally:
             cluster.stop_all()
     ok = missing == 0 and missing_after == 0

@@ -25,7 +25,7 @@ PY = BIN / "python"
 
 
 def ensure_env(extras: str = "dev") -> Path:
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 (run by any python3)
         sys.exit(f"Python 3.11 or newer is needed, this is {sys.version.split()[0]}")
     if not PY.exists():
         print(f"creating virtualenv {VENV}", flush=True)

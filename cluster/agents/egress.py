@@ -59,6 +59,8 @@ class EgressPublisher:
         self._nursery: trio.Nursery | None = None
         self._queued_starts: list[tuple[int, _Egress]] = []
         self.dropped_messages = 0
+        self._active = 0
+        self._idle = trio.Event()
 
     # ---- EgressPort -----------------------------------------------------------------
 
@@ -106,14 +108,26 @@ class EgressPublisher:
             task_status.started()
             await trio.sleep_forever()
 
-    async def drain(self, timeout: float) -> None:
-        """Close every connection after flushing it; wait up to ``timeout`` for that."""
+    async def drain(self) -> None:
+        """Close every connection after flushing it, and wait for the writers to finish.
+
+        Callers bound the wait with their own cancel scope.
+        """
         self.close_all()
-        with trio.move_on_after(timeout):
-            while self._nursery is not None and len(self._nursery.child_tasks) > 1:
-                await trio.sleep(0.01)
+        while self._active:
+            await self._idle.wait()
 
     async def _run(self, egress_id: int, egress: _Egress) -> None:
+        self._active += 1
+        try:
+            await self._connect_and_write(egress_id, egress)
+        finally:
+            self._active -= 1
+            if not self._active:
+                self._idle.set()
+                self._idle = trio.Event()
+
+    async def _connect_and_write(self, egress_id: int, egress: _Egress) -> None:
         with egress.scope:
             try:
                 host, port = split_channel(egress.channel)

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable
 
 import trio
+import trio.lowlevel
 
 from ..archive.errors import ArchiveWriteError
 from ..archive.segments import Archive
@@ -94,7 +95,9 @@ class ArchiveAgent:
                 self.last_error = str(exc)
                 log.error(
                     "archive write failed (%s); %d bytes held, retrying in %.1fs",
-                    exc, len(data), self.retry_interval,
+                    exc,
+                    len(data),
+                    self.retry_interval,
                 )
                 await trio.sleep(self.retry_interval)
 
@@ -103,7 +106,7 @@ class ArchiveAgent:
         while self.cm.log_buffer or not self.idle.is_set():
             self.kick()
             await self.idle.wait()
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
 
 
 class LogAgent:

@@ -49,7 +49,7 @@ from ..protocol.log import (
     TimerEvent,
 )
 from .auth import Authenticator
-from .session import Action, ClusterSession, State
+from .session import ClusterSession, State
 from .timers import TimerService
 
 log = logging.getLogger("cluster.consensus")
@@ -123,7 +123,10 @@ class _Proxy:
 
     def reject(self) -> None:
         self._session.state = State.REJECTED
-        self._session.rejection = (EventCode.AUTHENTICATION_REJECTED, "session failed authentication")
+        self._session.rejection = (
+            EventCode.AUTHENTICATION_REJECTED,
+            "session failed authentication",
+        )
 
 
 class ConsensusModule:
@@ -289,7 +292,9 @@ class ConsensusModule:
             )
             self.pending_sessions.append(session)
 
-    def _open_session(self, cluster_session_id: int, leadership_term_id: int) -> ClusterSession | None:
+    def _open_session(
+        self, cluster_session_id: int, leadership_term_id: int
+    ) -> ClusterSession | None:
         session = self.sessions.get(cluster_session_id)
         if session is None or session.state is not State.OPEN:
             self.counters.unknown_session_messages += 1
@@ -515,8 +520,11 @@ class ConsensusModule:
                     work += 1
                     continue
             elif now_ns - session.time_of_last_activity_ns > self.config.session_timeout_ns:
-                log.info("pending session %d timed out in %s", session.cluster_session_id,
-                         session.state.name)
+                log.info(
+                    "pending session %d timed out in %s",
+                    session.cluster_session_id,
+                    session.state.name,
+                )
                 self.egress.close(session.egress_id)
                 session.state = State.CLOSED
                 work += 1
@@ -570,8 +578,9 @@ class ConsensusModule:
         timeout = self.config.session_timeout_ns
         for session in list(self.sessions.values()):
             if session.state is State.CLOSING:
-                self._close_session(session, session.close_reason or CloseReason.SERVICE_ACTION,
-                                    now_ns)
+                self._close_session(
+                    session, session.close_reason or CloseReason.SERVICE_ACTION, now_ns
+                )
                 work += 1
             elif now_ns - session.time_of_last_activity_ns > timeout:
                 log.info("session %d timed out", session.cluster_session_id)
@@ -625,7 +634,7 @@ class ConsensusModule:
         )
         self.egress.close(session.egress_id)
 
-    # ------------------------------------------------------------------ log replay (followers, recovery)
+    # ------------------------------------------------- log replay (followers, recovery)
 
     def on_replay_log_message(self, message: Any, position: int, now_ns: int) -> None:
         """Mirror the leader's session bookkeeping from a committed log entry."""

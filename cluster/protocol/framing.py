@@ -70,9 +70,7 @@ class FrameDecoder:
             (length,) = LENGTH.unpack_from(buf, offset)
             if length == 0 or length > max_size:
                 self._buf = bytearray()
-                raise ProtocolError(
-                    f"frame length {length} outside 1..{max_size} (max frame size)"
-                )
+                raise ProtocolError(f"frame length {length} outside 1..{max_size} (max frame size)")
             stop = offset + HEADER_LENGTH + length
             if stop > end:
                 break

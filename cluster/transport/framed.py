@@ -9,9 +9,9 @@ pressure means).
 
 from __future__ import annotations
 
-import trio
-
 from typing import Any
+
+import trio
 
 from ..protocol.codec import encode_into
 from ..protocol.framing import LENGTH, FrameDecoder

@@ -24,7 +24,7 @@ from cluster.examples.echo import EchoService
 from cluster.examples.kv import KeyValueClient, KeyValueService
 from cluster.local import free_ports
 from cluster.node import Node
-from cluster.protocol import PROTOCOL_VERSION, EGRESS, EventCode, FrameDecoder, encode_frame
+from cluster.protocol import EGRESS, PROTOCOL_VERSION, EventCode, FrameDecoder, encode_frame
 from cluster.protocol.egress import SessionEvent
 from cluster.protocol.enums import CloseReason
 from cluster.protocol.ingress import SessionConnectRequest
@@ -50,8 +50,9 @@ async def running_node(
 ) -> AsyncIterator[Node]:
     node = Node(config, service, authenticator=authenticator)
     async with trio.open_nursery() as nursery:
-        await nursery.start(lambda task_status: node.run(handle_signals=False,
-                                                         task_status=task_status))
+        await nursery.start(
+            lambda task_status: node.run(handle_signals=False, task_status=task_status)
+        )
         try:
             yield node
         finally:
@@ -107,8 +108,11 @@ async def test_echo_reply_carries_log_timestamp(tmp_path: Path) -> None:
 async def test_bad_frames_do_not_stop_the_node(tmp_path: Path) -> None:
     with trio.fail_after(20):
         async with running_node(make_config(tmp_path), EchoService()) as node:
-            for garbage in (b"\xff\xff\xff\x7f" + b"x" * 10, b"\x05\x00\x00\x00hello",
-                            b"\x00\x00\x00\x00"):
+            for garbage in (
+                b"\xff\xff\xff\x7f" + b"x" * 10,
+                b"\x05\x00\x00\x00hello",
+                b"\x00\x00\x00\x00",
+            ):
                 stream = await trio.open_tcp_stream("127.0.0.1", node.ingress_port)
                 await stream.send_all(garbage)
                 # the node closes the connection
@@ -201,9 +205,9 @@ class RecordingService(ClusteredService):
         self.events.append(("close", close_reason))
 
 
-async def wait_for(predicate: Callable[[], bool], timeout: float = 10) -> None:
-    with trio.fail_after(timeout):
-        while not predicate():
+async def wait_for(predicate: Callable[[], bool], seconds: float = 10) -> None:
+    with trio.fail_after(seconds):
+        while not predicate():  # noqa: ASYNC110 (polling node state from a test)
             await trio.sleep(0.01)
 
 
@@ -257,8 +261,10 @@ async def test_unknown_session_and_wrong_term_are_ignored_and_counted(tmp_path: 
                     + encode_frame(SessionMessageHeader(7, c.cluster_session_id, 0, b"old term"))
                 )
                 await wait_for(
-                    lambda: node.cm.counters.unknown_session_messages == 1
-                    and node.cm.counters.wrong_term_messages == 1
+                    lambda: (
+                        node.cm.counters.unknown_session_messages == 1
+                        and node.cm.counters.wrong_term_messages == 1
+                    )
                 )
                 await stream.aclose()
                 await c.offer(b"real")
