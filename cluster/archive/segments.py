@@ -1,0 +1,725 @@
+"""The persisted log: a directory of append-only segment files of CRC-checked records.
+
+On-disk format
+--------------
+The log is the concatenation of records framed as in :mod:`cluster.archive.record`
+(``u32 length | u32 crc32(body) | body``, little-endian). Its *position* is the global
+byte offset in that concatenation, identical on every member. The stream is cut into
+segment files::
+
+    <directory>/log-00000000000000000000.seg    records from position 0
+    <directory>/log-00000000000000065563.seg    records from position 65563
+    ...
+
+``log-{base:020d}.seg`` holds the records starting at global position ``base``, with no
+header and no padding: a segment's file size is exactly the number of log bytes it holds,
+so the next segment's base equals ``base + size`` (checked on open). A record never spans
+two segments. A segment takes appends until its size reaches ``segment_size``; the last
+record may overshoot, so a segment ends at the first record boundary at or past
+``segment_size`` (a single record larger than ``segment_size`` sits alone in its segment).
+This layout depends only on the records, not on how they were batched. Record bodies are
+never empty (encoded log messages never are), so a run of zero bytes, which a file system
+may leave after a crash that extended a file before writing its data, is never valid data.
+
+Durability and recovery
+-----------------------
+With :attr:`FsyncPolicy.BATCH` each :meth:`Archive.append` ends with ``fdatasync``
+(group commit) and creating a segment fsyncs the directory, so an acknowledged position
+survives power loss. Opening the archive checks every record's CRC:
+
+* the first bad record of the *last* segment is a **torn tail** if it is incomplete, if
+  its length runs past the end of the file, or if no CRC-valid record can be parsed after
+  it; the segment is then truncated at that record (logged as a warning) and fsynced;
+* any other bad record (in an earlier segment, or followed by valid records) is
+  **corruption** and raises :class:`ArchiveCorruptionError` naming the file and position.
+  A member must not silently drop entries it may have acknowledged: it stops, and the
+  operator repairs it from its peers (or wipes it so that it catches up from the leader).
+
+The rule follows the record chain, so it cannot tell a torn write from damage to a length
+field in the last segment that sends the chain past the end of the file or off the record
+boundaries; such damage is repaired as a torn tail. Everything else (CRC or body damage
+followed by intact records, any damage in an earlier segment) is detected.
+
+Only one thread may use an :class:`Archive` at a time (the Trio node calls it through
+``trio.to_thread.run_sync``); :func:`read_log` reads a directory without opening it for
+writing.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import errno
+import logging
+import os
+import re
+import zlib
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import NamedTuple, Self
+
+from .errors import ArchiveCorruptionError, ArchiveError, ArchiveWriteError
+from .record import (
+    MAX_RECORD_LENGTH,
+    RECORD_HEADER,
+    RECORD_HEADER_LENGTH,
+    RecordError,
+    iter_records,
+)
+
+__all__ = ["DEFAULT_SEGMENT_SIZE", "Archive", "FsyncPolicy", "SegmentInfo", "read_log"]
+
+logger = logging.getLogger("cluster.archive")
+
+DEFAULT_SEGMENT_SIZE = 64 << 20
+READ_CHUNK = 4 << 20
+"""Bytes read at a time when scanning records (a larger record is read whole)."""
+
+_SEGMENT_NAME = re.compile(r"log-(\d{20})\.seg")
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_unpack_header = RECORD_HEADER.unpack_from
+
+
+class FsyncPolicy(enum.StrEnum):
+    """When the archive forces appended data to stable storage."""
+
+    BATCH = "batch"
+    """``fdatasync`` once per :meth:`Archive.append` before it returns (group commit)."""
+    NONE = "none"
+    """Never sync appends: survives a process crash, not a power loss (Aeron's default)."""
+
+    @classmethod
+    def parse(cls, text: str) -> FsyncPolicy:
+        """Parse a configuration value such as ``"batch"`` (case-insensitive)."""
+        try:
+            return cls(text.strip().lower())
+        except (ValueError, AttributeError):
+            choices = ", ".join(repr(p.value) for p in cls)
+            raise ValueError(f"invalid fsync policy {text!r}: expected one of {choices}") from None
+
+
+class SegmentInfo(NamedTuple):
+    """One segment file: it holds the log bytes ``[base, base + length)``."""
+
+    base: int
+    path: Path
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.base + self.length
+
+
+class _BadRecord(NamedTuple):
+    offset: int
+    """File offset of the bad record."""
+    reason: str
+    length: int | None
+    """The record's length field, or None when not even its header is complete."""
+
+
+def segment_name(base: int) -> str:
+    """File name of the segment whose first record is at log position ``base``."""
+    return f"log-{base:020d}.seg"
+
+
+def list_segments(directory: str | os.PathLike[str]) -> list[SegmentInfo]:
+    """The segment files in ``directory`` in log order, checked to be contiguous.
+
+    Raises:
+        ArchiveCorruptionError: a segment does not start where the previous one ends.
+    """
+    directory = Path(directory)
+    found: list[tuple[int, Path]] = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            match = _SEGMENT_NAME.fullmatch(entry.name)
+            if match is not None and entry.is_file(follow_symlinks=False):
+                found.append((int(match.group(1)), Path(entry.path)))
+    found.sort()
+    segments: list[SegmentInfo] = []
+    for base, path in found:
+        segment = SegmentInfo(base, path, os.stat(path).st_size)
+        if segments and segments[-1].end != base:
+            previous = segments[-1]
+            raise ArchiveCorruptionError(
+                path,
+                previous.end,
+                f"segment starts at log position {base} but the previous segment "
+                f"{previous.path.name} ends at {previous.end} (segments must be contiguous)",
+            )
+        segments.append(segment)
+    return segments
+
+
+def _pread(fd: int, size: int, offset: int) -> bytes:
+    """Read ``size`` bytes at ``offset``; fewer only at end of file."""
+    data = os.pread(fd, size, offset)
+    if len(data) == size or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < size:
+        more = os.pread(fd, size - got, offset + got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def _scan(
+    fd: int, start: int, end: int, base: int = 0, chunk_size: int | None = None
+) -> Generator[tuple[int, memoryview], None, _BadRecord | None]:
+    """Yield ``(base + file_offset, body)`` for the records in file bytes ``[start, end)``.
+
+    Reads ``chunk_size`` bytes at a time, carrying a partial record over to the next
+    chunk. Returns None if the range holds whole valid records, else the first bad one.
+    Bodies are views of immutable chunks, so they stay valid after the generator moves on.
+    """
+    if chunk_size is None:
+        chunk_size = READ_CHUNK
+    buf = b""
+    buf_offset = start
+    read_offset = start
+    while True:
+        consumed = 0
+        try:
+            for offset, body in iter_records(buf):
+                if not body:
+                    return _BadRecord(buf_offset + offset, "empty record", 0)
+                yield base + buf_offset + offset, body
+                consumed = offset + RECORD_HEADER_LENGTH + len(body)
+        except RecordError as exc:
+            length, _ = _unpack_header(buf, exc.offset)
+            return _BadRecord(buf_offset + exc.offset, exc.reason, length)
+        remaining = len(buf) - consumed
+        header_length: int | None = None
+        if remaining >= RECORD_HEADER_LENGTH:
+            header_length, _ = _unpack_header(buf, consumed)
+        if read_offset >= end:
+            if remaining:
+                return _BadRecord(buf_offset + consumed, "incomplete record", header_length)
+            return None
+        need = chunk_size
+        if header_length is not None:  # iter_records checked it against MAX_RECORD_LENGTH
+            need = max(need, RECORD_HEADER_LENGTH + header_length - remaining)
+        data = _pread(fd, min(need, end - read_offset), read_offset)
+        if not data:  # the file is shorter than expected
+            end = read_offset
+            continue
+        read_offset += len(data)
+        buf = buf[consumed:] + data if remaining else data
+        buf_offset += consumed
+
+
+def _drain(scan: Generator[tuple[int, memoryview], None, _BadRecord | None]) -> _BadRecord | None:
+    while True:
+        try:
+            next(scan)
+        except StopIteration as stop:
+            result: _BadRecord | None = stop.value
+            return result
+
+
+def _valid_record_follows(fd: int, offset: int, file_length: int) -> bool:
+    """Whether a CRC-valid, non-empty record can be parsed in the chain from ``offset``.
+
+    Only runs on the failure path; reads the rest of the (last) segment at once.
+    """
+    tail = memoryview(_pread(fd, max(0, file_length - offset), offset))
+    pos = 0
+    while len(tail) - pos >= RECORD_HEADER_LENGTH:
+        length, crc = _unpack_header(tail, pos)
+        end = pos + RECORD_HEADER_LENGTH + length
+        if end > len(tail):
+            return False
+        if length and zlib.crc32(tail[pos + RECORD_HEADER_LENGTH : end]) == crc:
+            return True
+        pos = end
+    return False
+
+
+def _is_torn(fd: int, file_length: int, bad: _BadRecord) -> bool:
+    if bad.length is None:
+        return True  # header cut off by end of file
+    end = bad.offset + RECORD_HEADER_LENGTH + bad.length
+    if end > file_length:
+        return True  # incomplete, or a length running past the end of file
+    return not _valid_record_follows(fd, end, file_length)
+
+
+def _corruption(segment: SegmentInfo, bad: _BadRecord, *, last: bool) -> ArchiveCorruptionError:
+    why = "valid records follow it" if last else "it is not in the last segment"
+    return ArchiveCorruptionError(
+        segment.path,
+        segment.base + bad.offset,
+        f"{bad.reason} at file offset {bad.offset} (not a torn write: {why})",
+    )
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_log(directory: str | os.PathLike[str]) -> Iterator[tuple[int, memoryview]]:
+    """Yield ``(position, body)`` for every record of the log in ``directory``, read-only.
+
+    Checks CRCs like :meth:`Archive.open` but never repairs: a torn tail is simply where
+    reading stops. Corruption raises :class:`ArchiveCorruptionError`. Safe to run while a
+    node is appending (it reads up to the sizes seen when it starts).
+    """
+    segments = list_segments(directory)
+    return _read_segments(segments)
+
+
+def _read_segments(segments: list[SegmentInfo]) -> Iterator[tuple[int, memoryview]]:
+    for index, segment in enumerate(segments):
+        last = index == len(segments) - 1
+        fd = os.open(segment.path, os.O_RDONLY | _O_CLOEXEC)
+        try:
+            bad = yield from _scan(fd, 0, segment.length, segment.base)
+            if bad is None:
+                continue
+            if last and _is_torn(fd, segment.length, bad):
+                return
+            raise _corruption(segment, bad, last=last)
+        finally:
+            os.close(fd)
+
+
+class Archive:
+    """The persisted log of one member; see the module docstring for the format.
+
+    Create it with :meth:`Archive.open`. Not thread-safe: one thread at a time.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        segments: list[SegmentInfo],
+        fd: int | None,
+        *,
+        segment_size: int,
+        fsync: FsyncPolicy,
+        recovered_truncated_bytes: int,
+    ) -> None:
+        """Internal: use :meth:`Archive.open`."""
+        self._directory = directory
+        self._bases = [s.base for s in segments]
+        self._paths = [s.path for s in segments]
+        self._position = segments[-1].end if segments else 0
+        self._fd = fd  # read-write descriptor of the last segment
+        self._segment_size = segment_size
+        self._fsync = fsync
+        self._closed = False
+        self._broken = False
+        self.recovered_truncated_bytes = recovered_truncated_bytes
+        """Bytes of torn tail that :meth:`open` cut off (0 after a clean shutdown)."""
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        *,
+        segment_size: int = DEFAULT_SEGMENT_SIZE,
+        fsync: FsyncPolicy = FsyncPolicy.BATCH,
+    ) -> Archive:
+        """Open (creating if needed) the archive in ``directory`` and recover it.
+
+        Every record is CRC-checked; a torn tail is truncated with a warning.
+
+        Raises:
+            ArchiveCorruptionError: segments are not contiguous, or a bad record is not a
+                torn tail.
+            ValueError: ``segment_size`` is not positive.
+        """
+        if segment_size <= 0:
+            raise ValueError(f"segment_size must be positive, got {segment_size}")
+        fsync = FsyncPolicy(fsync)
+        path = Path(directory)
+        if not path.is_dir():
+            path.mkdir(parents=True, exist_ok=True)
+            _fsync_directory(path.parent)
+        segments = list_segments(path)
+        truncated = 0
+        fd: int | None = None
+        try:
+            for index, segment in enumerate(segments):
+                last = index == len(segments) - 1
+                flags = (os.O_RDWR if last else os.O_RDONLY) | _O_CLOEXEC
+                fd = os.open(segment.path, flags)
+                bad = _drain(_scan(fd, 0, segment.length))
+                if bad is not None:
+                    if not (last and _is_torn(fd, segment.length, bad)):
+                        raise _corruption(segment, bad, last=last)
+                    dropped = segment.length - bad.offset
+                    os.ftruncate(fd, bad.offset)
+                    os.fsync(fd)
+                    logger.warning(
+                        "%s: truncated torn tail at log position %d (%s): dropped %d bytes",
+                        segment.path,
+                        segment.base + bad.offset,
+                        bad.reason,
+                        dropped,
+                    )
+                    truncated += dropped
+                    segments[index] = segment._replace(length=bad.offset)
+                if not last:
+                    os.close(fd)
+                    fd = None
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
+        return cls(
+            path,
+            segments,
+            fd,
+            segment_size=segment_size,
+            fsync=fsync,
+            recovered_truncated_bytes=truncated,
+        )
+
+    # -- properties ---------------------------------------------------------------------
+
+    @property
+    def directory(self) -> Path:
+        return self._directory
+
+    @property
+    def position(self) -> int:
+        """End of the durable log: the position of the next append."""
+        return self._position
+
+    @property
+    def start_position(self) -> int:
+        """Position of the first byte held (the first segment's base; 0 when empty)."""
+        return self._bases[0] if self._bases else 0
+
+    @property
+    def segment_size(self) -> int:
+        return self._segment_size
+
+    @property
+    def fsync_policy(self) -> FsyncPolicy:
+        return self._fsync
+
+    @property
+    def segments(self) -> list[SegmentInfo]:
+        """The segment files in log order."""
+        if not self._bases:
+            return []
+        ends = [*self._bases[1:], self._position]
+        return [
+            SegmentInfo(base, path, end - base)
+            for base, path, end in zip(self._bases, self._paths, ends, strict=True)
+        ]
+
+    def __repr__(self) -> str:
+        return (
+            f"<Archive {str(self._directory)!r} [{self.start_position}, {self._position}) "
+            f"segments={len(self._bases)} fsync={self._fsync.value}>"
+        )
+
+    # -- writing ------------------------------------------------------------------------
+
+    def append(self, data: bytes | bytearray | memoryview) -> int:
+        """Append whole records at the end of the log; return the new :attr:`position`.
+
+        With :attr:`FsyncPolicy.BATCH` the data is durable when this returns.
+
+        Raises:
+            ValueError: ``data`` is not a sequence of whole, non-empty records.
+            ArchiveWriteError: the write or sync failed (e.g. ENOSPC); the archive was
+                rolled back to its previous position, so the call may be retried.
+        """
+        self._check_writable()
+        view = memoryview(data)
+        if not view.c_contiguous:
+            raise ValueError("data must be a contiguous buffer")
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        if not view.nbytes:
+            return self._position
+        chunks = self._plan(view)
+        previous = (list(self._bases), list(self._paths), self._position)
+        created: list[Path] = []
+        try:
+            for new_segment, begin, end in chunks:
+                if new_segment:
+                    self._create_segment(created)
+                assert self._fd is not None
+                self._write_all(self._fd, view[begin:end])
+                self._position += end - begin
+                if self._fsync is FsyncPolicy.BATCH:
+                    os.fdatasync(self._fd)
+        except OSError as exc:
+            self._rollback(*previous, created)
+            failed = self._paths[-1] if self._paths else self._directory
+            raise ArchiveWriteError(
+                exc.errno,
+                f"append of {view.nbytes} bytes at log position {previous[2]} failed "
+                f"({exc.strerror or exc}); "
+                + ("archive is unusable, reopen it" if self._broken else "rolled back"),
+                str(failed),
+            ) from exc
+        return self._position
+
+    def _plan(self, view: memoryview) -> list[tuple[bool, int, int]]:
+        """Validate ``view`` and cut it into ``(new_segment, begin, end)`` pieces."""
+        size = self._segment_size
+        new_segment = not self._bases or self._position - self._bases[-1] >= size
+        filled = 0 if new_segment else self._position - self._bases[-1]
+        total = view.nbytes
+        chunks: list[tuple[bool, int, int]] = []
+        begin = pos = 0
+        while pos < total:
+            if filled + (pos - begin) >= size and pos > begin:
+                chunks.append((new_segment, begin, pos))
+                new_segment, begin, filled = True, pos, 0
+            if total - pos < RECORD_HEADER_LENGTH:
+                raise ValueError(f"data ends inside a record header at offset {pos}")
+            length, _ = _unpack_header(view, pos)
+            if length == 0:
+                raise ValueError(f"empty record at offset {pos}")
+            if length > MAX_RECORD_LENGTH:
+                raise ValueError(f"record at offset {pos} is longer than {MAX_RECORD_LENGTH}")
+            if pos + RECORD_HEADER_LENGTH + length > total:
+                raise ValueError(f"data ends inside the record at offset {pos}")
+            pos += RECORD_HEADER_LENGTH + length
+        chunks.append((new_segment, begin, total))
+        return chunks
+
+    def _create_segment(self, created: list[Path]) -> None:
+        base = self._position
+        path = self._directory / segment_name(base)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
+        created.append(path)
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = fd
+        self._bases.append(base)
+        self._paths.append(path)
+        if self._fsync is FsyncPolicy.BATCH:
+            _fsync_directory(self._directory)
+
+    def _write_all(self, fd: int, data: memoryview) -> None:
+        os.lseek(fd, self._position - self._bases[-1], os.SEEK_SET)
+        while data:
+            written = os.write(fd, data)
+            if written <= 0:
+                raise OSError(errno.EIO, "write made no progress")
+            data = data[written:]
+
+    def _rollback(
+        self, bases: list[int], paths: list[Path], position: int, created: list[Path]
+    ) -> None:
+        """Restore the state before a failed append, on disk and in memory."""
+        try:
+            if self._fd is not None:
+                fd, self._fd = self._fd, None
+                os.close(fd)
+            self._bases, self._paths, self._position = bases, paths, position
+            for path in created:
+                path.unlink(missing_ok=True)
+            if bases:
+                self._fd = os.open(paths[-1], os.O_RDWR | _O_CLOEXEC)
+                length = position - bases[-1]
+                if os.fstat(self._fd).st_size != length:
+                    os.ftruncate(self._fd, length)
+            if created:
+                _fsync_directory(self._directory)
+        except OSError:
+            self._broken = True
+            logger.exception("%s: rolling back a failed append failed", self._directory)
+
+    def truncate(self, position: int) -> None:
+        """Drop the log at and after ``position`` (a record boundary) and sync.
+
+        Later segments are deleted from the last one backwards, so a crash midway leaves a
+        contiguous log.
+
+        Raises:
+            ValueError: ``position`` is outside ``[start_position, position]`` or is not a
+                record boundary (checked by scanning the segment that holds it).
+            ArchiveWriteError: a file operation failed.
+        """
+        self._check_writable()
+        if not self.start_position <= position <= self._position:
+            raise ValueError(
+                f"cannot truncate at {position}: log is [{self.start_position}, {self._position}]"
+            )
+        if not self._bases:
+            return
+        keep = max(0, bisect.bisect_left(self._bases, position) - 1)
+        self._check_boundary(keep, position)
+        try:
+            removed = False
+            while len(self._bases) > keep + 1:
+                if self._fd is not None:
+                    fd, self._fd = self._fd, None
+                    os.close(fd)
+                path = self._paths[-1]
+                path.unlink()
+                removed = True
+                self._position = self._bases.pop()
+                self._paths.pop()
+            if self._fd is None:
+                self._fd = os.open(self._paths[-1], os.O_RDWR | _O_CLOEXEC)
+            os.ftruncate(self._fd, position - self._bases[-1])
+            self._position = position
+            os.fsync(self._fd)
+            if removed:
+                _fsync_directory(self._directory)
+        except OSError as exc:
+            raise ArchiveWriteError(
+                exc.errno, f"truncating the log at {position} failed: {exc.strerror or exc}"
+            ) from exc
+
+    def _check_boundary(self, index: int, position: int) -> None:
+        """Raise ValueError unless ``position`` is a record boundary in segment ``index``."""
+        base, path = self._bases[index], self._paths[index]
+        if position == base:
+            return
+        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+        try:
+            bad = _drain(_scan(fd, 0, position - base))
+        finally:
+            os.close(fd)
+        if bad is None:
+            return
+        if bad.reason == "incomplete record":
+            raise ValueError(
+                f"cannot truncate at {position}: it is inside the record at {base + bad.offset}"
+            )
+        raise ArchiveCorruptionError(
+            path, base + bad.offset, f"{bad.reason} at file offset {bad.offset}"
+        )
+
+    # -- reading ------------------------------------------------------------------------
+
+    def read(self, start: int, stop: int | None = None) -> bytes:
+        """Raw log bytes ``[start, stop)`` (``stop`` defaults to :attr:`position`).
+
+        Raises:
+            ValueError: the range is not within ``[start_position, position]``.
+        """
+        self._check_open()
+        if stop is None:
+            stop = self._position
+        if not self.start_position <= start <= stop <= self._position:
+            raise ValueError(
+                f"range [{start}, {stop}) is outside the log [{self.start_position}, "
+                f"{self._position})"
+            )
+        parts: list[bytes] = []
+        index = bisect.bisect_right(self._bases, start) - 1
+        while start < stop:
+            base = self._bases[index]
+            end = self._bases[index + 1] if index + 1 < len(self._bases) else self._position
+            size = min(stop, end) - start
+            if size > 0:
+                parts.append(self._read_segment(index, start - base, size))
+                start += size
+            index += 1
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _read_segment(self, index: int, offset: int, size: int) -> bytes:
+        path = self._paths[index]
+        if index == len(self._paths) - 1 and self._fd is not None:
+            data = _pread(self._fd, size, offset)
+        else:
+            fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+            try:
+                data = _pread(fd, size, offset)
+            finally:
+                os.close(fd)
+        if len(data) != size:
+            raise ArchiveCorruptionError(
+                path,
+                self._bases[index] + offset + len(data),
+                "segment file is shorter than expected",
+            )
+        return data
+
+    def records(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, memoryview]]:
+        """Yield ``(position, body)`` for each record in ``[start, stop)``, CRC-checked.
+
+        ``start`` must be a record boundary (otherwise the first record fails its check);
+        ``stop`` defaults to the current :attr:`position`. Reads one segment at a time in
+        chunks of :data:`READ_CHUNK` bytes.
+
+        Raises:
+            ValueError: the range is outside the log, or ``stop`` is inside a record.
+            ArchiveCorruptionError: a record fails its length or CRC check.
+        """
+        self._check_open()
+        if stop is None:
+            stop = self._position
+        if not self.start_position <= start <= stop <= self._position:
+            raise ValueError(
+                f"range [{start}, {stop}) is outside the log [{self.start_position}, "
+                f"{self._position})"
+            )
+        return self._records(start, stop, self.segments)
+
+    def _records(
+        self, start: int, stop: int, segments: list[SegmentInfo]
+    ) -> Iterator[tuple[int, memoryview]]:
+        for segment in segments:
+            low = max(start, segment.base)
+            high = min(stop, segment.end)
+            if low >= high:
+                continue
+            fd = os.open(segment.path, os.O_RDONLY | _O_CLOEXEC)
+            try:
+                bad = yield from _scan(fd, low - segment.base, high - segment.base, segment.base)
+            finally:
+                os.close(fd)
+            if bad is None:
+                continue
+            position = segment.base + bad.offset
+            if high == stop < segment.end and bad.reason == "incomplete record":
+                raise ValueError(f"stop {stop} is inside the record at {position}")
+            hint = " (is start a record boundary?)" if position == start > segment.base else ""
+            raise ArchiveCorruptionError(
+                segment.path, position, f"{bad.reason} at file offset {bad.offset}{hint}"
+            )
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ArchiveError(f"archive {self._directory} is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._broken:
+            raise ArchiveWriteError(
+                errno.EIO,
+                f"archive {self._directory} failed to roll back a failed write; reopen it",
+            )
+
+    def close(self) -> None:
+        """Release file descriptors; idempotent."""
+        self._closed = True
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
