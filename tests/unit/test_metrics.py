@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cluster.metrics import Histogram
+
+
+@given(st.lists(st.integers(min_value=0, max_value=10**12), min_size=1, max_size=300))
+def test_percentiles_within_relative_error(values: list[int]) -> None:
+    h = Histogram(precision_bits=8)
+    h.record_all(values)
+    ordered = sorted(values)
+    for p in (0, 50, 90, 99, 99.9, 100):
+        exact = ordered[max(0, round(len(ordered) * p / 100) - 1)]
+        got = h.percentile(p)
+        assert got >= exact
+        assert got <= exact + exact / 128 + 1  # 2**-(bits-1) relative error
+    assert h.count == len(values)
+    assert h.min == ordered[0]
+    assert h.max == ordered[-1]
+
+
+def test_merge_and_distribution() -> None:
+    a, b = Histogram(), Histogram()
+    a.record_all(range(1000))
+    b.record_all(range(1000, 2000))
+    a.merge(b)
+    assert a.count == 2000
+    assert a.percentile(50) == pytest.approx(1000, rel=0.01)
+    points = a.distribution()
+    assert points[-1][0] == pytest.approx(100.0)
+    assert [v for _, v in points] == sorted(v for _, v in points)
+
+
+def test_bad_input() -> None:
+    h = Histogram()
+    with pytest.raises(ValueError, match="negative"):
+        h.record(-1)
+    with pytest.raises(ValueError, match="percentile"):
+        h.percentile(101)
+    with pytest.raises(ValueError, match="precision"):
+        Histogram(precision_bits=1)
+    assert h.percentile(99) == 0
