@@ -1,0 +1,78 @@
+"""Exceptions raised by the cluster client.
+
+Every error the client raises on purpose derives from :class:`ClusterClientError`.
+Timeouts also derive from the built-in :class:`TimeoutError`, so
+``except TimeoutError`` catches them as it catches :func:`anyio.fail_after`.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AuthenticationRejectedError",
+    "ClusterClientError",
+    "ConnectTimeoutError",
+    "EgressBacklogExceededError",
+    "NotConnectedError",
+    "SessionClosedError",
+    "SessionRejectedError",
+]
+
+
+class ClusterClientError(Exception):
+    """Base class of every error raised by the cluster client."""
+
+
+class SessionRejectedError(ClusterClientError):
+    """The cluster answered the connect request with ``SessionEvent(ERROR)``.
+
+    ``detail`` is the cluster's reason, e.g. ``"concurrent session limit"`` or
+    ``"invalid client version ..."``.
+    """
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"session rejected by the cluster: {detail or 'no detail given'}")
+        self.detail = detail
+
+
+class AuthenticationRejectedError(ClusterClientError):
+    """The cluster answered with ``SessionEvent(AUTHENTICATION_REJECTED)``."""
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(f"authentication rejected by the cluster: {detail or 'no detail given'}")
+        self.detail = detail
+
+
+class SessionClosedError(ClusterClientError):
+    """The session is closed; no more messages can be offered or received.
+
+    ``reason`` is the cluster's close reason name (``"TIMEOUT"``, ``"SERVICE_ACTION"``,
+    ``"CLIENT_ACTION"``) when the cluster closed the session, or ``"CLIENT_ACTION"`` when
+    this client closed it.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"cluster session closed: {reason or 'no reason given'}")
+        self.reason = reason
+
+
+class ConnectTimeoutError(ClusterClientError, TimeoutError):
+    """No session could be established within ``connect_timeout``."""
+
+
+class NotConnectedError(ClusterClientError):
+    """The client has no session (it was never connected or the connect failed)."""
+
+
+class EgressBacklogExceededError(ClusterClientError):
+    """More application egress messages arrived than ``max_egress_backlog`` allows.
+
+    Messages beyond the bound were dropped, so the session's reply stream has a gap;
+    every later ``receive()`` raises this error.
+    """
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"egress backlog exceeded {limit} unreceived messages; later messages were "
+            "dropped (call receive() more often or raise max_egress_backlog)"
+        )
+        self.limit = limit
