@@ -27,18 +27,21 @@ With :attr:`FsyncPolicy.BATCH` each :meth:`Archive.append` ends with ``fdatasync
 (group commit) and creating a segment fsyncs the directory, so an acknowledged position
 survives power loss. Opening the archive checks every record's CRC:
 
-* the first bad record of the *last* segment is a **torn tail** if it is incomplete, if
-  its length runs past the end of the file, or if no CRC-valid record can be parsed after
-  it; the segment is then truncated at that record (logged as a warning) and fsynced;
+* the first bad record of the *last* segment is a **torn tail** if no CRC-valid record can
+  be found after its start; the segment is then truncated at that record (logged as a
+  warning) and fsynced. Recovery looks (1) along the chain of length fields past it, which
+  an incomplete record at the end of the file or a length running past it cannot offer;
+  (2) for a complete record whose length field alone is damaged (a prefix of the bytes
+  after its header matches its CRC); (3) at every byte offset within
+  :data:`RESYNC_WINDOW`, for the records after damage to several headers. Damage to a
+  length field is thus not mistaken for a torn write;
 * any other bad record (in an earlier segment, or followed by valid records) is
   **corruption** and raises :class:`ArchiveCorruptionError` naming the file and position.
   A member must not silently drop entries it may have acknowledged: it stops, and the
   operator repairs it from its peers (or wipes it so that it catches up from the leader).
-
-The rule follows the record chain, so it cannot tell a torn write from damage to a length
-field in the last segment that sends the chain past the end of the file or off the record
-boundaries; such damage is repaired as a torn tail. Everything else (CRC or body damage
-followed by intact records, any damage in an earlier segment) is detected.
+  In doubt it stops: a torn record whose partial body happens to embed a valid framed
+  record is reported as corruption, and so is a bad complete record when the scan (3)
+  exhausts :data:`RESYNC_CRC_BUDGET`.
 
 Only one thread may use an :class:`Archive` at a time (the Trio node calls it through
 ``trio.to_thread.run_sync``); :func:`read_log` reads a directory without opening it for
@@ -75,6 +78,10 @@ logger = logging.getLogger("cluster.archive")
 DEFAULT_SEGMENT_SIZE = 64 << 20
 READ_CHUNK = 4 << 20
 """Bytes read at a time when scanning records (a larger record is read whole)."""
+RESYNC_WINDOW = 1 << 20
+"""How far past a bad record recovery looks for valid records at every byte offset."""
+RESYNC_CRC_BUDGET = 512 << 20
+"""Bytes the resynchronising scan may checksum before it gives up (and reports corruption)."""
 
 _SEGMENT_NAME = re.compile(r"log-(\d{20})\.seg")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -223,13 +230,8 @@ def _drain(scan: Generator[tuple[int, memoryview], None, _BadRecord | None]) -> 
             return result
 
 
-def _valid_record_follows(fd: int, offset: int, file_length: int) -> bool:
-    """Whether a CRC-valid, non-empty record can be parsed in the chain from ``offset``.
-
-    Only runs on the failure path; reads the rest of the (last) segment at once.
-    """
-    tail = memoryview(_pread(fd, max(0, file_length - offset), offset))
-    pos = 0
+def _chain_has_valid_record(tail: memoryview, pos: int) -> bool:
+    """Whether following the length fields from ``pos`` reaches a valid, non-empty record."""
     while len(tail) - pos >= RECORD_HEADER_LENGTH:
         length, crc = _unpack_header(tail, pos)
         end = pos + RECORD_HEADER_LENGTH + length
@@ -241,22 +243,96 @@ def _valid_record_follows(fd: int, offset: int, file_length: int) -> bool:
     return False
 
 
-def _is_torn(fd: int, file_length: int, bad: _BadRecord) -> bool:
-    if bad.length is None:
-        return True  # header cut off by end of file
-    end = bad.offset + RECORD_HEADER_LENGTH + bad.length
-    if end > file_length:
-        return True  # incomplete, or a length running past the end of file
-    return not _valid_record_follows(fd, end, file_length)
+def _resync_finds_valid_record(tail: memoryview, start: int, window: int) -> bool | None:
+    """Whether a valid, non-empty record of at most ``window`` bytes starts at any offset in
+    ``[start, start + window)``: finds the records after a damaged length field.
+
+    Candidates are checked shortest first. Returns None (undecided) once
+    :data:`RESYNC_CRC_BUDGET` bytes have been checksummed, which only data full of
+    plausible-looking lengths (small integers with zero high bytes) can cause.
+    """
+    size = len(tail)
+    last = min(size - RECORD_HEADER_LENGTH, start + window - 1)
+    candidates: list[int] = []  # length << 32 | pos, so that sorting puts short ones first
+    for pos in range(start, last + 1):
+        length, _ = _unpack_header(tail, pos)
+        if 0 < length <= window and pos + RECORD_HEADER_LENGTH + length <= size:
+            candidates.append(length << 32 | pos)
+    candidates.sort()
+    budget = RESYNC_CRC_BUDGET
+    for candidate in candidates:
+        length, pos = candidate >> 32, candidate & 0xFFFFFFFF
+        budget -= length
+        if budget < 0:
+            return None
+        body_start = pos + RECORD_HEADER_LENGTH
+        if zlib.crc32(tail[body_start : body_start + length]) == _unpack_header(tail, pos)[1]:
+            return True
+    return False
 
 
-def _corruption(segment: SegmentInfo, bad: _BadRecord, *, last: bool) -> ArchiveCorruptionError:
-    why = "valid records follow it" if last else "it is not in the last segment"
+def _intact_length(tail: memoryview, limit: int) -> int | None:
+    """The length at which the body after the header at ``tail[0]`` matches its CRC field.
+
+    Finds a complete record whose length field alone is damaged (one CRC per byte).
+    """
+    if len(tail) < RECORD_HEADER_LENGTH:
+        return None
+    _, crc = _unpack_header(tail, 0)
+    body = tail[RECORD_HEADER_LENGTH : RECORD_HEADER_LENGTH + limit]
+    running = 0
+    for length in range(1, len(body) + 1):
+        running = zlib.crc32(body[length - 1 : length], running)
+        if running == crc:
+            return length
+    return None
+
+
+def _why_not_torn(fd: int, file_length: int, bad: _BadRecord) -> str | None:
+    """None if the first bad record of the last segment is a torn write, else why not.
+
+    It is torn unless a valid record can be found after its start: by following the chain
+    of length fields past it, as a complete record under a damaged length field, or by
+    resynchronising at every byte offset within :data:`RESYNC_WINDOW` (after damage to
+    several headers). If that scan runs out of budget, only a record cut short by the end
+    of the file (what an interrupted write leaves) is taken as torn. Runs only on the
+    failure path; reads the rest of the segment.
+    """
+    tail = memoryview(_pread(fd, max(0, file_length - bad.offset), bad.offset))
+    if bad.length is not None and _chain_has_valid_record(tail, RECORD_HEADER_LENGTH + bad.length):
+        return "valid records follow it"
+    length = _intact_length(tail, RESYNC_WINDOW)
+    if length is not None:
+        return f"its length field is damaged: the record is intact with length {length}"
+    found = _resync_finds_valid_record(tail, 1, RESYNC_WINDOW)
+    if found:
+        return "valid records follow it"
+    prefix_torn = (  # what an interrupted write of one record leaves
+        bad.length is not None
+        and 0 < bad.length <= MAX_RECORD_LENGTH
+        and RECORD_HEADER_LENGTH + bad.length > len(tail)
+    )
+    if found is None and not prefix_torn:
+        return (
+            "cannot rule out valid records after it; if the member crashed while writing "
+            "and the log is known to be a torn tail, truncate the file at this offset"
+        )
+    return None
+
+
+def _corruption(segment: SegmentInfo, bad: _BadRecord, why: str) -> ArchiveCorruptionError:
     return ArchiveCorruptionError(
         segment.path,
         segment.base + bad.offset,
         f"{bad.reason} at file offset {bad.offset} (not a torn write: {why})",
     )
+
+
+def _classify(fd: int, segment: SegmentInfo, bad: _BadRecord, *, last: bool) -> None:
+    """Return if ``bad`` is a torn tail, else raise :class:`ArchiveCorruptionError`."""
+    why = _why_not_torn(fd, segment.length, bad) if last else "it is not in the last segment"
+    if why is not None:
+        raise _corruption(segment, bad, why)
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -286,9 +362,8 @@ def _read_segments(segments: list[SegmentInfo]) -> Iterator[tuple[int, memoryvie
             bad = yield from _scan(fd, 0, segment.length, segment.base)
             if bad is None:
                 continue
-            if last and _is_torn(fd, segment.length, bad):
-                return
-            raise _corruption(segment, bad, last=last)
+            _classify(fd, segment, bad, last=last)
+            return
         finally:
             os.close(fd)
 
@@ -356,8 +431,7 @@ class Archive:
                 fd = os.open(segment.path, flags)
                 bad = _drain(_scan(fd, 0, segment.length))
                 if bad is not None:
-                    if not (last and _is_torn(fd, segment.length, bad)):
-                        raise _corruption(segment, bad, last=last)
+                    _classify(fd, segment, bad, last=last)
                     dropped = segment.length - bad.offset
                     os.ftruncate(fd, bad.offset)
                     os.fsync(fd)

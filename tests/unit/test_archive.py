@@ -308,6 +308,80 @@ def test_corruption_followed_by_valid_records_in_last_segment(tmp_path: Path) ->
         list(read_log(tmp_path))
 
 
+@pytest.mark.parametrize(
+    ("offset", "mask"),
+    [
+        pytest.param(18 + 2, 0x10, id="length-runs-past-eof"),
+        pytest.param(18 + 0, 0x02, id="length-shorter"),
+        pytest.param(18 + 0, 0x0A, id="length-zero"),
+        pytest.param(18 + 3, 0xFF, id="length-exceeds-max"),
+    ],
+)
+def test_damaged_length_field_followed_by_records_is_corruption(
+    tmp_path: Path, offset: int, mask: int
+) -> None:
+    """A length flip in the last segment is not mistaken for a torn write."""
+    fill(tmp_path, [body(i, 10) for i in range(5)], segment_size=1 << 20)
+    [path] = seg_files(tmp_path)
+    _flip(path, offset, mask)
+    with pytest.raises(ArchiveCorruptionError) as info:
+        Archive.open(tmp_path)
+    assert info.value.position == 18
+    assert path.stat().st_size == 5 * 18
+
+
+def test_chain_finds_records_beyond_the_resync_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(segments_module, "RESYNC_WINDOW", 16)
+    fill(tmp_path, [body(i, 40) for i in range(4)], segment_size=1 << 20)
+    [path] = seg_files(tmp_path)
+    _flip(path, 48 + 20)  # body of the second record; the next one is 48 bytes long
+    with pytest.raises(ArchiveCorruptionError, match="valid records follow") as info:
+        Archive.open(tmp_path)
+    assert info.value.position == 48
+
+
+def test_damaged_length_of_the_final_record_is_corruption(tmp_path: Path) -> None:
+    """The record is complete under a damaged length: acknowledged data, not a torn write."""
+    fill(tmp_path, [body(i, 10) for i in range(5)], segment_size=1 << 20)
+    [path] = seg_files(tmp_path)
+    _flip(path, 4 * 18, 0x03)
+    with pytest.raises(ArchiveCorruptionError, match="record is intact with length 10") as info:
+        Archive.open(tmp_path)
+    assert info.value.position == 4 * 18
+
+
+def test_zeroed_block_inside_the_last_segment_is_corruption(tmp_path: Path) -> None:
+    """Damage to more than one header is found by resynchronising on later records."""
+    fill(tmp_path, [body(i, 10) for i in range(8)], segment_size=1 << 20)
+    [path] = seg_files(tmp_path)
+    with path.open("r+b") as f:
+        f.seek(18 + 5)
+        f.write(bytes(30))  # from inside record 1's header into record 2's body
+    with pytest.raises(ArchiveCorruptionError, match="valid records follow") as info:
+        Archive.open(tmp_path)
+    assert info.value.position == 18
+
+
+def test_inconclusive_scan_truncates_only_an_interrupted_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(segments_module, "RESYNC_CRC_BUDGET", 0)
+    plausible = b"\x05\x00\x00\x00" * 50  # a plausible length at every fourth byte
+    log = fill(tmp_path, [body(i, 10) for i in range(3)], segment_size=1 << 20)
+    [path] = seg_files(tmp_path)
+    with path.open("ab") as f:  # an interrupted write: header promises more than follows
+        f.write(b"\x00\x10\x00\x00\x01\x02\x03\x04" + plausible)
+    with Archive.open(tmp_path) as archive:
+        assert archive.position == len(log)
+    with path.open("ab") as f:  # a complete record with a bad CRC: cannot be sure
+        f.write(b"\x04\x00\x00\x00\x01\x02\x03\x04abcd" + plausible)
+    with pytest.raises(ArchiveCorruptionError, match="cannot rule out") as info:
+        Archive.open(tmp_path)
+    assert info.value.position == len(log)
+
+
 def test_corruption_in_earlier_segment_names_that_file(tmp_path: Path, bodies: list[bytes]) -> None:
     fill(tmp_path, bodies)
     files = seg_files(tmp_path)
@@ -590,14 +664,13 @@ def test_random_byte_flip_before_the_tail_is_corruption(
         fill(directory, bodies, segment_size)
         files = seg_files(directory)
         last_base = int(files[-1].name[4:24])
-        # any byte of an earlier segment, or the crc/body of a record followed by another
-        # record in the last segment
+        # any byte of an earlier segment, any byte of a record followed by another record
+        # in the last segment, and the length field of the final record
         candidates = list(range(last_base))
         for start, end in itertools.pairwise(starts[:-1]):
             if start >= last_base:
-                candidates.extend(range(start + 4, end))
-        if not candidates:
-            return
+                candidates.extend(range(start, end))
+        candidates.extend(range(max(last_base, starts[-2]), starts[-2] + 4))
         target = data.draw(st.sampled_from(candidates), label="flipped byte")
         record_start = max(b for b in starts if b <= target)
         victim = next(p for p in reversed(files) if int(p.name[4:24]) <= target)
