@@ -50,11 +50,18 @@ async def run_client(
     stop: trio.Event,
     rate: float | None,
 ) -> None:
+    """One session: keep ``window`` messages in flight (closed loop) or send at ``rate``.
+
+    In closed loop the sender offers everything its credit allows without yielding in
+    between, so messages leave in bursts as a busy application's would.
+    """
     padding = b"x" * max(0, payload_size - STAMP.size)
-    credit = trio.Semaphore(window)
+    credit = window
+    credit_returned = trio.Event()
     async with client.connect(endpoints, connect_timeout=10) as c:
 
         async def receiver() -> None:
+            nonlocal credit, credit_returned
             hist = stats.histogram
             while True:
                 payload = await c.receive()
@@ -64,7 +71,8 @@ async def run_client(
                 if stats.measuring:
                     stats.measured += 1
                     hist.record(now - sent_at)
-                credit.release()
+                credit += 1
+                credit_returned.set()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(receiver)
@@ -72,7 +80,10 @@ async def run_client(
             interval = 1.0 / rate if rate else 0.0
             next_send = time.perf_counter()
             while not stop.is_set():
-                await credit.acquire()
+                if credit <= 0:
+                    await credit_returned.wait()
+                    credit_returned = trio.Event()
+                    continue
                 if interval:
                     # open loop: latency counts from the intended send time
                     next_send += interval
@@ -80,11 +91,15 @@ async def run_client(
                     if delay > 0:
                         await trio.sleep(delay)
                     intended = int(next_send * 1e9)
+                    burst = 1
                 else:
                     intended = time.perf_counter_ns()
-                seq += 1
-                await c.offer(STAMP.pack(seq, intended) + padding)
-                stats.sent += 1
+                    burst = credit
+                for _ in range(burst):
+                    seq += 1
+                    await c.offer(STAMP.pack(seq, intended) + padding)
+                credit -= burst
+                stats.sent += burst
             # let in-flight messages come back before closing
             with trio.move_on_after(5):
                 while stats.received < stats.sent:  # noqa: ASYNC110
