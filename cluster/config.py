@@ -316,7 +316,7 @@ def _apply(values: dict[str, Any], source: str, raw: Mapping[str, Any]) -> None:
             raise ConfigError(f"unknown setting {key!r} in {source}")
         try:
             values[_attr(setting.name)] = setting.parse(text)
-        except ValueError as exc:
+        except (ValueError, TypeError, OverflowError) as exc:  # TOML gives any type
             raise ConfigError(f"bad value for {setting.name} in {source}: {exc}") from None
 
 

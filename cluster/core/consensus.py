@@ -639,6 +639,8 @@ class ConsensusModule:
     def on_replay_log_message(self, message: Any, position: int, now_ns: int) -> None:
         """Mirror the leader's session bookkeeping from a committed log entry."""
         if isinstance(message, SessionMessageHeader):
+            if message.timestamp > self.timestamp:
+                self.timestamp = message.timestamp  # a new leader must not stamp earlier
             return
         if isinstance(message, SessionOpenEvent):
             session = ClusterSession(

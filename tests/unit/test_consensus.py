@@ -1,0 +1,1012 @@
+"""The sans-IO ConsensusModule: client sessions and log sequencing (seeds 000, 002).
+
+The egress port is a recording test double (the core is sans-IO by design, the port is
+its only collaborator); the log is read back from ``take_log_batch`` with the real
+record reader and the real LOG codec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from cluster.archive.record import complete_length, iter_records
+from cluster.core.auth import Authenticator, SessionProxy
+from cluster.core.consensus import ConsensusConfig, ConsensusModule
+from cluster.core.session import State
+from cluster.protocol import LOG
+from cluster.protocol import version as pv
+from cluster.protocol.egress import AdminResponse, Challenge, NewLeaderEvent, SessionEvent
+from cluster.protocol.enums import (
+    AdminRequestType,
+    AdminResponseCode,
+    CloseReason,
+    ClusterTimeUnit,
+    EventCode,
+    Role,
+)
+from cluster.protocol.ingress import (
+    AdminRequest,
+    ChallengeResponse,
+    SessionCloseRequest,
+    SessionConnectRequest,
+    SessionKeepAlive,
+    SessionMessageHeader,
+)
+from cluster.protocol.log import (
+    NewLeadershipTermEvent,
+    SessionCloseEvent,
+    SessionOpenEvent,
+    TimerEvent,
+)
+
+MS = 1_000_000
+SECOND = 1_000_000_000
+T0 = 1_700_000_000 * SECOND  # a realistic monotonic-ish start so timestamps are non-zero
+TERM = 3
+CHANNEL = "127.0.0.1:20000"
+ENDPOINTS = "0=127.0.0.1:9010,1=127.0.0.1:9011,2=127.0.0.1:9012"
+
+
+# ---------------------------------------------------------------------- test doubles
+
+
+@dataclass
+class Sent:
+    egress_id: int
+    message: Any
+    commit_position: int  # the module's commit position when the message was sent
+
+
+@dataclass
+class RecordingEgress:
+    """EgressPort double: records connect/send/close, optionally refusing sends."""
+
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+    sent: list[Sent] = field(default_factory=list)
+    accept: bool = True
+    cm: ConsensusModule | None = None
+
+    def connect(self, egress_id: int, channel: str) -> None:
+        self.calls.append(("connect", egress_id, channel))
+
+    def send(self, egress_id: int, message: Any) -> bool:
+        self.calls.append(("send", egress_id, message))
+        if self.accept:
+            commit = self.cm.commit_position if self.cm is not None else -1
+            self.sent.append(Sent(egress_id, message, commit))
+        return self.accept
+
+    def close(self, egress_id: int) -> None:
+        self.calls.append(("close", egress_id))
+
+    # helpers
+    def messages(self, egress_id: int | None = None, kind: type | None = None) -> list[Any]:
+        return [
+            s.message
+            for s in self.sent
+            if (egress_id is None or s.egress_id == egress_id)
+            and (kind is None or isinstance(s.message, kind))
+        ]
+
+    def events(self, egress_id: int | None = None) -> list[SessionEvent]:
+        return self.messages(egress_id, SessionEvent)
+
+    def connects(self) -> list[tuple[int, str]]:
+        return [(c[1], c[2]) for c in self.calls if c[0] == "connect"]
+
+    def closes(self) -> list[int]:
+        return [c[1] for c in self.calls if c[0] == "close"]
+
+
+class LogReader:
+    """Takes batches from the module and decodes them, checking contiguity."""
+
+    def __init__(self, cm: ConsensusModule) -> None:
+        self.cm = cm
+        self.end = cm.published_position
+        self.entries: list[tuple[int, Any]] = []  # (position after the record, message)
+
+    def pull(self) -> list[tuple[int, Any]]:
+        batch = self.cm.take_log_batch()
+        if batch is None:
+            return []
+        start, data = batch
+        assert start == self.end, "log batches must be contiguous"
+        assert complete_length(data) == len(data), "a batch holds whole records only"
+        new = []
+        for offset, body in iter_records(data):
+            position = start + offset + 8 + len(body)
+            new.append((position, LOG.decode(body)))
+        assert new, "a non-empty batch has at least one record"
+        self.end = start + len(data)
+        assert self.end == new[-1][0]
+        self.entries.extend(new)
+        return new
+
+    def messages(self, kind: type | None = None) -> list[Any]:
+        self.pull()
+        return [m for _, m in self.entries if kind is None or isinstance(m, kind)]
+
+
+class ChallengeAuthenticator(Authenticator):
+    """Challenges every client with a nonce and expects ``b"answer:" + nonce`` back."""
+
+    enforces_identity = True
+
+    def __init__(self) -> None:
+        self.credentials: dict[int, bytes] = {}
+        self.responses: dict[int, bytes] = {}
+        self.calls: list[str] = []
+
+    def on_connect_request(self, session_id: int, encoded_credentials: bytes, now_ms: int) -> None:
+        self.calls.append("connect_request")
+        self.credentials[session_id] = encoded_credentials
+
+    def on_connected_session(self, proxy: SessionProxy, now_ms: int) -> None:
+        self.calls.append("connected")
+        assert proxy.challenge(b"nonce-%d" % proxy.session_id)
+
+    def on_challenge_response(
+        self, session_id: int, encoded_credentials: bytes, now_ms: int
+    ) -> None:
+        self.calls.append("challenge_response")
+        self.responses[session_id] = encoded_credentials
+
+    def on_challenged_session(self, proxy: SessionProxy, now_ms: int) -> None:
+        self.calls.append("challenged")
+        response = self.responses.pop(proxy.session_id, None)
+        if response is None:
+            return
+        if response == b"answer:nonce-%d" % proxy.session_id:
+            proxy.authenticate(b"principal:" + self.credentials[proxy.session_id])
+        else:
+            proxy.reject()
+
+
+class RecordingAuthenticator(Authenticator):
+    """The default behaviour, recording the session state it sees."""
+
+    def __init__(self, cm_ref: list[ConsensusModule]) -> None:
+        self.cm_ref = cm_ref
+        self.seen: list[tuple[str, State]] = []
+
+    def on_connected_session(self, proxy: SessionProxy, now_ms: int) -> None:
+        (cm,) = self.cm_ref
+        session = next(s for s in cm.pending_sessions if s.cluster_session_id == proxy.session_id)
+        self.seen.append(("before", session.state))
+        super().on_connected_session(proxy, now_ms)
+        self.seen.append(("after", session.state))
+
+
+# ---------------------------------------------------------------------- harness
+
+
+def make(
+    *,
+    role: Role = Role.LEADER,
+    authenticator: Authenticator | None = None,
+    member_count: int = 1,
+    log_position: int = 0,
+    **config: Any,
+) -> tuple[ConsensusModule, RecordingEgress, LogReader]:
+    egress = RecordingEgress()
+    cfg = ConsensusConfig(ingress_endpoints=ENDPOINTS, member_count=member_count, **config)
+    cm = ConsensusModule(cfg, egress, authenticator, log_position=log_position)
+    egress.cm = cm
+    reader = LogReader(cm)
+    if role is Role.LEADER:
+        cm.become_leader(TERM, T0)
+    return cm, egress, reader
+
+
+def connect(
+    cm: ConsensusModule,
+    now: int,
+    *,
+    correlation_id: int = 100,
+    version: int = pv.PROTOCOL_VERSION,
+    credentials: bytes = b"",
+) -> int:
+    """Send a SessionConnectRequest; return the egress id the module connected to."""
+    egress: RecordingEgress = cm.egress  # type: ignore[assignment]
+    before = len(egress.connects())
+    cm.on_session_connect(
+        SessionConnectRequest(correlation_id, 7, version, CHANNEL, credentials), now
+    )
+    connects = egress.connects()
+    assert len(connects) == before + 1
+    egress_id, channel = connects[-1]
+    assert channel == CHANNEL
+    return egress_id
+
+
+def commit_all(cm: ConsensusModule, reader: LogReader) -> None:
+    reader.pull()
+    cm.on_archive_position(reader.end)
+
+
+def open_session(
+    cm: ConsensusModule, reader: LogReader, now: int, *, correlation_id: int = 100
+) -> int:
+    sid = connect(cm, now, correlation_id=correlation_id)
+    cm.on_egress_connected(sid)
+    cm.on_slow_tick(now)
+    assert cm.sessions[sid].state is State.OPEN
+    commit_all(cm, reader)
+    return sid
+
+
+def msg(cm: ConsensusModule, sid: int, payload: bytes = b"p", term: int | None = None) -> Any:
+    return SessionMessageHeader(cm.leadership_term_id if term is None else term, sid, 0, payload)
+
+
+# ---------------------------------------------------------------------- seed 000 flow
+
+
+def test_connect_flow_step_by_step() -> None:
+    ref: list[ConsensusModule] = []
+    auth = RecordingAuthenticator(ref)
+    cm, egress, reader = make(authenticator=auth)
+    ref.append(cm)
+    assert [type(m) for m in reader.messages()] == [NewLeadershipTermEvent]
+
+    sid = connect(cm, T0, correlation_id=42)
+    assert sid == 1
+    (pending,) = cm.pending_sessions
+    assert pending.cluster_session_id == sid
+    assert pending.state is State.CONNECTING
+    assert sid not in cm.sessions
+
+    # nothing happens on a slow tick while the egress is still connecting
+    cm.on_slow_tick(T0 + 10 * MS)
+    assert pending.state is State.CONNECTING
+    assert egress.sent == []
+    assert auth.seen == []
+    assert reader.pull() == []
+
+    cm.on_egress_connected(sid)
+    assert pending.state is State.CONNECTING  # only the slow tick moves it on
+    cm.on_slow_tick(T0 + 20 * MS)
+    assert auth.seen == [("before", State.CONNECTED), ("after", State.AUTHENTICATED)]
+    assert pending.state is State.OPEN
+    assert cm.pending_sessions == []
+    assert cm.sessions[sid] is pending
+
+    new = reader.pull()
+    assert len(new) == 1
+    position, open_event = new[0]
+    assert open_event == SessionOpenEvent(
+        leadership_term_id=TERM,
+        correlation_id=42,
+        cluster_session_id=sid,
+        timestamp=(T0 + 20 * MS) // MS,
+        response_stream_id=7,
+        response_channel=CHANNEL,
+        encoded_principal=b"",
+    )
+    assert pending.opened_log_position == position
+
+    # OK only once the open event is committed (the archive covers its position)
+    assert egress.events(sid) == []
+    cm.on_archive_position(position - 1)
+    assert egress.events(sid) == []
+    cm.on_slow_tick(T0 + 30 * MS)
+    assert egress.events(sid) == []
+    cm.on_archive_position(position)
+    (ok,) = egress.events(sid)
+    assert ok.code is EventCode.OK
+    assert ok.cluster_session_id == sid
+    assert ok.leadership_term_id == TERM
+    assert ok.correlation_id == 42
+    assert ok.leader_member_id == cm.config.member_id
+    assert ok.version == pv.PROTOCOL_VERSION
+    assert cm.commit_position == position
+
+    # never sent twice
+    cm.on_archive_position(position + 100)
+    cm.on_slow_tick(T0 + 40 * MS)
+    assert len(egress.events(sid)) == 1
+
+
+def test_ok_waits_for_quorum_in_a_three_member_cluster() -> None:
+    cm, egress, reader = make(member_count=3)
+    sid = connect(cm, T0)
+    cm.on_egress_connected(sid)
+    cm.on_slow_tick(T0)
+    reader.pull()
+    cm.on_archive_position(reader.end)
+    assert cm.commit_position < cm.sessions[sid].opened_log_position
+    assert egress.events(sid) == []
+
+
+def test_ok_retried_on_slow_tick_when_egress_full() -> None:
+    cm, egress, reader = make()
+    sid = connect(cm, T0)
+    cm.on_egress_connected(sid)
+    cm.on_slow_tick(T0)
+    egress.accept = False
+    commit_all(cm, reader)
+    assert egress.events(sid) == []
+    assert cm.sessions[sid].has_open_event_pending
+    egress.accept = True
+    cm.on_slow_tick(T0 + 10 * MS)
+    assert [e.code for e in egress.events(sid)] == [EventCode.OK]
+    cm.on_slow_tick(T0 + 20 * MS)
+    assert [e.code for e in egress.events(sid)] == [EventCode.OK]
+
+
+def test_version_mismatch_is_rejected_with_error() -> None:
+    cm, egress, reader = make()
+    major = pv.major(pv.PROTOCOL_VERSION)
+    sid = connect(cm, T0, version=pv.compose((major + 1) % 256, 0, 0))
+    assert cm.pending_sessions == []
+    assert len(cm.rejected_sessions) == 1
+    cm.on_slow_tick(T0)
+    assert egress.sent == []  # waits for the egress
+    cm.on_egress_connected(sid)
+    cm.on_slow_tick(T0 + 10 * MS)
+    (event,) = egress.events(sid)
+    assert event.code is EventCode.ERROR
+    assert "invalid client version" in event.detail
+    assert egress.closes() == [sid]
+    assert cm.rejected_sessions == []
+    assert cm.sessions == {}
+    assert cm.counters.rejected_sessions == 1
+    assert [type(m) for m in reader.messages()] == [NewLeadershipTermEvent]
+
+
+def test_compatible_minor_version_is_accepted() -> None:
+    cm, _egress, _reader = make()
+    major = pv.major(pv.PROTOCOL_VERSION)
+    sid = connect(cm, T0, version=pv.compose(major, 200, 9))
+    cm.on_egress_connected(sid)
+    cm.on_slow_tick(T0)
+    assert cm.sessions[sid].state is State.OPEN
+
+
+def test_concurrent_session_limit() -> None:
+    cm, egress, reader = make(max_concurrent_sessions=2)
+    a = open_session(cm, reader, T0, correlation_id=1)
+    b = connect(cm, T0, correlation_id=2)  # pending counts too
+    c = connect(cm, T0, correlation_id=3)
+    assert len(cm.rejected_sessions) == 1
+    for egress_id in (b, c):
+        cm.on_egress_connected(egress_id)
+    cm.on_slow_tick(T0 + 10 * MS)
+    (event,) = egress.events(c)
+    assert event.code is EventCode.ERROR
+    assert event.detail == "concurrent session limit"
+    assert event.correlation_id == 3
+    assert set(cm.sessions) == {a, b}
+    assert c in egress.closes()
+    # closing one makes room again
+    cm.on_session_close_request(SessionCloseRequest(TERM, a), T0 + 20 * MS)
+    d = connect(cm, T0 + 20 * MS, correlation_id=4)
+    assert cm.rejected_sessions == []
+    cm.on_egress_connected(d)
+    cm.on_slow_tick(T0 + 30 * MS)
+    assert set(cm.sessions) == {b, d}
+
+
+# ---------------------------------------------------------------------- authentication
+
+
+def _challenged(
+    credentials: bytes = b"alice",
+) -> tuple[ConsensusModule, RecordingEgress, LogReader, ChallengeAuthenticator, int]:
+    auth = ChallengeAuthenticator()
+    cm, egress, reader = make(authenticator=auth)
+    sid = connect(cm, T0, correlation_id=55, credentials=credentials)
+    assert auth.credentials == {sid: credentials}
+    cm.on_egress_connected(sid)
+    cm.on_slow_tick(T0 + 10 * MS)
+    (challenge,) = egress.messages(sid, Challenge)
+    assert challenge == Challenge(55, sid, b"nonce-%d" % sid)
+    assert cm.pending_sessions[0].state is State.CHALLENGED
+    # no answer yet: stays challenged, nothing on the log
+    cm.on_slow_tick(T0 + 20 * MS)
+    assert cm.pending_sessions[0].state is State.CHALLENGED
+    assert [type(m) for m in reader.messages()] == [NewLeadershipTermEvent]
+    return cm, egress, reader, auth, sid
+
+
+def test_challenge_right_response_opens_session() -> None:
+    cm, egress, reader, auth, sid = _challenged()
+    cm.on_challenge_response(ChallengeResponse(55, sid, b"answer:nonce-%d" % sid), T0 + 30 * MS)
+    assert "challenge_response" in auth.calls
+    cm.on_slow_tick(T0 + 40 * MS)
+    assert cm.sessions[sid].state is State.OPEN
+    opens = reader.messages(SessionOpenEvent)
+    assert [o.encoded_principal for o in opens] == [b"principal:alice"]
+    commit_all(cm, reader)
+    assert [e.code for e in egress.events(sid)] == [EventCode.OK]
+
+
+def test_challenge_wrong_response_rejects() -> None:
+    cm, egress, reader, _auth, sid = _challenged()
+    cm.on_challenge_response(ChallengeResponse(55, sid, b"wrong"), T0 + 30 * MS)
+    cm.on_slow_tick(T0 + 40 * MS)
+    assert sid not in cm.sessions
+    assert cm.pending_sessions == []
+    (event,) = egress.events(sid)
+    assert event.code is EventCode.AUTHENTICATION_REJECTED
+    assert egress.closes() == [sid]
+    assert reader.messages(SessionOpenEvent) == []
+    assert cm.counters.rejected_sessions == 1
+
+
+def test_challenge_response_with_wrong_ids_is_ignored_and_counted() -> None:
+    cm, _egress, _reader, auth, sid = _challenged()
+    cm.on_challenge_response(ChallengeResponse(56, sid, b"answer:nonce-%d" % sid), T0)
+    cm.on_challenge_response(ChallengeResponse(55, sid + 1, b"answer:nonce-%d" % sid), T0)
+    assert cm.counters.unknown_session_messages == 2
+    assert "challenge_response" not in auth.calls
+    cm.on_slow_tick(T0 + 40 * MS)
+    assert cm.pending_sessions[0].state is State.CHALLENGED
+
+
+def test_challenged_session_without_answer_times_out() -> None:
+    cm, egress, reader, _auth, sid = _challenged()
+    timeout = cm.config.session_timeout_ns
+    cm.on_slow_tick(T0 + timeout)
+    assert cm.pending_sessions != []
+    cm.on_slow_tick(T0 + timeout + 1)
+    assert cm.pending_sessions == []
+    assert sid in egress.closes()
+    assert reader.messages(SessionOpenEvent) == []
+
+
+# ---------------------------------------------------------------------- ingress
+
+
+def test_message_is_sequenced_with_cluster_timestamp() -> None:
+    cm, _egress, reader = make()
+    sid = open_session(cm, reader, T0)
+    assert cm.on_ingress_message(msg(cm, sid, b"hello"), T0 + 5 * MS)
+    (m,) = reader.messages(SessionMessageHeader)
+    assert m == SessionMessageHeader(TERM, sid, (T0 + 5 * MS) // MS, b"hello")
+
+
+def test_unknown_session_and_wrong_term_are_ignored_and_counted() -> None:
+    cm, _egress, reader = make()
+    sid = open_session(cm, reader, T0)
+    assert not cm.on_ingress_message(msg(cm, sid + 99), T0)
+    assert cm.counters.unknown_session_messages == 1
+    assert not cm.on_ingress_message(msg(cm, sid, term=TERM - 1), T0)
+    assert not cm.on_ingress_message(msg(cm, sid, term=TERM + 1), T0)
+    assert cm.counters.wrong_term_messages == 2
+    cm.on_keepalive(SessionKeepAlive(TERM, sid + 99), T0)
+    cm.on_keepalive(SessionKeepAlive(TERM + 1, sid), T0)
+    cm.on_session_close_request(SessionCloseRequest(TERM, sid + 99), T0)
+    cm.on_session_close_request(SessionCloseRequest(TERM - 1, sid), T0)
+    assert cm.counters.unknown_session_messages == 3
+    assert cm.counters.wrong_term_messages == 4
+    assert reader.messages(SessionMessageHeader) == []
+    assert reader.messages(SessionCloseEvent) == []
+    assert cm.sessions[sid].state is State.OPEN
+
+
+def test_message_for_pending_session_is_ignored() -> None:
+    cm, _egress, reader = make()
+    sid = connect(cm, T0)
+    assert not cm.on_ingress_message(msg(cm, sid), T0)
+    assert cm.counters.unknown_session_messages == 1
+    assert reader.messages(SessionMessageHeader) == []
+
+
+@pytest.mark.parametrize("kind", ["keepalive", "message"])
+def test_activity_prevents_timeout(kind: str) -> None:
+    cm, egress, reader = make()
+    sid = open_session(cm, reader, T0)
+    timeout = cm.config.session_timeout_ns
+    now = T0
+    for _ in range(5):
+        now += timeout // 2
+        cm.on_slow_tick(now)
+        if kind == "keepalive":
+            cm.on_keepalive(SessionKeepAlive(TERM, sid), now)
+        else:
+            assert cm.on_ingress_message(msg(cm, sid), now)
+    assert now - T0 > 2 * timeout
+    cm.on_slow_tick(now + timeout)  # exactly the timeout: not yet
+    assert cm.sessions[sid].state is State.OPEN
+    assert reader.messages(SessionCloseEvent) == []
+    assert cm.counters.timed_out_sessions == 0
+    assert EventCode.CLOSED not in [e.code for e in egress.events(sid)]
+
+
+def test_idle_session_times_out() -> None:
+    cm, egress, reader = make()
+    sid = open_session(cm, reader, T0)
+    timeout = cm.config.session_timeout_ns
+    cm.on_slow_tick(T0 + timeout)
+    assert sid in cm.sessions
+    now = T0 + timeout + 1
+    cm.on_slow_tick(now)
+    assert sid not in cm.sessions
+    (close,) = reader.messages(SessionCloseEvent)
+    assert close == SessionCloseEvent(TERM, sid, now // MS, CloseReason.TIMEOUT)
+    closed = egress.events(sid)[-1]
+    assert closed.code is EventCode.CLOSED
+    assert closed.cluster_session_id == sid
+    assert egress.calls[-1] == ("close", sid)
+    assert cm.counters.timed_out_sessions == 1
+    # later traffic for it is unknown
+    assert not cm.on_ingress_message(msg(cm, sid), now)
+    assert cm.counters.unknown_session_messages == 1
+
+
+def test_pending_session_whose_egress_never_connects_times_out() -> None:
+    cm, egress, reader = make()
+    sid = connect(cm, T0)
+    cm.on_slow_tick(T0 + cm.config.session_timeout_ns + 1)
+    assert cm.pending_sessions == []
+    assert egress.closes() == [sid]
+    assert reader.messages(SessionOpenEvent) == []
+
+
+def test_close_request_is_client_action() -> None:
+    cm, egress, reader = make()
+    sid = open_session(cm, reader, T0)
+    cm.on_session_close_request(SessionCloseRequest(TERM, sid), T0 + MS)
+    (close,) = reader.messages(SessionCloseEvent)
+    assert close.close_reason is CloseReason.CLIENT_ACTION
+    assert close.cluster_session_id == sid
+    assert egress.events(sid)[-1].code is EventCode.CLOSED
+    assert egress.closes() == [sid]
+    assert sid not in cm.sessions
+
+
+def test_service_close_is_service_action() -> None:
+    cm, egress, reader = make()
+    sid = open_session(cm, reader, T0)
+    assert not cm.on_service_close_session(sid + 1, T0)
+    assert cm.on_service_close_session(sid, T0 + MS)
+    (close,) = reader.messages(SessionCloseEvent)
+    assert close.close_reason is CloseReason.SERVICE_ACTION
+    assert egress.events(sid)[-1].code is EventCode.CLOSED
+    assert not cm.on_service_close_session(sid, T0 + 2 * MS)  # already closed
+
+
+def test_service_close_on_follower_is_applied_when_it_leads() -> None:
+    leader, _e, leader_log = make()
+    sid = open_session(leader, leader_log, T0)
+    follower, _f_egress, f_reader = make(role=Role.FOLLOWER)
+    for position, m in leader_log.entries:
+        follower.on_replay_log_message(m, position, T0)
+    assert follower.on_service_close_session(sid, T0)
+    assert follower.sessions[sid].state is State.CLOSING
+    assert f_reader.messages() == []  # followers never append
+    follower.become_leader(TERM + 1, T0 + SECOND)
+    follower.on_slow_tick(T0 + SECOND)
+    closes = f_reader.messages(SessionCloseEvent)
+    assert [(c.cluster_session_id, c.close_reason) for c in closes] == [
+        (sid, CloseReason.SERVICE_ACTION)
+    ]
+
+
+def test_admin_request_answered_with_error_response() -> None:
+    cm, egress, reader = make()
+    sid = open_session(cm, reader, T0)
+    cm.on_admin_request(AdminRequest(TERM, sid, 9, AdminRequestType.SNAPSHOT), T0)
+    (response,) = egress.messages(sid, AdminResponse)
+    assert response.correlation_id == 9
+    assert response.response_code is AdminResponseCode.ERROR
+    cm.on_admin_request(AdminRequest(TERM, sid + 5, 9, AdminRequestType.SNAPSHOT), T0)
+    assert len(egress.messages(None, AdminResponse)) == 1
+
+
+# ---------------------------------------------------------------------- followers, egress
+
+
+def test_follower_redirects_once_egress_connected() -> None:
+    cm, egress, reader = make(role=Role.FOLLOWER)
+    cm.on_replay_log_message(
+        NewLeadershipTermEvent(TERM, 0, 5, 0, 2, 0, ClusterTimeUnit.MILLIS, 1), 40, T0
+    )  # learn the leader
+    egress_id = connect(cm, T0, correlation_id=77)
+    assert egress_id < 0  # a local id, not a cluster session id
+    assert cm.pending_sessions == []
+    cm.on_slow_tick(T0)
+    assert egress.sent == []
+    cm.on_egress_connected(egress_id)
+    cm.on_slow_tick(T0 + 10 * MS)
+    (event,) = egress.events(egress_id)
+    assert event.code is EventCode.REDIRECT
+    assert event.detail == ENDPOINTS
+    assert event.correlation_id == 77
+    assert event.leader_member_id == 2
+    assert event.leadership_term_id == TERM
+    assert egress.closes() == [egress_id]
+    assert cm.sessions == {}
+    assert cm.redirect_sessions == []
+    assert cm.counters.redirected_sessions == 1
+    assert reader.pull() == []
+    # two redirects get distinct egress ids
+    other = connect(cm, T0, correlation_id=78)
+    assert other != egress_id
+
+
+def test_follower_ignores_ingress() -> None:
+    cm, _egress, reader = make(role=Role.FOLLOWER)
+    assert not cm.on_ingress_message(SessionMessageHeader(TERM, 1, 0, b"x"), T0)
+    cm.on_keepalive(SessionKeepAlive(TERM, 1), T0)
+    cm.on_session_close_request(SessionCloseRequest(TERM, 1), T0)
+    assert reader.pull() == []
+
+
+def test_egress_failure_drops_pending_session() -> None:
+    cm, egress, reader = make()
+    sid = connect(cm, T0)
+    cm.on_egress_failed(sid)
+    assert cm.pending_sessions == []
+    assert cm.counters.egress_failures == 1
+    cm.on_egress_connected(sid)  # late news about a dropped session: harmless
+    cm.on_slow_tick(T0 + 10 * MS)
+    assert cm.sessions == {}
+    assert reader.messages(SessionOpenEvent) == []
+    assert egress.sent == []
+    # and the freed slot counts towards the limit again
+    assert len(cm.sessions) + len(cm.pending_sessions) == 0
+
+
+def test_egress_failure_drops_redirect_and_rejected_sessions() -> None:
+    follower, f_egress, _ = make(role=Role.FOLLOWER)
+    eid = connect(follower, T0)
+    follower.on_egress_failed(eid)
+    assert follower.redirect_sessions == []
+    follower.on_egress_connected(eid)
+    follower.on_slow_tick(T0)
+    assert f_egress.sent == []
+
+    cm, _egress, _ = make()
+    sid = connect(cm, T0, version=pv.compose((pv.major(pv.PROTOCOL_VERSION) + 1) % 256, 0, 0))
+    cm.on_egress_failed(sid)
+    assert cm.rejected_sessions == []
+
+
+def test_egress_failure_of_open_session_keeps_it_until_timeout() -> None:
+    cm, _egress, reader = make()
+    sid = open_session(cm, reader, T0)
+    cm.on_egress_failed(sid)
+    assert cm.sessions[sid].state is State.OPEN
+    assert not cm.sessions[sid].egress_connected
+
+
+# ---------------------------------------------------------------------- leadership, replay
+
+
+def test_become_leader_restores_sessions_and_sends_new_leader_event() -> None:
+    old, _old_egress, old_log = make()
+    s1 = open_session(old, old_log, T0, correlation_id=1)
+    s2 = open_session(old, old_log, T0, correlation_id=2)
+    s3 = open_session(old, old_log, T0, correlation_id=3)
+    old.on_session_close_request(SessionCloseRequest(TERM, s2), T0 + MS)
+    old_log.pull()
+
+    cm, egress, reader = make(role=Role.FOLLOWER, log_position=old_log.end)
+    for position, m in old_log.entries:
+        cm.on_replay_log_message(m, position, T0 + 2 * MS)
+    assert set(cm.sessions) == {s1, s3}
+    assert all(s.state is State.OPEN for s in cm.sessions.values())
+    assert cm.next_session_id == s3 + 1
+    assert cm.leadership_term_id == TERM
+    assert egress.calls == []  # followers do not connect the egress
+
+    cm.become_leader(TERM + 1, T0 + SECOND)
+    (nlt,) = reader.messages(NewLeadershipTermEvent)
+    assert nlt.leadership_term_id == TERM + 1
+    assert nlt.log_position == old_log.end
+    assert nlt.leader_member_id == cm.config.member_id
+    assert sorted(egress.connects()) == [(s1, CHANNEL), (s3, CHANNEL)]
+
+    cm.on_slow_tick(T0 + SECOND + 10 * MS)
+    assert egress.messages(None, NewLeaderEvent) == []  # waits for the egress
+    cm.on_egress_connected(s1)
+    cm.on_egress_connected(s3)
+    cm.on_slow_tick(T0 + SECOND + 20 * MS)
+    events = egress.messages(None, NewLeaderEvent)
+    assert sorted(e.cluster_session_id for e in events) == [s1, s3]
+    for e in events:
+        assert e.leadership_term_id == TERM + 1
+        assert e.leader_member_id == cm.config.member_id
+        assert e.ingress_endpoints == ENDPOINTS
+    cm.on_slow_tick(T0 + SECOND + 30 * MS)
+    assert len(egress.messages(None, NewLeaderEvent)) == 2  # once each
+
+    # new sessions never reuse a replayed id; old sessions keep working in the new term
+    s4 = open_session(cm, reader, T0 + SECOND + 40 * MS, correlation_id=4)
+    assert s4 > s3
+    assert cm.on_ingress_message(SessionMessageHeader(TERM + 1, s1, 0, b"x"), T0 + SECOND)
+    assert not cm.on_ingress_message(SessionMessageHeader(TERM, s1, 0, b"x"), T0 + SECOND)
+
+
+def test_restored_sessions_time_out_from_election_time() -> None:
+    old, _e, old_log = make()
+    sid = open_session(old, old_log, T0)
+    cm, _egress, reader = make(role=Role.FOLLOWER)
+    for position, m in old_log.entries:
+        cm.on_replay_log_message(m, position, T0)
+    later = T0 + 100 * SECOND
+    cm.become_leader(TERM + 1, later)
+    cm.on_slow_tick(later + cm.config.session_timeout_ns)
+    assert sid in cm.sessions
+    cm.on_slow_tick(later + cm.config.session_timeout_ns + 1)
+    assert sid not in cm.sessions
+    (close,) = reader.messages(SessionCloseEvent)
+    assert close.close_reason is CloseReason.TIMEOUT
+
+
+def test_timestamps_never_go_backwards_when_clock_does() -> None:
+    cm, _egress, reader = make()
+    sid = open_session(cm, reader, T0 + 50 * SECOND)
+    cm.on_ingress_message(msg(cm, sid), T0 + 10 * SECOND)  # clock jumped back
+    cm.on_ingress_message(msg(cm, sid), T0 + 60 * SECOND)
+    cm.on_ingress_message(msg(cm, sid), T0)
+    cm.schedule_timer(1, 0)
+    cm.consensus_work(T0 - SECOND)
+    cm.on_session_close_request(SessionCloseRequest(TERM, sid), T0 - 2 * SECOND)
+    cm.become_leader(TERM + 1, T0 - 3 * SECOND)
+    stamps = [m.timestamp for m in reader.messages()]
+    assert len(stamps) == 8
+    assert stamps == sorted(stamps)
+    assert stamps[-1] == (T0 + 60 * SECOND) // MS
+
+
+def test_timestamps_never_go_backwards_after_replayed_messages() -> None:
+    # A new leader's first entries must not be stamped before entries it replayed,
+    # including application messages (cluster_time: "never behind the last timestamp
+    # put on the log").
+    cm, _egress, reader = make(role=Role.FOLLOWER)
+    late = (T0 + 100 * SECOND) // MS
+    cm.on_replay_log_message(SessionOpenEvent(TERM, 1, 1, late - 5, 7, CHANNEL), 50, T0)
+    cm.on_replay_log_message(SessionMessageHeader(TERM, 1, late, b"x"), 100, T0)
+    cm.become_leader(TERM + 1, T0)  # this member's clock is 100 s behind
+    (nlt,) = reader.messages(NewLeadershipTermEvent)
+    assert nlt.timestamp >= late
+
+
+def test_epoch_offset_converts_monotonic_to_epoch_ms() -> None:
+    egress = RecordingEgress()
+    cm = ConsensusModule(ConsensusConfig(), egress, epoch_offset_ns=5 * SECOND)
+    cm.become_leader(1, 2 * SECOND)
+    assert cm.timestamp == 7_000
+    assert cm.cluster_time(SECOND) == 7_000  # never behind the last timestamp
+    assert cm.cluster_time(10 * SECOND) == 15_000
+
+
+# ---------------------------------------------------------------------- timers
+
+
+def test_timer_fires_into_the_log_when_due() -> None:
+    cm, _egress, reader = make()
+    deadline = (T0 + 100 * MS) // MS
+    cm.schedule_timer(7, deadline)
+    assert cm.consensus_work(T0 + 99 * MS) == 0
+    assert reader.messages(TimerEvent) == []
+    assert cm.consensus_work(T0 + 100 * MS) == 1
+    (timer,) = reader.messages(TimerEvent)
+    assert timer == TimerEvent(TERM, 7, deadline)
+    assert cm.consensus_work(T0 + 200 * MS) == 0  # fires once
+    assert len(reader.messages(TimerEvent)) == 1
+
+
+def test_cancelled_timer_does_not_fire() -> None:
+    cm, _egress, reader = make()
+    cm.schedule_timer(7, T0 // MS)
+    cm.schedule_timer(8, T0 // MS)
+    assert cm.cancel_timer(7)
+    assert not cm.cancel_timer(7)
+    assert cm.consensus_work(T0 + SECOND) == 1
+    assert [t.correlation_id for t in reader.messages(TimerEvent)] == [8]
+
+
+def test_replayed_timer_event_cancels_timer() -> None:
+    cm, _egress, reader = make(role=Role.FOLLOWER)
+    cm.schedule_timer(7, 10)
+    cm.schedule_timer(8, 10)
+    assert cm.consensus_work(T0) == 0  # followers never fire timers
+    cm.on_replay_log_message(TimerEvent(TERM, 7, 10), 30, T0)
+    cm.become_leader(TERM + 1, T0)
+    assert cm.consensus_work(T0) == 1
+    assert [t.correlation_id for t in reader.messages(TimerEvent)] == [8]
+
+
+def test_rescheduled_timer_uses_new_deadline() -> None:
+    cm, _egress, reader = make()
+    base = T0 // MS
+    cm.schedule_timer(1, base + 10)
+    cm.schedule_timer(1, base + 50)
+    assert cm.consensus_work(T0 + 20 * MS) == 0
+    assert cm.consensus_work(T0 + 50 * MS) == 1
+    (timer,) = reader.messages(TimerEvent)
+    assert timer.timestamp == base + 50
+
+
+# ---------------------------------------------------------------------- state machine
+
+
+class SessionMachine(RuleBasedStateMachine):
+    """Random interleavings of client and archive events against the module's invariants."""
+
+    @initialize(max_sessions=st.integers(1, 4))
+    def setup(self, max_sessions: int) -> None:
+        self.cm, self.egress, self.reader = make(
+            max_concurrent_sessions=max_sessions, session_timeout_ns=SECOND
+        )
+        self.max_sessions = max_sessions
+        self.now = T0
+        self.connected: set[int] = set()
+        self.egress_ids: list[int] = []
+        self.correlation = 0
+        self.last_timestamp = 0
+        self.checked = 0  # log entries already checked
+        self.opened: dict[int, int] = {}  # session id -> open event end position
+        self.closed: set[int] = set()
+        self.ok_sent: set[int] = set()
+        self.sent_checked = 0
+
+    # ---- rules
+
+    @rule()
+    def connect(self) -> None:
+        self.correlation += 1
+        egress_id = connect(self.cm, self.now, correlation_id=self.correlation)
+        if self.egress_ids:
+            assert egress_id > max(self.egress_ids), "session ids unique and increasing"
+        self.egress_ids.append(egress_id)
+
+    @rule()
+    def connect_and_tick(self) -> None:
+        """The common path in one step: connect, egress up, slow tick."""
+        self.connect()
+        egress_id = self.egress_ids[-1]
+        self.connected.add(egress_id)
+        self.cm.on_egress_connected(egress_id)
+        self.cm.on_slow_tick(self.now)
+
+    @precondition(lambda self: bool(self.egress_ids))
+    @rule(data=st.data())
+    def egress_connected(self, data: st.DataObject) -> None:
+        waiting = [
+            s.egress_id for s in self.cm.pending_sessions + self.cm.rejected_sessions
+        ] or self.egress_ids
+        egress_id = data.draw(st.sampled_from(waiting))
+        self.connected.add(egress_id)
+        self.cm.on_egress_connected(egress_id)
+
+    @precondition(lambda self: bool(self.egress_ids))
+    @rule(data=st.data())
+    def egress_failed(self, data: st.DataObject) -> None:
+        egress_id = data.draw(st.sampled_from(self.egress_ids))
+        self.cm.on_egress_failed(egress_id)
+
+    @rule(
+        dt=st.one_of(
+            st.sampled_from([10 * MS, SECOND // 2, SECOND, SECOND + 1, 2 * SECOND, -SECOND // 3]),
+            st.integers(-SECOND // 2, 3 * SECOND // 2),
+        )
+    )
+    def slow_tick(self, dt: int) -> None:
+        self.now += dt
+        self.cm.on_slow_tick(self.now)
+
+    def _session_id(self, data: st.DataObject) -> int:
+        live = sorted(self.cm.sessions)
+        known = self.egress_ids or [1]
+        choices = [st.sampled_from(known), st.integers(-2, 50)]
+        if live:
+            choices.insert(0, st.sampled_from(live))
+        return data.draw(st.one_of(choices))
+
+    @rule(data=st.data(), wrong_term=st.booleans())
+    def message(self, data: st.DataObject, wrong_term: bool) -> None:
+        sid = self._session_id(data)
+        term = TERM + 1 if wrong_term else TERM
+        accepted = self.cm.on_ingress_message(SessionMessageHeader(term, sid, 0, b"m"), self.now)
+        if accepted:
+            assert not wrong_term
+            assert self.cm.sessions[sid].state is State.OPEN
+
+    @rule(data=st.data())
+    def keepalive(self, data: st.DataObject) -> None:
+        self.cm.on_keepalive(SessionKeepAlive(TERM, self._session_id(data)), self.now)
+
+    @rule(data=st.data())
+    def close(self, data: st.DataObject) -> None:
+        self.cm.on_session_close_request(
+            SessionCloseRequest(TERM, self._session_id(data)), self.now
+        )
+
+    @rule(data=st.data())
+    def service_close(self, data: st.DataObject) -> None:
+        self.cm.on_service_close_session(self._session_id(data), self.now)
+
+    @rule(data=st.data())
+    def archive_position(self, data: st.DataObject) -> None:
+        self.reader.pull()
+        boundaries = [p for p, _ in self.reader.entries if p > self.cm.archive_position]
+        if boundaries:
+            self.cm.on_archive_position(data.draw(st.sampled_from(boundaries)))
+
+    # ---- invariants
+
+    @invariant()
+    def log_is_consistent(self) -> None:
+        if not hasattr(self, "cm"):
+            return
+        self.reader.pull()  # contiguity, whole records, decodable
+        entries = self.reader.entries
+        previous = -1
+        for position, m in entries[self.checked :]:
+            assert position > previous
+            previous = position
+            assert m.timestamp >= self.last_timestamp, "log time never goes backwards"
+            self.last_timestamp = m.timestamp
+            if isinstance(m, SessionOpenEvent):
+                assert m.cluster_session_id not in self.opened, "one open event per session"
+                assert m.cluster_session_id in self.egress_ids
+                self.opened[m.cluster_session_id] = position
+            elif isinstance(m, SessionMessageHeader):
+                sid = m.cluster_session_id
+                assert sid in self.opened, "message before the session's open event"
+                assert sid not in self.closed, "message after the session's close event"
+                assert m.leadership_term_id == TERM
+            elif isinstance(m, SessionCloseEvent):
+                assert m.cluster_session_id in self.opened
+                assert m.cluster_session_id not in self.closed
+                self.closed.add(m.cluster_session_id)
+        self.checked = len(entries)
+
+    @invariant()
+    def sessions_match_log(self) -> None:
+        if not hasattr(self, "cm"):
+            return
+        self.log_is_consistent()
+        for sid, session in self.cm.sessions.items():
+            assert session.cluster_session_id == sid
+            if session.state is State.OPEN:
+                assert sid in self.opened
+                assert sid not in self.closed
+        assert set(self.cm.sessions) == set(self.opened) - self.closed
+        assert len(self.cm.sessions) + len(self.cm.pending_sessions) <= self.max_sessions
+        assert self.cm.commit_position <= self.cm.archive_position <= self.cm.published_position
+
+    @invariant()
+    def ok_only_after_commit(self) -> None:
+        if not hasattr(self, "cm"):
+            return
+        self.log_is_consistent()
+        for sent in self.egress.sent[self.sent_checked :]:
+            m = sent.message
+            if isinstance(m, SessionEvent) and m.code is EventCode.OK:
+                sid = m.cluster_session_id
+                assert sid not in self.ok_sent, "OK sent twice"
+                self.ok_sent.add(sid)
+                assert sid in self.opened
+                assert sent.commit_position >= self.opened[sid], "OK before commit"
+                assert m.leadership_term_id == TERM
+            if isinstance(m, SessionEvent):
+                assert sent.egress_id in self.connected or sent.egress_id in self.opened
+        self.sent_checked = len(self.egress.sent)
+
+
+TestSessionMachine = SessionMachine.TestCase
+TestSessionMachine.settings = settings(
+    max_examples=200,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)

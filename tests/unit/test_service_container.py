@@ -1,0 +1,400 @@
+"""ServiceContainer: committed log -> ClusteredService callbacks, egress replies (seed 002)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from cluster.archive.record import RECORD_HEADER_LENGTH, encode_record, iter_records
+from cluster.core.consensus import ConsensusConfig, ConsensusModule
+from cluster.core.service_container import ServiceContainer
+from cluster.core.session import State
+from cluster.protocol import LOG, ProtocolError, encode
+from cluster.protocol import version as pv
+from cluster.protocol.egress import SessionEvent
+from cluster.protocol.enums import CloseReason, EventCode, Role
+from cluster.protocol.ingress import (
+    SessionCloseRequest,
+    SessionConnectRequest,
+    SessionMessageHeader,
+)
+from cluster.protocol.log import NewLeadershipTermEvent, SessionCloseEvent, SessionOpenEvent
+from cluster.service import ClientSession, Cluster, ClusteredService
+
+MS = 1_000_000
+SECOND = 1_000_000_000
+T0 = 1_700_000_000 * SECOND
+TERM = 5
+CHANNEL = "127.0.0.1:30000"
+
+
+@dataclass
+class RecordingEgress:
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+    accept: bool = True
+
+    def connect(self, egress_id: int, channel: str) -> None:
+        self.calls.append(("connect", egress_id, channel))
+
+    def send(self, egress_id: int, message: Any) -> bool:
+        self.calls.append(("send", egress_id, message))
+        return self.accept
+
+    def close(self, egress_id: int) -> None:
+        self.calls.append(("close", egress_id))
+
+    def replies(self) -> list[tuple[int, SessionMessageHeader]]:
+        return [
+            (c[1], c[2])
+            for c in self.calls
+            if c[0] == "send" and isinstance(c[2], SessionMessageHeader)
+        ]
+
+    def session_events(self) -> list[SessionEvent]:
+        return [c[2] for c in self.calls if c[0] == "send" and isinstance(c[2], SessionEvent)]
+
+
+class RecordingService(ClusteredService):
+    """Records every callback; echoes messages; obeys a few payload commands."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+        self.cluster: Cluster | None = None
+        self.offers: list[bool] = []
+
+    def on_start(self, cluster: Cluster, snapshot: bytes | None) -> None:
+        self.cluster = cluster
+        self.events.append(("start", snapshot))
+
+    def on_session_open(self, session: ClientSession, timestamp: int) -> None:
+        assert self.cluster is not None
+        assert self.cluster.time == timestamp
+        self.events.append(("open", session.id, timestamp, session.response_channel))
+
+    def on_session_close(
+        self, session: ClientSession, timestamp: int, close_reason: CloseReason
+    ) -> None:
+        self.events.append(("close", session.id, timestamp, close_reason))
+        self.offers.append(session.offer(b"too late"))
+
+    def on_session_message(self, session: ClientSession, timestamp: int, payload: bytes) -> None:
+        assert self.cluster is not None
+        assert self.cluster.time == timestamp
+        self.events.append(("message", session.id, timestamp, payload))
+        if payload == b"close me":
+            assert session.close()
+            assert session.is_closing
+            assert not session.close()  # idempotent
+        elif payload.startswith(b"timer "):
+            self.cluster.schedule_timer(int(payload[6:]), timestamp)
+        else:
+            self.offers.append(session.offer(b"re:" + payload))
+            self.offers.append(session.offer(b"again:" + payload))
+
+    def on_timer_event(self, correlation_id: int, timestamp: int) -> None:
+        self.events.append(("timer", correlation_id, timestamp))
+
+    def on_role_change(self, new_role: Role) -> None:
+        self.events.append(("role", new_role))
+
+    def on_new_leadership_term_event(self, event: NewLeadershipTermEvent) -> None:
+        self.events.append(("term", event.leadership_term_id))
+
+
+class Node:
+    """A single member: real consensus module + container, a fake clock and egress."""
+
+    def __init__(self, role: Role = Role.LEADER) -> None:
+        self.now = T0
+        self.egress = RecordingEgress()
+        self.cm = ConsensusModule(ConsensusConfig(), self.egress)
+        self.service = RecordingService()
+        self.container = ServiceContainer(
+            self.service, self.cm, self.egress, member_id=0, clock_ns=lambda: self.now
+        )
+        self.container.start(None)
+        self.applied = 0
+        if role is Role.LEADER:
+            self.cm.become_leader(TERM, self.now)
+        self.container.set_role(role)
+
+    def tick(self, dt: int = 10 * MS) -> None:
+        self.now += dt
+        self.cm.consensus_work(self.now)
+        self.cm.on_slow_tick(self.now)
+
+    def open(self, correlation_id: int = 1) -> int:
+        sid = self.cm.next_session_id
+        self.cm.on_session_connect(
+            SessionConnectRequest(correlation_id, 3, pv.PROTOCOL_VERSION, CHANNEL), self.now
+        )
+        self.cm.on_egress_connected(sid)
+        self.tick()
+        assert self.cm.sessions[sid].state is State.OPEN
+        return sid
+
+    def send(self, sid: int, payload: bytes, dt: int = MS) -> None:
+        self.now += dt
+        assert self.cm.on_ingress_message(SessionMessageHeader(TERM, sid, 0, payload), self.now)
+
+    def log_bytes(self) -> bytes:
+        batch = self.cm.take_log_batch()
+        if batch is None:
+            return b""
+        start, data = batch
+        assert start == self.applied
+        return bytes(data)
+
+    def apply_all(self) -> list[Any]:
+        """Commit and apply everything published so far; return the applied messages."""
+        applied: list[Any] = []
+        while True:
+            data = self.log_bytes()
+            if not data:
+                return applied
+            self.cm.on_archive_position(self.applied + len(data))
+            consumed = self.container.apply(data, self.applied)
+            assert consumed == len(data)
+            applied.extend(LOG.decode(body) for _, body in iter_records(data))
+            self.applied += consumed
+
+
+# ---------------------------------------------------------------------- tests
+
+
+def test_callbacks_in_log_order() -> None:
+    node = Node()
+    a = node.open(1)
+    b = node.open(2)
+    node.send(a, b"a1")
+    node.send(b, b"b1")
+    node.send(a, b"a2")
+    node.cm.schedule_timer(77, node.cm.timestamp)
+    node.tick()
+    node.cm.on_session_close_request(SessionCloseRequest(TERM, a), node.now)
+    applied = node.apply_all()
+
+    # the callbacks follow the log exactly
+    expected: list[tuple[Any, ...]] = []
+    for m in applied:
+        kind = type(m).__name__
+        if kind == "NewLeadershipTermEvent":
+            expected.append(("term", m.leadership_term_id))
+        elif kind == "SessionOpenEvent":
+            expected.append(("open", m.cluster_session_id, m.timestamp, CHANNEL))
+        elif kind == "SessionMessageHeader":
+            expected.append(("message", m.cluster_session_id, m.timestamp, m.payload))
+        elif kind == "TimerEvent":
+            expected.append(("timer", m.correlation_id, m.timestamp))
+        elif kind == "SessionCloseEvent":
+            expected.append(("close", m.cluster_session_id, m.timestamp, m.close_reason))
+    events = node.service.events
+    assert events[:2] == [("start", None), ("role", Role.LEADER)]
+    assert events[2:] == expected
+    assert [e[0] for e in expected] == [
+        "term",
+        "open",
+        "open",
+        "message",
+        "message",
+        "message",
+        "timer",
+        "close",
+    ]
+    assert expected[-1][3] is CloseReason.CLIENT_ACTION
+    assert node.container.log_position == node.applied == node.cm.published_position
+    assert node.container.applied_messages == 3
+    assert node.container.leadership_term_id == TERM
+    assert set(node.container.sessions) == {b}
+    assert node.service.offers[-1] is False  # offer during on_session_close: closed
+
+
+def test_replies_carry_the_log_entry_timestamp_and_go_to_egress() -> None:
+    node = Node()
+    sid = node.open()
+    node.send(sid, b"x", dt=7 * MS)
+    node.send(sid, b"y", dt=13 * MS)
+    stamps = [
+        m.timestamp
+        for m in (LOG.decode(body) for _, body in iter_records(node.cm.log_buffer))
+        if isinstance(m, SessionMessageHeader)
+    ]
+    assert stamps[0] < stamps[1]
+    node.now += 5 * SECOND  # processing happens later: the replies must not see this
+    node.apply_all()
+    replies = node.egress.replies()
+    assert [(eid, r.payload) for eid, r in replies] == [
+        (sid, b"re:x"),
+        (sid, b"again:x"),
+        (sid, b"re:y"),
+        (sid, b"again:y"),
+    ]
+    assert [r.timestamp for _, r in replies] == [stamps[0], stamps[0], stamps[1], stamps[1]]
+    for _, r in replies:
+        assert r.cluster_session_id == sid
+        assert r.leadership_term_id == TERM
+    assert all(node.service.offers)
+
+
+def test_offer_reports_back_pressure() -> None:
+    node = Node()
+    sid = node.open()
+    node.send(sid, b"x")
+    node.egress.accept = False
+    node.apply_all()
+    assert node.service.offers == [False, False]
+
+
+def test_follower_fakes_offers() -> None:
+    leader = Node()
+    sid = leader.open()
+    leader.send(sid, b"hello")
+    data = leader.log_bytes()
+
+    follower = Node(role=Role.FOLLOWER)
+    assert follower.container.role is Role.FOLLOWER
+    consumed = follower.container.apply(data, 0, mirror_into_consensus=True)
+    assert consumed == len(data)
+    assert follower.service.offers == [True, True]
+    assert follower.egress.calls == []
+    assert follower.egress.replies() == []
+    assert [e[0] for e in follower.service.events] == ["start", "term", "open", "message"]
+    # the follower's consensus module mirrored the session (seed 000)
+    assert follower.cm.sessions[sid].state is State.OPEN
+    assert follower.cm.leadership_term_id == TERM
+
+    # and once it leads, the very same service code really sends
+    follower.container.set_role(Role.LEADER)
+    assert follower.service.events[-1] == ("role", Role.LEADER)
+    session = follower.container.get_client_session(sid)
+    assert session is not None
+    assert session.offer(b"now real")
+    assert [r.payload for _, r in follower.egress.replies()] == [b"now real"]
+
+
+def test_set_role_only_notifies_on_change() -> None:
+    node = Node(role=Role.FOLLOWER)
+    node.container.set_role(Role.FOLLOWER)
+    assert [e for e in node.service.events if e[0] == "role"] == []
+    node.container.set_role(Role.LEADER)
+    node.container.set_role(Role.LEADER)
+    assert [e for e in node.service.events if e[0] == "role"] == [("role", Role.LEADER)]
+
+
+@pytest.mark.parametrize("cut", [1, RECORD_HEADER_LENGTH - 1, RECORD_HEADER_LENGTH, 3])
+def test_partial_record_consumes_only_whole_records(cut: int) -> None:
+    node = Node()
+    sid = node.open()
+    node.send(sid, b"one")
+    node.send(sid, b"two-two")
+    data = node.log_bytes()
+    records = list(iter_records(data))
+    last_offset, last_body = records[-1]
+    assert last_offset + RECORD_HEADER_LENGTH + len(last_body) == len(data)
+    # cut inside the last record (header or body)
+    partial = data[: last_offset + min(cut, RECORD_HEADER_LENGTH + len(last_body) - 1)]
+    consumed = node.container.apply(partial, 0)
+    assert consumed == last_offset
+    assert node.container.log_position == last_offset
+    assert [e[3] for e in node.service.events if e[0] == "message"] == [b"one"]
+    # the rest arrives: resume exactly where it stopped
+    rest = data[consumed:]
+    assert node.container.apply(rest, consumed) == len(rest)
+    assert [e[3] for e in node.service.events if e[0] == "message"] == [b"one", b"two-two"]
+    assert node.container.log_position == len(data)
+
+
+def test_apply_of_nothing_or_a_header_fragment_consumes_nothing() -> None:
+    node = Node()
+    assert node.container.apply(b"", 0) == 0
+    assert node.container.apply(b"\x05\x00", 0) == 0
+    assert node.service.events == [("start", None), ("role", Role.LEADER)]
+
+
+def test_apply_positions_are_relative_to_base() -> None:
+    node = Node()
+    body = encode(SessionOpenEvent(TERM, 1, 9, 123, 3, CHANNEL))
+    record = encode_record(body)
+    base = 1_000
+    assert node.container.apply(record, base) == len(record)
+    assert node.container.log_position == base + len(record)
+    assert node.container.time == 123
+    assert node.service.events[-1] == ("open", 9, 123, CHANNEL)
+
+
+def test_undecodable_record_raises_protocol_error() -> None:
+    node = Node()
+    with pytest.raises(ProtocolError):
+        node.container.apply(encode_record(b"\xc1"), 0)
+
+
+def test_session_close_reaches_consensus_as_service_action() -> None:
+    node = Node()
+    sid = node.open()
+    node.send(sid, b"close me")
+    node.apply_all()  # the service closes the session while handling the message
+    assert sid not in node.cm.sessions
+    closed_events = [e for e in node.egress.session_events() if e.code is EventCode.CLOSED]
+    assert [e.cluster_session_id for e in closed_events] == [sid]
+    assert ("close", sid) in node.egress.calls
+    # the SessionCloseEvent is on the log and reaches the service as SERVICE_ACTION
+    closes = [e for e in node.service.events if e[0] == "close"]
+    assert [(e[1], e[3]) for e in closes] == [(sid, CloseReason.SERVICE_ACTION)]
+    assert sid not in node.container.sessions
+    # the session object now refuses everything
+    assert node.container.get_client_session(sid) is None
+    assert not node.container.close_client_session(sid)
+
+
+def test_close_client_session_through_cluster_handle() -> None:
+    node = Node()
+    sid = node.open()
+    node.apply_all()
+    cluster = node.service.cluster
+    assert cluster is not None
+    assert [s.id for s in cluster.client_sessions] == [sid]
+    assert cluster.close_client_session(sid)
+    applied = node.apply_all()
+    assert [(type(m), m.close_reason) for m in applied] == [
+        (SessionCloseEvent, CloseReason.SERVICE_ACTION)
+    ]
+    assert cluster.client_sessions == []
+    assert not cluster.close_client_session(sid)
+    assert not cluster.close_client_session(12345)
+
+
+def test_timers_scheduled_by_service_fire_through_the_log() -> None:
+    node = Node()
+    sid = node.open()
+    node.send(sid, b"timer 42")
+    node.apply_all()
+    node.tick()  # consensus_work: the deadline (the message's time) has passed
+    node.apply_all()
+    assert next(e for e in node.service.events if e[0] == "timer")[1] == 42
+    cluster = node.service.cluster
+    assert cluster is not None
+    assert cluster.schedule_timer(43, 0)
+    assert cluster.cancel_timer(43)
+    assert not cluster.cancel_timer(43)
+    node.tick()
+    node.apply_all()
+    assert [e[1] for e in node.service.events if e[0] == "timer"] == [42]
+
+
+def test_cluster_handle_exposes_log_state() -> None:
+    node = Node()
+    sid = node.open()
+    node.apply_all()
+    cluster = node.service.cluster
+    assert cluster is not None
+    assert cluster.member_id == 0
+    assert cluster.role is Role.LEADER
+    assert cluster.leadership_term_id == TERM
+    assert cluster.log_position == node.applied
+    session = cluster.get_client_session(sid)
+    assert session is not None
+    assert (session.id, session.response_stream_id, session.response_channel) == (sid, 3, CHANNEL)
+    assert session.encoded_principal == b""
+    assert not session.is_closing
