@@ -54,6 +54,8 @@ _SIZE_MULT = {
 
 def parse_duration_ns(text: str | int | float) -> int:
     """``'10s'`` -> 10_000_000_000; a bare number is seconds."""
+    if isinstance(text, bool):
+        raise ValueError(f"not a duration: {text!r}")
     if isinstance(text, int | float):
         return int(text * 1_000_000_000)
     m = _DURATION.match(text)
@@ -72,6 +74,8 @@ def format_duration(ns: int) -> str:
 
 
 def parse_size(text: str | int) -> int:
+    if isinstance(text, bool):
+        raise ValueError(f"not a size: {text!r}")
     if isinstance(text, int):
         return text
     m = _SIZE.match(text)
@@ -103,9 +107,19 @@ def _positive(parse: Callable[[Any], int]) -> Callable[[Any], int]:
 
 
 def _int(text: Any) -> int:
-    if isinstance(text, bool):
+    if isinstance(text, bool) or (isinstance(text, float) and not text.is_integer()):
         raise ValueError(f"not an integer: {text!r}")
     return int(text)
+
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(text: Any) -> str:
+    level = str(text).strip().upper()
+    if level not in _LOG_LEVELS:
+        raise ValueError(f"not a log level: {text!r} (one of {', '.join(_LOG_LEVELS)})")
+    return level
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,10 +153,12 @@ def parse_members(text: str) -> list[MemberEndpoints]:
             )
         try:
             member_id = int(ident)
-            host = fields[0].strip("[]")
+            host = fields[0].strip().strip("[]")
             ports = [int(p) for p in fields[1:]]
         except ValueError:
             raise ValueError(f"bad member {part!r}: id and ports must be integers") from None
+        if member_id < 0:
+            raise ValueError(f"bad member {part!r}: member id must not be negative")
         if not host or any(not 0 < p < 65536 for p in ports):
             raise ValueError(f"bad member {part!r}: empty host or port outside 1..65535")
         members.append(MemberEndpoints(member_id, host, *ports))
@@ -255,7 +271,7 @@ SETTINGS: tuple[Setting, ...] = (
         lambda v: v.value,
     ),
     Setting("segment-size", 64 << 20, _positive(parse_size), "archive segment file size"),
-    Setting("log-level", "INFO", lambda v: str(v).upper(), "logging level"),
+    Setting("log-level", "INFO", _log_level, "logging level"),
 )
 
 

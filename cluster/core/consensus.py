@@ -357,6 +357,8 @@ class ConsensusModule:
         self.counters.unknown_session_messages += 1
 
     def on_admin_request(self, msg: AdminRequest, now_ns: int) -> None:
+        if self.role is not Role.LEADER:
+            return
         session = self._open_session(msg.cluster_session_id, msg.leadership_term_id)
         if session is None:
             return
@@ -514,12 +516,12 @@ class ConsensusModule:
                 self._open_pending_session(session, now_ns)
                 work += 1
                 continue
-            if session.state is State.REJECTED:
-                if session.egress_connected:
-                    self._reject(session)
-                    work += 1
-                    continue
-            elif now_ns - session.time_of_last_activity_ns > self.config.session_timeout_ns:
+            if session.state is State.REJECTED and session.egress_connected:
+                self._reject(session)
+                work += 1
+                continue
+            if now_ns - session.time_of_last_activity_ns > self.config.session_timeout_ns:
+                self.counters.timed_out_sessions += 1
                 log.info(
                     "pending session %d timed out in %s",
                     session.cluster_session_id,

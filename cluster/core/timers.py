@@ -28,6 +28,10 @@ class TimerService:
     def schedule(self, correlation_id: int, deadline: int) -> None:
         self._deadlines[correlation_id] = deadline
         heapq.heappush(self._heap, (deadline, correlation_id))
+        if len(self._heap) > 2 * len(self._deadlines) + 64:
+            # cancelled and rescheduled timers leave stale entries: rebuild
+            self._heap = [(d, c) for c, d in self._deadlines.items()]
+            heapq.heapify(self._heap)
 
     def cancel(self, correlation_id: int) -> bool:
         return self._deadlines.pop(correlation_id, None) is not None

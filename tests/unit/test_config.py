@@ -369,11 +369,6 @@ def test_wrongly_typed_toml_values_are_config_errors(tmp_path: Path, toml: str) 
         load_config(["--config", path], {})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="TOML booleans pass as integers: parse_duration_ns(True) is 1s and "
-    "parse_size(True) is True (bool is an int subclass)",
-)
 @pytest.mark.parametrize("setting", ["session-timeout", "segment-size", "max-frame-size"])
 def test_toml_booleans_are_not_numbers(tmp_path: Path, setting: str) -> None:
     path = write_toml(tmp_path, f"{setting} = true\n")
@@ -381,9 +376,6 @@ def test_toml_booleans_are_not_numbers(tmp_path: Path, setting: str) -> None:
         load_config(["--config", path], {})
 
 
-@pytest.mark.xfail(
-    strict=True, reason="_int truncates floats: TOML member-id = 1.7 silently becomes 1"
-)
 def test_toml_fractional_integer_is_rejected(tmp_path: Path) -> None:
     path = write_toml(tmp_path, 'members = "0=a:1:2:3,1=b:4:5:6"\nmember-id = 1.7\n')
     with pytest.raises(ConfigError, match="member-id"):
@@ -444,3 +436,10 @@ def test_describe_shows_every_setting() -> None:
     assert "  session-timeout = 250ms" in lines
     assert "  fsync = none" in lines
     assert "  max-concurrent-sessions = 10" in lines
+
+
+def test_bad_log_level_and_negative_member_id() -> None:
+    with pytest.raises(ConfigError, match="log-level"):
+        load_config(["--log-level", "bogus"], {})
+    with pytest.raises(ConfigError, match="must not be negative"):
+        load_config(["--members=-1=a:1:2:3", "--member-id=-1"], {})
