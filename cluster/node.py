@@ -20,10 +20,11 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import random
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,12 @@ log = logging.getLogger("cluster.node")
 
 REPLAY_CHUNK = 8 << 20
 
+RunBlocking = Callable[..., Awaitable[Any]]
+
+
+async def _run_in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    return await trio.to_thread.run_sync(fn, *args)
+
 
 def load_object(spec: str, what: str) -> Any:
     """Import ``module:Name`` and return the object, with a clear error if it fails."""
@@ -83,10 +90,23 @@ class Node:
         *,
         authenticator: Authenticator | None = None,
         network: Network | None = None,
+        clock_ns: Callable[[], int] | None = None,
+        epoch_offset_ns: int | None = None,
+        rng: random.Random | None = None,
+        run_blocking: RunBlocking | None = None,
     ) -> None:
+        """``network``, ``clock_ns`` (monotonic ns), ``epoch_offset_ns`` (added to the clock to
+        get epoch time), ``rng`` and ``run_blocking`` (how archive I/O runs: a worker thread
+        by default) are the seams the deterministic simulator replaces."""
         self.config = config
         self.service = service
         self.network = network or TcpNetwork()
+        self._clock_ns = clock_ns or time.monotonic_ns
+        self.epoch_offset_ns = (
+            time.time_ns() - time.monotonic_ns() if epoch_offset_ns is None else epoch_offset_ns
+        )
+        self.rng = rng or random.Random()
+        self.run_blocking: RunBlocking = run_blocking or _run_in_thread
         self.member = config.this_member
         self.members = config.member_list
         self.authenticator = authenticator
@@ -100,7 +120,7 @@ class Node:
         return Path(self.config.dir)
 
     def _now_ns(self) -> int:
-        return time.monotonic_ns()
+        return self._clock_ns()
 
     # ------------------------------------------------------------------ start-up
 
@@ -133,14 +153,16 @@ class Node:
             self.egress,
             self.authenticator,
             log_position=position,
-            epoch_offset_ns=time.time_ns() - time.monotonic_ns(),
+            epoch_offset_ns=self.epoch_offset_ns,
         )
         self.container = ServiceContainer(
             self.service, self.cm, self.egress, member_id=cfg.member_id, clock_ns=self._now_ns
         )
         self.log_buffer = LogBuffer(position)
         self.inbox = IngressInbox()
-        self.archive_agent = ArchiveAgent(self.archive, self.cm, self.log_buffer, self._on_appended)
+        self.archive_agent = ArchiveAgent(
+            self.archive, self.cm, self.log_buffer, self._on_appended, self.run_blocking
+        )
         self.log_agent = LogAgent(self.cm, self.container, self.log_buffer, self._after_apply)
         self.ingress = IngressAgent(
             self.network,
@@ -260,7 +282,7 @@ class Node:
         task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Recover, elect, run every agent until shut down."""
-        await trio.to_thread.run_sync(self._open_storage)
+        await self.run_blocking(self._open_storage)
         try:
             self._build()
             if self.cm.authenticator.enforces_identity is False and self.config.authenticator:

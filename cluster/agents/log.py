@@ -14,7 +14,8 @@ The **log agent** applies records up to the commit position, in order, through t
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 import trio.lowlevel
@@ -48,9 +49,11 @@ class ArchiveAgent:
         cm: ConsensusModule,
         log_buffer: LogBuffer,
         on_appended: Callable[[], None],
+        run_blocking: Callable[..., Awaitable[Any]],
         *,
         retry_interval: float = 1.0,
     ) -> None:
+        self.run_blocking = run_blocking
         self.archive = archive
         self.cm = cm
         self.log_buffer = log_buffer
@@ -89,7 +92,7 @@ class ArchiveAgent:
     async def _append(self, data: bytearray) -> int:
         while True:
             try:
-                return await trio.to_thread.run_sync(self.archive.append, data)
+                return int(await self.run_blocking(self.archive.append, data))
             except ArchiveWriteError as exc:
                 self.write_errors += 1
                 self.last_error = str(exc)
