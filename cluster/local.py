@@ -172,10 +172,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"members: {cluster.members}")
     print(f"ingress endpoints: {cluster.ingress_endpoints}")
     print(f"logs: {cluster.log_dir}/node-*.log  (Ctrl-C to stop)", flush=True)
+    reported: set[int] = set()
     try:
-        while all(p.poll() is None for p in cluster.processes.values()):
+        while any(p.poll() is None for p in cluster.processes.values()):
+            for member_id, proc in cluster.processes.items():
+                if proc.poll() is not None and member_id not in reported:
+                    reported.add(member_id)
+                    print(
+                        f"member {member_id} exited with code {proc.returncode}; "
+                        "the others keep running",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             time.sleep(0.5)
-        print("a node exited; stopping the cluster", file=sys.stderr)
+        print("every member has exited", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0

@@ -26,21 +26,26 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import trio
 import trio.lowlevel
 
+from .agents.consensus import PeerLinks
 from .agents.egress import EgressPublisher
 from .agents.ingress import IngressAgent, IngressInbox
 from .agents.log import ArchiveAgent, LogAgent, LogBuffer
+from .agents.replication import Replicator
 from .archive.errors import ArchiveError
+from .archive.node_state import NodeState
 from .archive.recording_log import RecordingLog
 from .archive.segments import Archive
 from .config import ConfigError, NodeConfig, describe, format_ingress_endpoints, load_config
 from .core.auth import Authenticator
 from .core.consensus import ConsensusConfig, ConsensusModule
 from .core.service_container import ServiceContainer
+from .core.terms import TermHistory
+from .protocol.consensus import ConsensusMessage
 from .protocol.enums import Role
 from .protocol.ingress import (
     AdminRequest,
@@ -132,6 +137,22 @@ class Node:
             fsync=self.config.fsync,
         )
         self.recording_log = RecordingLog.open(self.data_dir)
+        self.node_state = NodeState(self.data_dir)
+
+    # the consensus module's StoragePort
+
+    def save_candidate_term(self, candidate_term_id: int) -> None:
+        self.node_state.save(candidate_term_id=candidate_term_id)
+
+    def record_term(self, leadership_term_id: int, base_position: int, timestamp: int) -> None:
+        existing = self.recording_log.get_term_entry(leadership_term_id)
+        if existing is None or existing.term_base_log_position != base_position:
+            if existing is not None:
+                self.recording_log.remove_terms_from(existing.term_base_log_position)
+            self.recording_log.append_term(leadership_term_id, base_position, timestamp)
+
+    def remove_terms_from(self, position: int) -> None:
+        self.recording_log.remove_terms_from(position)
 
     def _build(self) -> None:
         cfg = self.config
@@ -142,26 +163,61 @@ class Node:
             on_connected=self._on_egress_connected,
             on_failed=self._on_egress_failed,
         )
+        self.inbox = IngressInbox()
+        self.links = PeerLinks(
+            self.network,
+            self.member,
+            [m for m in self.members if m.member_id != cfg.member_id],
+            self._deliver_consensus,
+            max_frame_size=max(cfg.max_frame_size, 2 << 20),
+        )
+        terms = TermHistory(
+            [
+                (e.leadership_term_id, e.term_base_log_position)
+                for e in self.recording_log.entries
+                if e.is_valid and e.type == 0
+            ]
+        )
         self.cm = ConsensusModule(
             ConsensusConfig(
                 member_id=cfg.member_id,
+                member_ids=tuple(m.member_id for m in self.members),
                 session_timeout_ns=cfg.session_timeout,
                 max_concurrent_sessions=cfg.max_concurrent_sessions,
                 ingress_endpoints=format_ingress_endpoints(self.members),
-                member_count=len(self.members),
+                leader_heartbeat_interval_ns=cfg.leader_heartbeat_interval,
+                leader_heartbeat_timeout_ns=cfg.leader_heartbeat_timeout,
+                election_timeout_ns=cfg.election_timeout,
+                startup_canvass_timeout_ns=cfg.startup_canvass_timeout,
             ),
             self.egress,
             self.authenticator,
             log_position=position,
             epoch_offset_ns=self.epoch_offset_ns,
+            consensus=self.links,
+            storage=self,
+            terms=terms,
+            candidate_term_id=self.node_state.candidate_term_id,
+            rng=self.rng,
         )
+        self.cm.on_role_change = self._on_role_change
+        self.cm.on_leader_ready = self._on_leader_ready
         self.container = ServiceContainer(
             self.service, self.cm, self.egress, member_id=cfg.member_id, clock_ns=self._now_ns
         )
-        self.log_buffer = LogBuffer(position)
-        self.inbox = IngressInbox()
+        self.log_buffer = LogBuffer(0)
+        self.archive_lock = trio.Lock()
+        self.log_taken = trio.Event()
         self.archive_agent = ArchiveAgent(
-            self.archive, self.cm, self.log_buffer, self._on_appended, self.run_blocking
+            self.archive,
+            self.cm,
+            self.log_buffer,
+            self._on_appended,
+            self.run_blocking,
+            lock=self.archive_lock,
+            on_taken=self._on_log_taken,
+            on_truncated=self._on_truncated,
+            clock_ns=self._now_ns,
         )
         self.log_agent = LogAgent(self.cm, self.container, self.log_buffer, self._after_apply)
         self.ingress = IngressAgent(
@@ -171,43 +227,44 @@ class Node:
             self.inbox,
             max_frame_size=cfg.max_frame_size,
         )
+        self._leadership_scope: trio.CancelScope | None = None
+        self._last_saved_commit = self.node_state.commit_position
+        self._next_state_save = 0.0
 
     def _replay(self) -> int:
-        """Replay the archived log into the consensus module and the service."""
+        """Replay the archived log up to the known commit position; keep the rest in memory.
+
+        In a cluster of one, everything durable is committed.  Otherwise only the saved
+        commit position is known to be committed: later entries wait in the log buffer
+        until the leader's commit position covers them (or a new leader truncates them).
+        """
         start = time.perf_counter()
-        position = 0
         end = self.archive.position
+        limit = end if len(self.members) == 1 else min(end, self.node_state.commit_position)
+        position = 0
         chunk = REPLAY_CHUNK
-        while position < end:
-            data = self.archive.read(position, min(end, position + chunk))
+        while position < limit:
+            data = self.archive.read(position, min(limit, position + chunk))
             consumed = self.container.apply(data, position, mirror_into_consensus=True)
             if consumed == 0:
                 chunk *= 2  # one record larger than the chunk
                 continue
             position += consumed
+        self.log_buffer.base = position
+        self.log_buffer.data = (
+            bytearray(self.archive.read(position, end)) if end > position else bytearray()
+        )
+        self.cm.commit_position = position
+        self.cm.applied_position = position
         if end:
             log.info(
-                "replayed %d bytes of log (%d messages) in %.3fs",
+                "replayed %d of %d bytes of log (%d messages) in %.3fs",
+                position,
                 end,
                 self.container.applied_messages,
                 time.perf_counter() - start,
             )
         return position
-
-    def _elect_single_member(self) -> None:
-        """A cluster of one: become leader of the next term at once."""
-        last = self.recording_log.find_last_term()
-        term = 0 if last is None else last.leadership_term_id + 1
-        now = self._now_ns()
-        self.recording_log.append_term(term, self.archive.position, self.cm.cluster_time(now))
-        self.cm.become_leader(term, now)
-        self.container.set_role(Role.LEADER)
-        log.info(
-            "member %d is LEADER of term %d at log position %d",
-            self.config.member_id,
-            term,
-            self.archive.position,
-        )
 
     # ------------------------------------------------------------------ callbacks
 
@@ -220,9 +277,88 @@ class Node:
     def _on_appended(self) -> None:
         self.log_agent.kick()
 
+    def _on_log_taken(self) -> None:
+        self.log_taken.set()
+        self.log_taken = trio.Event()
+
+    async def wait_for_log(self) -> None:
+        await self.log_taken.wait()
+
+    def _on_truncated(self) -> None:
+        self._on_log_taken()
+
     def _after_apply(self) -> None:
-        if self.cm.log_buffer:
+        self.cm.on_applied(self.log_agent.applied_position)
+        self.cm.consensus_work(self._now_ns())
+        self._kick()
+
+    def _kick(self) -> None:
+        """After the consensus module changed: wake whoever has work."""
+        cm = self.cm
+        if cm.log_buffer or cm.pending_truncate is not None:
             self.archive_agent.kick()
+        if cm.commit_position > self.log_agent.applied_position:
+            self.log_agent.kick()
+
+    def _deliver_consensus(self, message: ConsensusMessage) -> None:
+        inbox = self.inbox
+        inbox.messages.append(message)
+        inbox.wake.set()
+
+    def _on_role_change(self, role: Role) -> None:
+        if role is Role.LEADER:
+            if self._nursery is not None:
+                self._nursery.start_soon(self._leadership, name="leadership")
+        else:
+            if self._leadership_scope is not None:
+                self._leadership_scope.cancel()
+                self._leadership_scope = None
+            self.container.set_role(Role.FOLLOWER)
+            self.cm.reset_sessions(
+                (
+                    (s.id, s.response_stream_id, s.response_channel, s.encoded_principal)
+                    for s in self.container.sessions.values()
+                ),
+                self._now_ns(),
+            )
+
+    def _on_leader_ready(self) -> None:
+        self.container.set_role(Role.LEADER)
+        log.info(
+            "member %d leads term %d: ready at log position %d",
+            self.config.member_id,
+            self.cm.leadership_term_id,
+            self.cm.commit_position,
+        )
+
+    async def read_log(self, start: int, stop: int) -> bytes:
+        """Log bytes ``[start, stop)``: from memory if still there, else from the archive."""
+        buf = self.log_buffer
+        if start >= buf.base:
+            return bytes(buf.data[start - buf.base : stop - buf.base])
+        stop = min(stop, buf.base)
+        async with self.archive_lock:
+            return bytes(await self.run_blocking(self.archive.read, start, stop))
+
+    async def _leadership(self) -> None:
+        """The leader's replicators, in one scope that an election cancels."""
+        with trio.CancelScope() as scope:
+            if self._leadership_scope is not None:
+                self._leadership_scope.cancel()
+            self._leadership_scope = scope
+            interval = self.config.leader_heartbeat_interval / 1e9
+            async with trio.open_nursery() as nursery:
+                for member_id, link in self.links.links.items():
+                    replicator = Replicator(
+                        self.cm,
+                        member_id,
+                        link,
+                        self.read_log,
+                        lambda: self.log_buffer.end,
+                        self.wait_for_log,
+                        interval,
+                    )
+                    nursery.start_soon(replicator.run, name=f"replicate-{member_id}")
 
     # ------------------------------------------------------------------ agents
 
@@ -247,9 +383,10 @@ class Node:
                     cm.on_challenge_response(message, now)
                 elif isinstance(message, AdminRequest):
                     cm.on_admin_request(message, now)
+                else:
+                    cm.on_consensus_message(cast(ConsensusMessage, message), now)
             cm.consensus_work(now)
-            if cm.log_buffer:
-                self.archive_agent.kick()
+            self._kick()
             await trio.lowlevel.checkpoint()
 
     async def _slow_tick_agent(self) -> None:
@@ -260,11 +397,20 @@ class Node:
             await trio.sleep_until(deadline)
             now = self._now_ns()
             self.cm.on_slow_tick(now)
-            self.cm.consensus_work(now)
-            if self.cm.log_buffer:
-                self.archive_agent.kick()
+            self._kick()
+            self._save_commit_position()
             if trio.current_time() > deadline + interval:
                 deadline = trio.current_time()  # overran: don't try to catch up
+
+    def _save_commit_position(self, force: bool = False) -> None:
+        """Persist the commit position now and then (a lower bound for the next start)."""
+        applied = self.log_agent.applied_position
+        if applied > self._last_saved_commit and (
+            force or trio.current_time() >= self._next_state_save
+        ):
+            self.node_state.save(commit_position=applied)
+            self._last_saved_commit = applied
+            self._next_state_save = trio.current_time() + 1.0
 
     async def _signal_agent(self) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -289,17 +435,12 @@ class Node:
                 log.info("authenticator %s", self.config.authenticator)
             self.container.start(None)
             self._replay()
-            self.cm.commit_position = self.archive.position  # single member: durable == committed
-            if len(self.members) != 1:
-                raise ConfigError(
-                    "multi-member clusters are not supported by this build yet "
-                    f"(got {len(self.members)} members)"
-                )
-            self._elect_single_member()
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 self.ingress_port = await nursery.start(self.ingress.run)
                 await nursery.start(self.egress.run)
+                await nursery.start(self.links.run)
+                self.cm.enter_election(self._now_ns(), "start-up", is_startup=True)
                 nursery.start_soon(self._consensus_agent, name="consensus")
                 nursery.start_soon(self.archive_agent.run, name="archive")
                 nursery.start_soon(self.log_agent.run, name="log")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import trio
 
 from ..protocol.codec import INGRESS
+from ..protocol.consensus import ConsensusMessage
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import FrameDecoder
 from ..protocol.ingress import IngressMessage
@@ -34,14 +35,14 @@ class IngressStats:
 
 @dataclass
 class IngressInbox:
-    """Messages decoded by the readers, waiting for the consensus agent."""
+    """Messages decoded by the ingress and member-link readers, for the consensus agent."""
 
     limit: int = 65_536
-    messages: list[IngressMessage] = field(default_factory=list)
+    messages: list[IngressMessage | ConsensusMessage] = field(default_factory=list)
     wake: trio.Event = field(default_factory=trio.Event)
     drained: trio.Event = field(default_factory=trio.Event)
 
-    def take(self) -> list[IngressMessage]:
+    def take(self) -> list[IngressMessage | ConsensusMessage]:
         batch, self.messages = self.messages, []
         self.wake = trio.Event()
         self.drained.set()

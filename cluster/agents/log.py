@@ -24,6 +24,7 @@ from ..archive.errors import ArchiveWriteError
 from ..archive.segments import Archive
 from ..core.consensus import ConsensusModule
 from ..core.service_container import ServiceContainer
+from ..protocol.enums import Role
 
 log = logging.getLogger("cluster.log")
 
@@ -51,9 +52,17 @@ class ArchiveAgent:
         on_appended: Callable[[], None],
         run_blocking: Callable[..., Awaitable[Any]],
         *,
+        lock: trio.Lock,
+        on_taken: Callable[[], None],
+        on_truncated: Callable[[], None],
+        clock_ns: Callable[[], int],
         retry_interval: float = 1.0,
     ) -> None:
         self.run_blocking = run_blocking
+        self.lock = lock
+        self.on_taken = on_taken
+        self.on_truncated = on_truncated
+        self.clock_ns = clock_ns
         self.archive = archive
         self.cm = cm
         self.log_buffer = log_buffer
@@ -70,29 +79,44 @@ class ArchiveAgent:
         self.wake.set()
 
     async def run(self) -> None:
+        cm = self.cm
         while True:
-            if not self.cm.log_buffer:
+            if not cm.log_buffer and cm.pending_truncate is None:
                 self.idle.set()
                 await self.wake.wait()
             self.wake = trio.Event()
             self.idle = trio.Event()
-            batch = self.cm.take_log_batch()
+            if cm.pending_truncate is not None:
+                await self._truncate(cm.pending_truncate)
+            batch = cm.take_log_batch()
             if batch is None:
                 continue
             start, data = batch
             if start != self.log_buffer.end:
                 raise RuntimeError(f"log gap: batch at {start}, buffer ends {self.log_buffer.end}")
             self.log_buffer.data += data
+            self.on_taken()
             position = await self._append(data)
             self.batches += 1
             self.bytes_appended += len(data)
-            self.cm.on_archive_position(position)
+            cm.on_archive_position(position, self.clock_ns())
             self.on_appended()
+
+    async def _truncate(self, position: int) -> None:
+        buf = self.log_buffer
+        if position < buf.base:
+            raise RuntimeError(f"truncation to {position} below the applied position {buf.base}")
+        del buf.data[position - buf.base :]
+        async with self.lock:
+            await self.run_blocking(self.archive.truncate, position)
+        self.cm.on_truncated(position)
+        self.on_truncated()
 
     async def _append(self, data: bytearray) -> int:
         while True:
             try:
-                return int(await self.run_blocking(self.archive.append, data))
+                async with self.lock:
+                    return int(await self.run_blocking(self.archive.append, data))
             except ArchiveWriteError as exc:
                 self.write_errors += 1
                 self.last_error = str(exc)
@@ -135,14 +159,20 @@ class LogAgent:
 
     def apply_committed(self) -> int:
         buf = self.log_buffer
-        limit = self.cm.commit_position - buf.base
+        cm = self.cm
+        limit = min(cm.commit_position - buf.base, len(buf.data))
         if limit <= 0:
             return 0
+        # A leader's own entries of this term are already in its session table; entries
+        # of earlier terms (and everything on a follower) are mirrored into it.
+        mirror_end = cm.term_base_position if cm.role is Role.LEADER else cm.commit_position
+        if buf.base < mirror_end:
+            limit = min(limit, mirror_end - buf.base)
         with memoryview(buf.data) as view, view[:limit] as committed:
             consumed = self.container.apply(
                 committed,
                 buf.base,
-                mirror_into_consensus=self.cm.role.name != "LEADER",
+                mirror_into_consensus=buf.base < mirror_end,
             )
         if consumed:
             del buf.data[:consumed]
@@ -153,5 +183,5 @@ class LogAgent:
         while True:
             await self.wake.wait()
             self.wake = trio.Event()
-            if self.apply_committed():
+            while self.apply_committed():
                 self.after_apply()

@@ -222,6 +222,23 @@ class RecordingLog:
         )
         return self._write(entry)
 
+    def remove_terms_from(self, log_position: int) -> list[int]:
+        """Invalidate every TERM entry whose base is at or after ``log_position``.
+
+        Used when the log is truncated (a deposed leader's uncommitted entries are
+        discarded): those terms no longer have entries here.  The last remaining term is
+        reopened (its end set back to -1).  Returns the removed term ids.
+        """
+        removed = []
+        for entry in self._terms():
+            if entry.term_base_log_position >= log_position:
+                self._write(replace(entry, entry_type=entry.entry_type | INVALID_FLAG))
+                removed.append(entry.leadership_term_id)
+        last = self.find_last_term()
+        if removed and last is not None and last.log_position != NULL_POSITION:
+            self._write(replace(last, log_position=NULL_POSITION))
+        return removed
+
     def commit_log_position(self, leadership_term_id: int, log_position: int) -> None:
         """Set the end position of a term. Raises ValueError for an unknown term."""
         entry = self.get_term_entry(leadership_term_id)

@@ -17,14 +17,25 @@ Positions:
 from __future__ import annotations
 
 import logging
+import random
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..archive.record import RECORD_HEADER, RECORD_HEADER_LENGTH
 from ..protocol import version as protocol_version
 from ..protocol.codec import encode_into
+from ..protocol.consensus import (
+    APPEND_POSITION_VERIFIED,
+    AppendPosition,
+    AppendRequest,
+    CanvassPosition,
+    CommitPosition,
+    ConsensusMessage,
+    RequestVote,
+    Vote,
+)
 from ..protocol.egress import AdminResponse, Challenge, EgressMessage, NewLeaderEvent, SessionEvent
 from ..protocol.enums import (
     AdminResponseCode,
@@ -49,7 +60,9 @@ from ..protocol.log import (
     TimerEvent,
 )
 from .auth import Authenticator
+from .election import Election, ElectionState
 from .session import ClusterSession, State
+from .terms import TermHistory
 from .timers import TimerService
 
 log = logging.getLogger("cluster.consensus")
@@ -72,14 +85,68 @@ class EgressPort(Protocol):
         """Flush what is queued, then close the egress connection."""
 
 
+class ConsensusPort(Protocol):
+    """Member-to-member messages; sending only enqueues and may silently drop."""
+
+    def send(self, member_id: int, message: ConsensusMessage) -> bool: ...
+
+
+class StoragePort(Protocol):
+    """The few durable writes the consensus module makes itself (rare, synchronous)."""
+
+    def save_candidate_term(self, candidate_term_id: int) -> None:
+        """Persist the highest term voted in or seen, before it is acted upon."""
+
+    def record_term(self, leadership_term_id: int, base_position: int, timestamp: int) -> None:
+        """Persist the start of a term in the recording log."""
+
+    def remove_terms_from(self, position: int) -> None:
+        """Forget terms starting at or after a truncation point."""
+
+
+class _NoConsensus:
+    def send(self, member_id: int, message: ConsensusMessage) -> bool:
+        return False
+
+
+class _NoStorage:
+    def save_candidate_term(self, candidate_term_id: int) -> None:
+        pass
+
+    def record_term(self, leadership_term_id: int, base_position: int, timestamp: int) -> None:
+        pass
+
+    def remove_terms_from(self, position: int) -> None:
+        pass
+
+
 @dataclass(slots=True)
 class ConsensusConfig:
     member_id: int = 0
+    member_ids: tuple[int, ...] = (0,)
     session_timeout_ns: int = 10_000_000_000
     max_concurrent_sessions: int = 10
     ingress_endpoints: str = ""
-    member_count: int = 1
     app_version: int = protocol_version.compose(0, 0, 1)
+    leader_heartbeat_interval_ns: int = 200_000_000
+    leader_heartbeat_timeout_ns: int = 10_000_000_000
+    election_timeout_ns: int = 1_000_000_000
+    election_status_interval_ns: int = 100_000_000
+    startup_canvass_timeout_ns: int = 60_000_000_000
+
+    @property
+    def member_count(self) -> int:
+        return len(self.member_ids)
+
+
+@dataclass(slots=True)
+class FollowerState:
+    """The leader's view of one follower (Raft's nextIndex/matchIndex, in bytes)."""
+
+    member_id: int
+    next_position: int
+    match_position: int = -1
+    last_heard_ns: int = 0
 
 
 @dataclass(slots=True)
@@ -92,6 +159,9 @@ class Counters:
     redirected_sessions: int = 0
     timed_out_sessions: int = 0
     egress_failures: int = 0
+    elections: int = 0
+    truncations: int = 0
+    truncated_bytes: int = 0
 
 
 class _Proxy:
@@ -140,14 +210,40 @@ class ConsensusModule:
         *,
         log_position: int = 0,
         epoch_offset_ns: int = 0,
+        consensus: ConsensusPort | None = None,
+        storage: StoragePort | None = None,
+        terms: TermHistory | None = None,
+        candidate_term_id: int = -1,
+        rng: random.Random | None = None,
     ) -> None:
         self.config = config
         self.egress = egress
         self.authenticator = authenticator or Authenticator()
         self.epoch_offset_ns = epoch_offset_ns
+        self.consensus: ConsensusPort = consensus or _NoConsensus()
+        self.storage: StoragePort = storage or _NoStorage()
+        self.rng = rng or random.Random()
+        self.terms = terms or TermHistory()
         self.role = Role.FOLLOWER
-        self.leadership_term_id = -1
+        self.leadership_term_id = self.terms.last_term
+        self.candidate_term_id = max(candidate_term_id, self.leadership_term_id)
         self.leader_member_id = -1
+        self.election: Election | None = None
+        self.election_state = ElectionState.INIT
+        self.on_role_change: Callable[[Role], None] | None = None
+        self.on_leader_ready: Callable[[], None] | None = None
+        # leader state
+        self.followers: dict[int, FollowerState] = {}
+        self.term_base_position = -1
+        self.ready_position = -1
+        self._next_commit_heartbeat_ns = 0
+        # follower state
+        self.verified_end = -1
+        self.last_leader_heard_ns = 0
+        self._last_reported: tuple[int, int] = (-1, -1)
+        self._next_append_report_ns = 0
+        self.pending_truncate: int | None = None
+        self.applied_position = log_position
         self.sessions: dict[int, ClusterSession] = {}
         self.pending_sessions: list[ClusterSession] = []
         self.rejected_sessions: list[ClusterSession] = []
@@ -161,7 +257,6 @@ class ConsensusModule:
         self._log_buffer_base = log_position
         self.archive_position = log_position
         self.commit_position = log_position
-        self.member_positions: dict[int, int] = {config.member_id: log_position}
         self.timestamp = 0  # cluster time (epoch ms) of the latest log entry
         self._awaiting_ok: list[ClusterSession] = []
 
@@ -196,20 +291,54 @@ class ConsensusModule:
         self.log_buffer = bytearray()
         return batch
 
-    def on_archive_position(self, position: int) -> None:
+    @property
+    def quorum(self) -> int:
+        return self.config.member_count // 2 + 1
+
+    def on_archive_position(self, position: int, now_ns: int = 0) -> None:
         """The local archive has durably appended up to ``position``."""
+        if self.pending_truncate is not None:
+            return  # a write that finished before the truncation it is about to undergo
         self.archive_position = position
-        self.member_positions[self.config.member_id] = position
         if self.role is Role.LEADER:
-            self._update_commit_position(self.quorum_position())
+            self._update_leader_commit(now_ns)
+        elif self.leader_member_id >= 0:
+            self._report_append_position(now_ns, force=False)
+
+    def on_truncated(self, position: int) -> None:
+        """The shell has truncated the archive to ``position`` (see :attr:`pending_truncate`)."""
+        self.archive_position = min(self.archive_position, position)
+        if self.pending_truncate is not None and self.pending_truncate >= position:
+            self.pending_truncate = None
+
+    def on_applied(self, position: int) -> None:
+        """The service has applied the log up to ``position``."""
+        self.applied_position = position
 
     def quorum_position(self) -> int:
-        """Highest position a quorum of members has durably appended."""
-        positions = sorted(self.member_positions.values(), reverse=True)
-        quorum = self.config.member_count // 2 + 1
-        if len(positions) < quorum:
-            return self.commit_position
-        return positions[quorum - 1]
+        """Highest position a quorum of members has durably appended (leader's view)."""
+        positions = [self.archive_position]
+        positions.extend(max(f.match_position, 0) for f in self.followers.values())
+        positions.sort(reverse=True)
+        return positions[self.quorum - 1]
+
+    def _update_leader_commit(self, now_ns: int) -> None:
+        position = self.quorum_position()
+        # Only an entry of the current term may be committed by counting replicas (Raft
+        # section 5.4.2); earlier entries commit with it.
+        if position > self.term_base_position and position > self.commit_position:
+            self._update_commit_position(position)
+            self._broadcast_commit(now_ns)
+
+    def _broadcast_commit(self, now_ns: int) -> None:
+        message = CommitPosition(
+            leadership_term_id=self.leadership_term_id,
+            log_position=self.commit_position,
+            leader_member_id=self.config.member_id,
+        )
+        for member in self.followers:
+            self.consensus.send(member, message)
+        self._next_commit_heartbeat_ns = now_ns + self.config.leader_heartbeat_interval_ns
 
     def _update_commit_position(self, position: int) -> None:
         if position <= self.commit_position:
@@ -226,15 +355,72 @@ class ConsensusModule:
 
     # ------------------------------------------------------------------ leadership
 
+    @property
+    def is_ready_leader(self) -> bool:
+        """Leader with its election complete: it takes client work."""
+        return self.role is Role.LEADER and self.election is None
+
+    def set_candidate_term(self, term: int) -> None:
+        if term > self.candidate_term_id:
+            self.storage.save_candidate_term(term)
+            self.candidate_term_id = term
+
+    def _set_role(self, role: Role) -> None:
+        if role is not self.role:
+            self.role = role
+            if self.on_role_change is not None:
+                self.on_role_change(role)
+
+    def enter_election(self, now_ns: int, reason: str, *, is_startup: bool = False) -> None:
+        """Start an election (from any role); followers mirror sessions meanwhile."""
+        log.info(
+            "member %d enters election (term %d): %s",
+            self.config.member_id,
+            self.leadership_term_id,
+            reason,
+        )
+        self.counters.elections += 1
+        if self.role is Role.LEADER:
+            self._step_down()
+        self.leader_member_id = -1
+        self.verified_end = -1
+        self.election = Election(self, now_ns, is_startup=is_startup, reason=reason)
+        self.election_state = self.election.state
+        self.election.do_work(now_ns)
+        self._sync_election_state()
+
+    def _step_down(self) -> None:
+        for session in self.pending_sessions:
+            self.egress.close(session.egress_id)
+        self.pending_sessions.clear()
+        for session in self.sessions.values():
+            self.egress.close(session.egress_id)
+            session.egress_connected = False
+        self._awaiting_ok.clear()
+        self.followers.clear()
+        self._set_role(Role.FOLLOWER)
+
+    def _sync_election_state(self) -> None:
+        if self.election is not None:
+            self.election_state = self.election.state
+
     def become_leader(self, leadership_term_id: int, now_ns: int) -> None:
-        """Start a term as leader: NewLeadershipTermEvent, then NewLeaderEvent to sessions."""
-        self.role = Role.LEADER
+        """Won the election: start the term with a NewLeadershipTermEvent.
+
+        The leader takes client work only once that event is committed and applied
+        (:meth:`_check_leader_ready`): then every earlier entry is committed too, the
+        service has seen it all and the sessions are known.
+        """
+        self.set_candidate_term(leadership_term_id)
         self.leadership_term_id = leadership_term_id
         self.leader_member_id = self.config.member_id
         timestamp = self.cluster_time(now_ns)
         self.timestamp = timestamp
         position = self.published_position
-        self._append(
+        self.terms.append(leadership_term_id, position)
+        self.storage.record_term(leadership_term_id, position, timestamp)
+        self.term_base_position = position
+        self.ready_position = self._append(
             NewLeadershipTermEvent(
                 leadership_term_id=leadership_term_id,
                 log_position=position,
@@ -246,11 +432,302 @@ class ConsensusModule:
                 app_version=self.config.app_version,
             )
         )
+        self.followers = {
+            m: FollowerState(m, next_position=position, last_heard_ns=now_ns)
+            for m in self.config.member_ids
+            if m != self.config.member_id
+        }
+        if self.election is None:
+            self.election = Election(self, now_ns, is_startup=False, reason="won")
+        self.election.state = ElectionState.LEADER_LOG_REPLICATION
+        self._sync_election_state()
+        log.info(
+            "member %d is LEADER of term %d at log position %d",
+            self.config.member_id,
+            leadership_term_id,
+            position,
+        )
+        self._set_role(Role.LEADER)
+
+    def _check_leader_ready(self, now_ns: int) -> None:
+        if (
+            self.role is not Role.LEADER
+            or self.election is None
+            or self.commit_position < self.ready_position
+        ):
+            return
+        if self.applied_position < self.ready_position:
+            self.election.state = ElectionState.LEADER_READY
+            self._sync_election_state()
+            return
+        self.election = None
+        self.election_state = ElectionState.CLOSED
         for session in self.sessions.values():
             session.time_of_last_activity_ns = now_ns
             session.has_new_leader_event_pending = True
             session.egress_connected = False
             self.egress.connect(session.egress_id, session.response_channel)
+        if self.on_leader_ready is not None:
+            self.on_leader_ready()  # the service may now send real egress
+
+    def reset_sessions(self, sessions: Iterable[tuple[int, int, str, bytes]], now_ns: int) -> None:
+        """Rebuild the session table from the service's committed view.
+
+        ``sessions`` yields ``(cluster_session_id, response_stream_id, response_channel,
+        encoded_principal)``.  Used when a leader steps down: sessions it opened or closed
+        in entries that never committed must not survive in its table.
+        """
+        self.sessions = {}
+        for session_id, stream_id, channel, principal in sessions:
+            session = ClusterSession(session_id, session_id, 0, stream_id, channel, now_ns)
+            session.state = State.OPEN
+            session.encoded_principal = principal
+            self.sessions[session_id] = session
+            self.next_session_id = max(self.next_session_id, session_id + 1)
+
+    # ------------------------------------------------------------------ consensus messages
+
+    def on_consensus_message(self, message: ConsensusMessage, now_ns: int) -> None:
+        if isinstance(message, AppendRequest):
+            self.on_append_request(message, now_ns)
+        elif isinstance(message, AppendPosition):
+            self.on_append_position(message, now_ns)
+        elif isinstance(message, CommitPosition):
+            self.on_commit_position(message, now_ns)
+        elif isinstance(message, CanvassPosition):
+            self._on_canvass_position(message, now_ns)
+        elif isinstance(message, RequestVote):
+            self._on_request_vote(message, now_ns)
+        elif isinstance(message, Vote) and self.election is not None:
+            self.election.on_vote(message, now_ns)
+        self._sync_election_state()
+
+    def _on_canvass_position(self, msg: CanvassPosition, now_ns: int) -> None:
+        if msg.leadership_term_id > self.candidate_term_id and self.role is Role.LEADER:
+            self.enter_election(now_ns, f"member {msg.follower_member_id} saw a later term")
+        if self.election is not None:
+            self.election.on_canvass_position(msg, now_ns)
+        # A leader needs do nothing: its replicator's heartbeats reach a canvassing member
+        # and, with a term at least as high as the member's, end that member's election.
+
+    def _on_request_vote(self, msg: RequestVote, now_ns: int) -> None:
+        if self.election is None:
+            if self.role is not Role.LEADER or msg.candidate_term_id <= self.candidate_term_id:
+                # A follower with a live leader ignores candidates (sticky leader); a stale
+                # candidate gets a refusal.
+                if msg.candidate_term_id <= self.candidate_term_id:
+                    self._refuse_vote(msg)
+                return
+            self.enter_election(now_ns, f"vote requested by member {msg.candidate_member_id}")
+        assert self.election is not None
+        self.election.on_request_vote(msg, now_ns)
+
+    def _refuse_vote(self, msg: RequestVote) -> None:
+        self.consensus.send(
+            msg.candidate_member_id,
+            Vote(
+                candidate_term_id=msg.candidate_term_id,
+                log_leadership_term_id=self.terms.term_at(self.published_position),
+                log_position=self.published_position,
+                candidate_member_id=msg.candidate_member_id,
+                follower_member_id=self.config.member_id,
+                vote=False,
+            ),
+        )
+
+    def _accept_leader(self, term: int, leader: int, now_ns: int) -> bool:
+        """A leader of ``term`` spoke: follow it if the term is current, else refuse."""
+        if term < self.candidate_term_id or (
+            term == self.candidate_term_id
+            and self.role is Role.LEADER
+            and leader != self.config.member_id
+        ):
+            return False
+        if leader == self.config.member_id:
+            return False
+        if term > self.candidate_term_id:
+            self.set_candidate_term(term)
+        if self.role is Role.LEADER:
+            self._step_down()
+        if self.leadership_term_id != term or self.leader_member_id != leader:
+            self.verified_end = -1
+            log.info("member %d follows leader %d in term %d", self.config.member_id, leader, term)
+        self.leadership_term_id = term
+        self.leader_member_id = leader
+        if self.election is not None:
+            self.election = None
+            self.election_state = ElectionState.CLOSED
+        self.last_leader_heard_ns = now_ns
+        return True
+
+    # ---- follower side
+
+    def on_append_request(self, msg: AppendRequest, now_ns: int) -> None:
+        if not self._accept_leader(msg.leadership_term_id, msg.leader_member_id, now_ns):
+            self._send_append_position(
+                msg.leader_member_id, self.published_position, False, term=self.candidate_term_id
+            )
+            return
+        start = msg.log_position
+        end = self.published_position
+        if start > end:
+            self._send_append_position(msg.leader_member_id, end, False)  # gap: send from end
+            return
+        if self.terms.term_at(start) != msg.prev_term_id:
+            point = max(self.commit_position, self.terms.term_start_containing(start))
+            if point >= start:
+                log.error(
+                    "member %d: log mismatch at %d at or below commit %d (leader %d term %d)",
+                    self.config.member_id,
+                    start,
+                    self.commit_position,
+                    msg.leader_member_id,
+                    msg.leadership_term_id,
+                )
+                point = start
+            self._truncate(point)
+            self._send_append_position(msg.leader_member_id, self.published_position, False)
+            return
+        data = msg.data
+        if data:
+            if start < self.commit_position:
+                skip = min(len(data), self.commit_position - start)  # identical, committed
+                data = data[skip:]
+                start += skip
+            if data:
+                if start < self.published_position:
+                    self._truncate(start)
+                if msg.data_term_id != self.terms.last_term:
+                    if msg.data_term_id < self.terms.last_term:
+                        self.terms.truncate(start)
+                        self.storage.remove_terms_from(start)
+                    self.terms.append(msg.data_term_id, msg.term_base_log_position)
+                    self.storage.record_term(
+                        msg.data_term_id, msg.term_base_log_position, self.timestamp
+                    )
+                self.log_buffer += data
+            self.verified_end = max(self.verified_end, start + len(data))
+        else:
+            self.verified_end = max(self.verified_end, start)
+        self._advance_follower_commit(msg.commit_position)
+        if not msg.data:
+            self._report_append_position(now_ns, force=True)
+
+    def on_commit_position(self, msg: CommitPosition, now_ns: int) -> None:
+        if (
+            msg.leadership_term_id == self.leadership_term_id
+            and (msg.leader_member_id == self.leader_member_id)
+            and self.role is not Role.LEADER
+        ):
+            self.last_leader_heard_ns = now_ns
+            self._advance_follower_commit(msg.log_position)
+        elif msg.leadership_term_id > self.candidate_term_id:
+            self._accept_leader(msg.leadership_term_id, msg.leader_member_id, now_ns)
+
+    def _advance_follower_commit(self, leader_commit: int) -> None:
+        position = min(leader_commit, self.verified_end, self.published_position)
+        if position > self.commit_position:
+            self.commit_position = position
+
+    def _truncate(self, position: int) -> None:
+        """Drop the log from ``position`` on (never below the commit position)."""
+        if position >= self.published_position:
+            return
+        if position < self.commit_position:
+            raise AssertionError(
+                f"refusing to truncate committed log: {position} < {self.commit_position}"
+            )
+        self.counters.truncations += 1
+        self.counters.truncated_bytes += self.published_position - position
+        log.warning(
+            "member %d truncates its log from %d to %d (uncommitted entries of an old term)",
+            self.config.member_id,
+            self.published_position,
+            position,
+        )
+        if position >= self._log_buffer_base:
+            del self.log_buffer[position - self._log_buffer_base :]
+        else:
+            self.log_buffer = bytearray()
+            self._log_buffer_base = position
+            self.pending_truncate = (
+                position if self.pending_truncate is None else min(self.pending_truncate, position)
+            )
+        if self.terms.truncate(position):
+            self.storage.remove_terms_from(position)
+        self.verified_end = min(self.verified_end, position)
+
+    def _report_append_position(self, now_ns: int, *, force: bool) -> None:
+        if self.leader_member_id < 0 or self.role is Role.LEADER:
+            return
+        if self.verified_end >= 0:
+            position, verified = min(self.archive_position, self.verified_end), True
+        else:
+            position, verified = self.published_position, False
+        key = (self.leadership_term_id, position if verified else -position - 1)
+        if force or key != self._last_reported or now_ns >= self._next_append_report_ns:
+            self._send_append_position(self.leader_member_id, position, verified)
+            self._last_reported = key
+            self._next_append_report_ns = now_ns + self.config.leader_heartbeat_interval_ns
+
+    def _send_append_position(
+        self, member: int, position: int, verified: bool, *, term: int | None = None
+    ) -> None:
+        if member < 0 or member == self.config.member_id:
+            return
+        self.consensus.send(
+            member,
+            AppendPosition(
+                leadership_term_id=self.leadership_term_id if term is None else term,
+                log_position=position,
+                follower_member_id=self.config.member_id,
+                flags=APPEND_POSITION_VERIFIED if verified else 0,
+            ),
+        )
+
+    # ---- leader side
+
+    def on_append_position(self, msg: AppendPosition, now_ns: int) -> None:
+        if msg.leadership_term_id > self.candidate_term_id:
+            self.set_candidate_term(msg.leadership_term_id)
+            if self.role is Role.LEADER or self.election is None:
+                self.enter_election(now_ns, f"member {msg.follower_member_id} is in a later term")
+            return
+        if self.role is not Role.LEADER or msg.leadership_term_id != self.leadership_term_id:
+            return
+        follower = self.followers.get(msg.follower_member_id)
+        if follower is None:
+            return
+        follower.last_heard_ns = now_ns
+        if msg.flags & APPEND_POSITION_VERIFIED:
+            follower.match_position = msg.log_position
+            if follower.next_position < msg.log_position:
+                follower.next_position = msg.log_position
+            self._update_leader_commit(now_ns)
+        else:
+            follower.next_position = msg.log_position
+
+    def append_request(self, member_id: int, start: int, data: bytes) -> AppendRequest:
+        """Build the AppendRequest that ships ``data`` (the log from ``start``) to a follower.
+
+        ``data`` must not cross a term boundary (see :meth:`replication_stop`).
+        """
+        term, base = self.terms.term_for_data_at(start)
+        return AppendRequest(
+            leadership_term_id=self.leadership_term_id,
+            leader_member_id=self.config.member_id,
+            log_position=start,
+            prev_term_id=self.terms.term_at(start),
+            data_term_id=term,
+            term_base_log_position=base,
+            commit_position=self.commit_position,
+            data=data,
+        )
+
+    def replication_stop(self, start: int, limit: int) -> int:
+        """End of the chunk to ship from ``start``: at most ``limit``, within one term."""
+        boundary = self.terms.next_base_after(start)
+        return limit if boundary is None else min(limit, boundary)
 
     # ------------------------------------------------------------------ ingress
 
@@ -306,7 +783,8 @@ class ConsensusModule:
 
     def on_ingress_message(self, header: SessionMessageHeader, now_ns: int) -> bool:
         """Sequence one application message into the log (the hot path)."""
-        if self.role is not Role.LEADER:
+        if self.election is not None or self.role is not Role.LEADER:
+            self.counters.wrong_term_messages += 1
             return False
         session = self.sessions.get(header.cluster_session_id)
         if (
@@ -329,14 +807,14 @@ class ConsensusModule:
             self.on_ingress_message(header, now_ns)
 
     def on_keepalive(self, msg: SessionKeepAlive, now_ns: int) -> None:
-        if self.role is not Role.LEADER:
+        if not self.is_ready_leader:
             return
         session = self._open_session(msg.cluster_session_id, msg.leadership_term_id)
         if session is not None:
             session.time_of_last_activity_ns = now_ns
 
     def on_session_close_request(self, msg: SessionCloseRequest, now_ns: int) -> None:
-        if self.role is not Role.LEADER:
+        if not self.is_ready_leader:
             return
         session = self._open_session(msg.cluster_session_id, msg.leadership_term_id)
         if session is not None:
@@ -357,7 +835,7 @@ class ConsensusModule:
         self.counters.unknown_session_messages += 1
 
     def on_admin_request(self, msg: AdminRequest, now_ns: int) -> None:
-        if self.role is not Role.LEADER:
+        if not self.is_ready_leader:
             return
         session = self._open_session(msg.cluster_session_id, msg.leadership_term_id)
         if session is None:
@@ -412,7 +890,7 @@ class ConsensusModule:
         session = self.sessions.get(cluster_session_id)
         if session is None or session.state is not State.OPEN:
             return False
-        if self.role is Role.LEADER:
+        if self.is_ready_leader:
             self._close_session(session, CloseReason.SERVICE_ACTION, now_ns)
         else:
             session.state = State.CLOSING  # the leader will put the close on the log
@@ -427,8 +905,15 @@ class ConsensusModule:
     # ------------------------------------------------------------------ duty cycle
 
     def consensus_work(self, now_ns: int) -> int:
-        """Leader work done every cycle: fire expired timers into the log."""
-        if self.role is not Role.LEADER or not len(self.timers):
+        """Work done every cycle: election progress, leader readiness, expired timers."""
+        if self.election is not None:
+            if self.role is Role.LEADER:
+                self._check_leader_ready(now_ns)
+            else:
+                work = self.election.do_work(now_ns)
+                self._sync_election_state()
+                return work
+        if not self.is_ready_leader or not len(self.timers):
             return 0
         now_ms = self.cluster_time(now_ns)
         expired = self.timers.poll(now_ms)
@@ -441,17 +926,33 @@ class ConsensusModule:
         """Housekeeping every slow tick (10 ms by default); returns work done."""
         work = self._send_redirects_and_rejections()
         if self.role is Role.LEADER:
-            work += self._process_pending_sessions(now_ns)
-            work += self._check_sessions(now_ns)
-        return work
+            if self.is_ready_leader:
+                work += self._process_pending_sessions(now_ns)
+                work += self._check_sessions(now_ns)
+            if now_ns >= self._next_commit_heartbeat_ns:
+                self._broadcast_commit(now_ns)
+            if self.followers and self._active_followers(now_ns) + 1 < self.quorum:
+                self.enter_election(now_ns, "inactive follower quorum")
+                work += 1
+        elif self.election is None:
+            if now_ns - self.last_leader_heard_ns > self.config.leader_heartbeat_timeout_ns:
+                self.enter_election(now_ns, "leader heartbeat timeout")
+                work += 1
+            else:
+                self._report_append_position(now_ns, force=False)
+        return work + self.consensus_work(now_ns)
+
+    def _active_followers(self, now_ns: int) -> int:
+        deadline = now_ns - self.config.leader_heartbeat_timeout_ns
+        return sum(1 for f in self.followers.values() if f.last_heard_ns >= deadline)
 
     def _send_redirects_and_rejections(self) -> int:
         work = 0
         if self.redirect_sessions:
             remaining = []
             for session in self.redirect_sessions:
-                if not session.egress_connected:
-                    remaining.append(session)
+                if not session.egress_connected or self.leader_member_id < 0:
+                    remaining.append(session)  # redirect once a leader is known
                     continue
                 self.egress.send(
                     session.egress_id,

@@ -76,13 +76,27 @@ class KeyValueError(Exception):
     """The service refused a request (bad request bytes, for instance)."""
 
 
+DEDUPE_WINDOW = 4096
+"""Responses remembered per session, so a retried request is applied only once."""
+
+
 class KeyValueService(ClusteredService):
-    """The replicated store: every member applies the same requests in log order."""
+    """The replicated store: every member applies the same requests in log order.
+
+    A client may resend a request whose response it did not get (its leader died before
+    answering); the service remembers the last :data:`DEDUPE_WINDOW` responses of each
+    session and answers a duplicate from there instead of applying it again.
+    """
 
     def __init__(self) -> None:
         self.store: dict[str, bytes] = {}
         self.requests = 0
         self.bad_requests = 0
+        self.duplicates = 0
+        self._recent: dict[int, dict[int, bytes]] = {}
+
+    def on_session_close(self, session: ClientSession, timestamp: int, close_reason: Any) -> None:
+        self._recent.pop(session.id, None)
 
     def on_start(self, cluster: Cluster, snapshot: bytes | None) -> None:
         if snapshot:
@@ -99,7 +113,17 @@ class KeyValueService(ClusteredService):
             self.bad_requests += 1
             session.offer(_encode(Response(-1, False, None, f"bad request: {exc}")))
             return
-        session.offer(_encode(self.apply(request)))
+        recent = self._recent.setdefault(session.id, {})
+        cached = recent.get(request.request_id)
+        if cached is not None:
+            self.duplicates += 1
+            session.offer(cached)
+            return
+        response = _encode(self.apply(request))
+        recent[request.request_id] = response
+        if len(recent) > DEDUPE_WINDOW:
+            del recent[next(iter(recent))]
+        session.offer(response)
 
     def apply(self, request: Request) -> Response:
         store = self.store
@@ -125,8 +149,20 @@ class KeyValueClient:
     by ``request_id``.
     """
 
-    def __init__(self, cluster_client: ClusterClient) -> None:
+    def __init__(
+        self,
+        cluster_client: ClusterClient,
+        *,
+        retry_interval: float | None = 2.0,
+        timeout: float | None = None,
+    ) -> None:
+        """``retry_interval``: resend a request (same id) when no response came in this
+        many seconds, e.g. because the leader died before committing it; the service
+        applies it once.  ``timeout``: give up on a request after this long
+        (``TimeoutError``); None waits as long as the session lives."""
         self.client = cluster_client
+        self.retry_interval = retry_interval
+        self.timeout = timeout
         self._ids = itertools.count(1)
         self._waiting: dict[int, Any] = {}
         self._results: dict[int, Response] = {}
@@ -174,8 +210,18 @@ class KeyValueClient:
         request_id = next(self._ids)
         event = anyio.Event()
         self._waiting[request_id] = event
-        await self.client.offer(_encode(build(request_id, *args)))
-        await event.wait()
+        payload = _encode(build(request_id, *args))
+        try:
+            with anyio.fail_after(self.timeout):
+                await self.client.offer(payload)
+                while True:
+                    with anyio.move_on_after(self.retry_interval):
+                        await event.wait()
+                    if event.is_set():
+                        break
+                    await self.client.offer(payload)  # lost with a failed leader? resend
+        finally:
+            self._waiting.pop(request_id, None)
         response = self._results.pop(request_id, None)
         if response is None:
             raise self._error or KeyValueError("no response")

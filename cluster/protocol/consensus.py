@@ -52,6 +52,10 @@ class NewLeadershipTerm(Message, tag=53):
     is_startup: bool
 
 
+APPEND_POSITION_VERIFIED = 1
+"""AppendPosition flag: the follower's log is known to match the leader's up to the position."""
+
+
 class AppendPosition(Message, tag=54):
     leadership_term_id: Int64
     log_position: Int64
@@ -86,11 +90,21 @@ class MemberHello(Message, tag=58):
 
 
 class AppendRequest(Message, tag=59):
-    """A byte range of the leader's log, ``[log_position, log_position + len(data))``."""
+    """A byte range of the leader's log, ``[log_position, log_position + len(data))``.
+
+    ``prev_term_id`` is the term of the entry that ends at ``log_position`` in the leader's
+    log (-1 at position 0): the follower appends only if its own log agrees there (Raft's
+    log matching check).  All of ``data`` belongs to term ``data_term_id``, which began at
+    ``term_base_log_position``.  An empty ``data`` is a probe/heartbeat.
+    """
 
     leadership_term_id: Int64
-    log_position: Int64
     leader_member_id: Int32
+    log_position: Int64
+    prev_term_id: Int64
+    data_term_id: Int64
+    term_base_log_position: Int64
+    commit_position: Int64
     data: bytes
 
 

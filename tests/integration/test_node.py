@@ -53,6 +53,7 @@ async def running_node(
         await nursery.start(
             lambda task_status: node.run(handle_signals=False, task_status=task_status)
         )
+        await wait_for(lambda: node.cm.is_ready_leader)
         try:
             yield node
         finally:

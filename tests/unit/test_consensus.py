@@ -23,6 +23,7 @@ from hypothesis.stateful import (
 
 from cluster.archive.record import complete_length, iter_records
 from cluster.core.auth import Authenticator, SessionProxy
+from cluster.protocol.consensus import APPEND_POSITION_VERIFIED, AppendPosition
 from cluster.core.consensus import ConsensusConfig, ConsensusModule
 from cluster.core.session import State
 from cluster.protocol import LOG
@@ -202,13 +203,39 @@ def make(
     **config: Any,
 ) -> tuple[ConsensusModule, RecordingEgress, LogReader]:
     egress = RecordingEgress()
-    cfg = ConsensusConfig(ingress_endpoints=ENDPOINTS, member_count=member_count, **config)
+    if role is Role.FOLLOWER and member_count == 1:
+        member_count = 3  # a follower has a leader somewhere
+    cfg = ConsensusConfig(
+        ingress_endpoints=ENDPOINTS, member_ids=tuple(range(member_count)), **config
+    )
     cm = ConsensusModule(cfg, egress, authenticator, log_position=log_position)
     egress.cm = cm
     reader = LogReader(cm)
+    READERS[id(cm)] = reader
     if role is Role.LEADER:
-        cm.become_leader(TERM, T0)
+        lead(cm, TERM, T0)
+    else:
+        cm.last_leader_heard_ns = T0  # a follower with a live leader
     return cm, egress, reader
+
+
+READERS: dict[int, LogReader] = {}
+
+
+def lead(cm: ConsensusModule, term: int, now: int) -> None:
+    """Win an election and complete it: the new term's first entry committed and applied."""
+    reader = READERS.get(id(cm)) or LogReader(cm)
+    READERS[id(cm)] = reader
+    cm.become_leader(term, now)
+    reader.pull()
+    cm.on_archive_position(reader.end, now)
+    for member in cm.followers:
+        cm.on_append_position(
+            AppendPosition(term, reader.end, member, APPEND_POSITION_VERIFIED), now
+        )
+    cm.on_applied(reader.end)
+    cm._check_leader_ready(now)
+    assert cm.is_ready_leader
 
 
 def connect(
@@ -589,7 +616,7 @@ def test_service_close_on_follower_is_applied_when_it_leads() -> None:
     assert follower.on_service_close_session(sid, T0)
     assert follower.sessions[sid].state is State.CLOSING
     assert f_reader.messages() == []  # followers never append
-    follower.become_leader(TERM + 1, T0 + SECOND)
+    lead(follower, TERM + 1, T0 + SECOND)
     follower.on_slow_tick(T0 + SECOND)
     closes = f_reader.messages(SessionCloseEvent)
     assert [(c.cluster_session_id, c.close_reason) for c in closes] == [
@@ -705,7 +732,7 @@ def test_become_leader_restores_sessions_and_sends_new_leader_event() -> None:
     assert cm.leadership_term_id == TERM
     assert egress.calls == []  # followers do not connect the egress
 
-    cm.become_leader(TERM + 1, T0 + SECOND)
+    lead(cm, TERM + 1, T0 + SECOND)
     (nlt,) = reader.messages(NewLeadershipTermEvent)
     assert nlt.leadership_term_id == TERM + 1
     assert nlt.log_position == old_log.end
@@ -740,7 +767,7 @@ def test_restored_sessions_time_out_from_election_time() -> None:
     for position, m in old_log.entries:
         cm.on_replay_log_message(m, position, T0)
     later = T0 + 100 * SECOND
-    cm.become_leader(TERM + 1, later)
+    lead(cm, TERM + 1, later)
     cm.on_slow_tick(later + cm.config.session_timeout_ns)
     assert sid in cm.sessions
     cm.on_slow_tick(later + cm.config.session_timeout_ns + 1)
@@ -758,7 +785,7 @@ def test_timestamps_never_go_backwards_when_clock_does() -> None:
     cm.schedule_timer(1, 0)
     cm.consensus_work(T0 - SECOND)
     cm.on_session_close_request(SessionCloseRequest(TERM, sid), T0 - 2 * SECOND)
-    cm.become_leader(TERM + 1, T0 - 3 * SECOND)
+    lead(cm, TERM + 1, T0 - 3 * SECOND)
     stamps = [m.timestamp for m in reader.messages()]
     assert len(stamps) == 8
     assert stamps == sorted(stamps)
@@ -773,7 +800,7 @@ def test_timestamps_never_go_backwards_after_replayed_messages() -> None:
     late = (T0 + 100 * SECOND) // MS
     cm.on_replay_log_message(SessionOpenEvent(TERM, 1, 1, late - 5, 7, CHANNEL), 50, T0)
     cm.on_replay_log_message(SessionMessageHeader(TERM, 1, late, b"x"), 100, T0)
-    cm.become_leader(TERM + 1, T0)  # this member's clock is 100 s behind
+    lead(cm, TERM + 1, T0)  # this member's clock is 100 s behind
     (nlt,) = reader.messages(NewLeadershipTermEvent)
     assert nlt.timestamp >= late
 
@@ -781,7 +808,7 @@ def test_timestamps_never_go_backwards_after_replayed_messages() -> None:
 def test_epoch_offset_converts_monotonic_to_epoch_ms() -> None:
     egress = RecordingEgress()
     cm = ConsensusModule(ConsensusConfig(), egress, epoch_offset_ns=5 * SECOND)
-    cm.become_leader(1, 2 * SECOND)
+    lead(cm, 1, 2 * SECOND)
     assert cm.timestamp == 7_000
     assert cm.cluster_time(SECOND) == 7_000  # never behind the last timestamp
     assert cm.cluster_time(10 * SECOND) == 15_000
@@ -819,7 +846,7 @@ def test_replayed_timer_event_cancels_timer() -> None:
     cm.schedule_timer(8, 10)
     assert cm.consensus_work(T0) == 0  # followers never fire timers
     cm.on_replay_log_message(TimerEvent(TERM, 7, 10), 30, T0)
-    cm.become_leader(TERM + 1, T0)
+    lead(cm, TERM + 1, T0)
     assert cm.consensus_work(T0) == 1
     assert [t.correlation_id for t in reader.messages(TimerEvent)] == [8]
 

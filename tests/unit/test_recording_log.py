@@ -261,3 +261,21 @@ def test_reopen_reads_back_identical_entries(ops: list[tuple[str, int, int]]) ->
         with RecordingLog.open(name) as log:
             assert log.entries == before
         assert Path(name, FILE_NAME).stat().st_size == ENTRY_LENGTH * len(before)
+
+
+def test_remove_terms_from_truncation_point(tmp_path: Path) -> None:
+    log = RecordingLog.open(tmp_path)
+    log.append_term(0, 0, 1)
+    log.append_term(1, 100, 2)
+    log.append_term(2, 250, 3)
+    assert log.remove_terms_from(100) == [1, 2]
+    last = log.find_last_term()
+    assert last is not None
+    assert last.leadership_term_id == 0
+    assert last.log_position == -1
+    log.append_term(2, 120, 4)  # a new leader's term may reuse the id after removal
+    log.close()
+    reopened = RecordingLog.open(tmp_path)
+    assert [
+        (e.leadership_term_id, e.term_base_log_position) for e in reopened.entries if e.is_valid
+    ] == [(0, 0), (2, 120)]

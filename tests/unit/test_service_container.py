@@ -118,6 +118,12 @@ class Node:
         self.applied = 0
         if role is Role.LEADER:
             self.cm.become_leader(TERM, self.now)
+            # complete the election: the term's first entry durable, committed, applied
+            end = self.cm.published_position
+            self.cm.on_archive_position(end, self.now)
+            self.cm.on_applied(end)
+            self.cm.consensus_work(self.now)
+            assert self.cm.is_ready_leader
         self.container.set_role(role)
 
     def tick(self, dt: int = 10 * MS) -> None:

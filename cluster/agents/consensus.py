@@ -1,0 +1,148 @@
+"""Member links: the consensus channel between cluster members.
+
+Each member *serves* its consensus port and *dials* every other member, like Aeron's
+per-member publications: outbound connections only carry this member's messages to a
+peer, inbound connections only bring a peer's messages here.  The first frame on an
+outbound connection is a MemberHello naming the caller.  A broken or refused link is
+redialled with back-off; messages sent while a link is down are dropped (the consensus
+protocol resends what matters: heartbeats, and the leader's replication restarts from
+what the follower reports).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import trio
+
+from ..config import MemberEndpoints
+from ..protocol.codec import CONSENSUS
+from ..protocol.consensus import ConsensusMessage, MemberHello
+from ..protocol.errors import ProtocolError
+from ..protocol.framing import FrameDecoder
+from ..protocol.version import PROTOCOL_VERSION
+from ..transport.base import Network
+from ..transport.framed import FrameWriter
+
+log = logging.getLogger("cluster.consensus.links")
+
+_decode = CONSENSUS.decode
+
+
+class PeerLink:
+    """The outbound link to one peer."""
+
+    def __init__(self, member: MemberEndpoints, max_backlog: int) -> None:
+        self.member = member
+        self.max_backlog = max_backlog
+        self.writer: FrameWriter | None = None
+        self.connected = trio.Event()
+        self.drained = trio.Event()
+        self.sent_messages = 0
+        self.dropped_messages = 0
+        self.connects = 0
+
+    @property
+    def is_connected(self) -> bool:
+        return self.writer is not None and not self.writer.closing
+
+    @property
+    def backlog(self) -> int:
+        return self.writer.backlog if self.writer is not None else 0
+
+    def send(self, message: ConsensusMessage) -> bool:
+        writer = self.writer
+        if writer is None or not writer.write_message(message):
+            self.dropped_messages += 1
+            return False
+        self.sent_messages += 1
+        return True
+
+
+class PeerLinks:
+    """Implements :class:`cluster.core.consensus.ConsensusPort` over a :class:`Network`."""
+
+    def __init__(
+        self,
+        network: Network,
+        me: MemberEndpoints,
+        peers: list[MemberEndpoints],
+        deliver: Callable[[ConsensusMessage], None],
+        *,
+        max_frame_size: int,
+        max_backlog: int = 64 << 20,
+    ) -> None:
+        self.network = network
+        self.me = me
+        self.links = {p.member_id: PeerLink(p, max_backlog) for p in peers}
+        self.deliver = deliver
+        self.max_frame_size = max_frame_size
+        self.protocol_errors = 0
+        self.inbound: dict[int, int] = {}
+
+    def send(self, member_id: int, message: ConsensusMessage) -> bool:
+        link = self.links.get(member_id)
+        return link.send(message) if link is not None else False
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(
+                self.network.serve, self.me.host, self.me.consensus_port, self._serve_peer
+            )
+            for link in self.links.values():
+                nursery.start_soon(self._dial, link)
+            task_status.started(port)
+
+    async def _dial(self, link: PeerLink) -> None:
+        delay = 0.05
+        while True:
+            try:
+                stream = await self.network.open_stream(
+                    link.member.host, link.member.consensus_port
+                )
+            except OSError:
+                await trio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            delay = 0.05
+            writer = FrameWriter(link.max_backlog)
+            writer.write_message(MemberHello(self.me.member_id, PROTOCOL_VERSION))
+            link.writer = writer
+            link.connects += 1
+            link.connected.set()
+            try:
+                await writer.run(stream)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                log.debug("link to member %d broke: %s", link.member.member_id, exc)
+            finally:
+                link.writer = None
+                link.connected = trio.Event()
+            await trio.sleep(delay)
+
+    async def _serve_peer(self, stream: trio.abc.Stream) -> None:
+        decoder = FrameDecoder(self.max_frame_size)
+        peer = -1
+        deliver = self.deliver
+        try:
+            while True:
+                data = await stream.receive_some(256 * 1024)
+                if not data:
+                    return
+                for body in decoder.feed(data):
+                    message = _decode(body)
+                    if peer < 0:
+                        if not isinstance(message, MemberHello):
+                            raise ProtocolError("member link did not start with MemberHello")
+                        peer = message.member_id
+                        self.inbound[peer] = self.inbound.get(peer, 0) + 1
+                        continue
+                    deliver(message)
+        except ProtocolError as exc:
+            self.protocol_errors += 1
+            log.warning("closing member link from %s: %s", peer, exc)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)

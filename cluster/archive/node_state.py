@@ -1,0 +1,62 @@
+"""``node-state.json``: the member's small durable state outside the log.
+
+* ``candidate_term_id``: the highest term this member has voted in or seen.  It is
+  written (and fsynced) before the member acts on it, so a restarted member never votes
+  twice in a term.
+* ``commit_position``: a lower bound of the cluster's commit position, saved now and then.
+  At start-up the member replays its log only up to here; entries after it may not be
+  committed, and are applied when the leader says they are.
+
+Writes go to a temporary file that is fsynced and renamed over the old one, then the
+directory is fsynced: a crash leaves either the old state or the new one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .errors import ArchiveCorruptionError
+
+FILE_NAME = "node-state.json"
+
+
+class NodeState:
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.path = Path(directory) / FILE_NAME
+        self.candidate_term_id = -1
+        self.commit_position = 0
+        if self.path.exists():
+            try:
+                data = json.loads(self.path.read_text())
+                self.candidate_term_id = int(data["candidate_term_id"])
+                self.commit_position = int(data["commit_position"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ArchiveCorruptionError(
+                    str(self.path), 0, f"unreadable node state: {exc}"
+                ) from None
+
+    def save(
+        self, *, candidate_term_id: int | None = None, commit_position: int | None = None
+    ) -> None:
+        if candidate_term_id is not None:
+            self.candidate_term_id = candidate_term_id
+        if commit_position is not None:
+            self.commit_position = commit_position
+        tmp = self.path.with_suffix(".tmp")
+        data = json.dumps(
+            {"candidate_term_id": self.candidate_term_id, "commit_position": self.commit_position}
+        ).encode()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)

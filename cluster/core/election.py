@@ -1,0 +1,223 @@
+"""Leader election (Aeron's ``Election``), sans-IO.
+
+A member enters an election at start-up, when its leader goes quiet (leader heartbeat
+timeout), when it is a leader without an active quorum of followers, or when it sees a
+higher term.  The states and messages are Aeron's:
+
+* **CANVASS**: publish CanvassPosition (this member's log: last term and position) every
+  status interval; collect the others'.  Nominate once this member is a *unanimous*
+  candidate (everyone answered, nobody has a better log) or, after the canvass deadline,
+  a *quorum* candidate (a quorum answered, none of them better).  Because members only
+  canvass while they are in an election themselves, a member cut off from a healthy
+  cluster cannot win votes and does not disrupt it (a pre-vote, in Raft's terms).
+* **NOMINATE**: wait a random delay in ``[0, election_timeout / 2)``, then propose term
+  ``max(candidate term, terms seen) + 1`` (persisted before it is used), vote for itself.
+* **CANDIDATE_BALLOT**: send RequestVote; win as soon as a quorum has voted yes (Aeron
+  waits for every vote or the ballot deadline; a majority is enough for safety and makes
+  failover faster); otherwise back to CANVASS at the deadline.
+* **FOLLOWER_BALLOT**: after granting a vote; back to CANVASS if no leader shows up.
+
+Winning hands over to :meth:`ConsensusModule.become_leader`; a leader's AppendRequest of
+a term at least as high as ours ends the election as a follower (in the consensus
+module).  A vote is granted only to a higher term than any this member has voted in or
+seen, and only if the candidate's log is at least as up to date as ours, compared by
+``(last log term, log position)``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING
+
+from ..protocol.consensus import CanvassPosition, RequestVote, Vote
+from ..protocol.version import PROTOCOL_VERSION
+
+if TYPE_CHECKING:
+    from .consensus import ConsensusModule
+
+
+class ElectionState(enum.IntEnum):
+    """Aeron's election states (same codes); Triarch uses the subset its design needs."""
+
+    INIT = 0
+    CANVASS = 1
+    NOMINATE = 2
+    CANDIDATE_BALLOT = 3
+    FOLLOWER_BALLOT = 4
+    LEADER_LOG_REPLICATION = 5
+    LEADER_REPLAY = 6
+    LEADER_INIT = 7
+    LEADER_READY = 8
+    FOLLOWER_LOG_REPLICATION = 9
+    FOLLOWER_REPLAY = 10
+    FOLLOWER_CATCHUP_INIT = 11
+    FOLLOWER_CATCHUP_AWAIT = 12
+    FOLLOWER_CATCHUP = 13
+    FOLLOWER_LOG_INIT = 14
+    FOLLOWER_LOG_AWAIT = 15
+    FOLLOWER_READY = 16
+    CLOSED = 17
+
+
+def log_is_newer(a_term: int, a_position: int, b_term: int, b_position: int) -> bool:
+    """Is log ``a`` strictly more up to date than log ``b``?"""
+    return (a_term, a_position) > (b_term, b_position)
+
+
+class Election:
+    """One election, from CANVASS until this member leads or follows."""
+
+    def __init__(self, cm: ConsensusModule, now_ns: int, *, is_startup: bool, reason: str) -> None:
+        self.cm = cm
+        self.reason = reason
+        self.is_startup = is_startup
+        self.state = ElectionState.CANVASS
+        self.canvass: dict[int, tuple[int, int, int]] = {}  # member -> (log term, pos, term)
+        self.votes: dict[int, bool] = {}
+        cfg = cm.config
+        self.canvass_deadline_ns = now_ns + (cfg.startup_canvass_timeout_ns if is_startup else 0)
+        self.next_status_ns = now_ns
+        self.nominate_at_ns = 0
+        self.ballot_deadline_ns = 0
+
+    # ------------------------------------------------------------------ helpers
+
+    def _my_log(self) -> tuple[int, int]:
+        cm = self.cm
+        return cm.terms.term_at(cm.published_position), cm.published_position
+
+    def _others(self) -> list[int]:
+        me = self.cm.config.member_id
+        return [m for m in self.cm.config.member_ids if m != me]
+
+    def _is_candidate(self, need_all: bool) -> bool:
+        others = self._others()
+        reported = [m for m in others if m in self.canvass]
+        if need_all and len(reported) < len(others):
+            return False
+        if len(reported) + 1 < self.cm.quorum:
+            return False
+        my_term, my_pos = self._my_log()
+        return not any(
+            log_is_newer(self.canvass[m][0], self.canvass[m][1], my_term, my_pos) for m in reported
+        )
+
+    def _to_canvass(self, now_ns: int) -> None:
+        self.state = ElectionState.CANVASS
+        self.canvass.clear()
+        self.votes.clear()
+        self.next_status_ns = now_ns
+
+    # ------------------------------------------------------------------ work
+
+    def do_work(self, now_ns: int) -> int:
+        state = self.state
+        cfg = self.cm.config
+        if state in (ElectionState.CANVASS, ElectionState.NOMINATE):
+            if now_ns >= self.next_status_ns:
+                self._publish_canvass()
+                self.next_status_ns = now_ns + cfg.election_status_interval_ns
+            if state is ElectionState.CANVASS:
+                if (
+                    len(cfg.member_ids) == 1
+                    or self._is_candidate(need_all=True)
+                    or (now_ns >= self.canvass_deadline_ns and self._is_candidate(need_all=False))
+                ):
+                    self.state = ElectionState.NOMINATE
+                    delay = int(self.cm.rng.random() * cfg.election_timeout_ns / 2)
+                    self.nominate_at_ns = now_ns + (0 if len(cfg.member_ids) == 1 else delay)
+                    return 1
+            elif now_ns >= self.nominate_at_ns:
+                self._nominate(now_ns)
+                return 1
+        elif state is ElectionState.CANDIDATE_BALLOT:
+            if now_ns >= self.ballot_deadline_ns:
+                if sum(self.votes.values()) >= self.cm.quorum:
+                    self.cm.become_leader(self.cm.candidate_term_id, now_ns)
+                else:
+                    self._to_canvass(now_ns)
+                return 1
+        elif state is ElectionState.FOLLOWER_BALLOT and now_ns >= self.ballot_deadline_ns:
+            self._to_canvass(now_ns)
+            return 1
+        return 0
+
+    def _publish_canvass(self) -> None:
+        cm = self.cm
+        log_term, position = self._my_log()
+        message = CanvassPosition(
+            log_leadership_term_id=log_term,
+            log_position=position,
+            leadership_term_id=cm.leadership_term_id,
+            follower_member_id=cm.config.member_id,
+            protocol_version=PROTOCOL_VERSION,
+        )
+        for member in self._others():
+            cm.consensus.send(member, message)
+
+    def _nominate(self, now_ns: int) -> None:
+        cm = self.cm
+        seen = max((c[2] for c in self.canvass.values()), default=-1)
+        term = max(cm.candidate_term_id, seen, cm.leadership_term_id) + 1
+        cm.set_candidate_term(term)
+        self.state = ElectionState.CANDIDATE_BALLOT
+        self.votes = {cm.config.member_id: True}
+        self.ballot_deadline_ns = now_ns + cm.config.election_timeout_ns
+        log_term, position = self._my_log()
+        request = RequestVote(
+            log_leadership_term_id=log_term,
+            log_position=position,
+            candidate_term_id=term,
+            candidate_member_id=cm.config.member_id,
+            protocol_version=PROTOCOL_VERSION,
+        )
+        for member in self._others():
+            cm.consensus.send(member, request)
+        if len(self.votes) == len(cm.config.member_ids):
+            cm.become_leader(term, now_ns)  # a cluster of one
+
+    # ------------------------------------------------------------------ messages
+
+    def on_canvass_position(self, msg: CanvassPosition, now_ns: int) -> None:
+        self.canvass[msg.follower_member_id] = (
+            msg.log_leadership_term_id,
+            msg.log_position,
+            msg.leadership_term_id,
+        )
+
+    def on_request_vote(self, msg: RequestVote, now_ns: int) -> None:
+        cm = self.cm
+        granted = False
+        if msg.candidate_term_id > cm.candidate_term_id:
+            cm.set_candidate_term(msg.candidate_term_id)
+            my_term, my_pos = self._my_log()
+            if not log_is_newer(my_term, my_pos, msg.log_leadership_term_id, msg.log_position):
+                granted = True
+                self.state = ElectionState.FOLLOWER_BALLOT
+                self.ballot_deadline_ns = now_ns + cm.config.election_timeout_ns
+            elif self.state is ElectionState.CANDIDATE_BALLOT:
+                self._to_canvass(now_ns)  # our ballot's term is now stale
+        log_term, position = self._my_log()
+        cm.consensus.send(
+            msg.candidate_member_id,
+            Vote(
+                candidate_term_id=msg.candidate_term_id,
+                log_leadership_term_id=log_term,
+                log_position=position,
+                candidate_member_id=msg.candidate_member_id,
+                follower_member_id=cm.config.member_id,
+                vote=granted,
+            ),
+        )
+
+    def on_vote(self, msg: Vote, now_ns: int) -> None:
+        cm = self.cm
+        if (
+            self.state is not ElectionState.CANDIDATE_BALLOT
+            or msg.candidate_term_id != cm.candidate_term_id
+            or msg.candidate_member_id != cm.config.member_id
+        ):
+            return
+        self.votes[msg.follower_member_id] = msg.vote
+        if sum(self.votes.values()) >= cm.quorum:
+            cm.become_leader(msg.candidate_term_id, now_ns)  # Raft: a majority suffices
