@@ -23,11 +23,11 @@ from hypothesis.stateful import (
 
 from cluster.archive.record import complete_length, iter_records
 from cluster.core.auth import Authenticator, SessionProxy
-from cluster.protocol.consensus import APPEND_POSITION_VERIFIED, AppendPosition
 from cluster.core.consensus import ConsensusConfig, ConsensusModule
 from cluster.core.session import State
 from cluster.protocol import LOG
 from cluster.protocol import version as pv
+from cluster.protocol.consensus import APPEND_POSITION_VERIFIED, AppendPosition
 from cluster.protocol.egress import AdminResponse, Challenge, NewLeaderEvent, SessionEvent
 from cluster.protocol.enums import (
     AdminRequestType,
