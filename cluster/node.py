@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import os
 import random
 import signal
@@ -228,6 +229,7 @@ class Node:
             max_frame_size=cfg.max_frame_size,
         )
         self._leadership_scope: trio.CancelScope | None = None
+        self._watchdog_scope: trio.CancelScope | None = None
         self._last_saved_commit = self.node_state.commit_position
         self._next_state_save = 0.0
 
@@ -295,6 +297,8 @@ class Node:
     def _kick(self) -> None:
         """After the consensus module changed: wake whoever has work."""
         cm = self.cm
+        if self._watchdog_scope is not None:
+            self._watchdog_scope.deadline = self._leader_deadline()
         if cm.log_buffer or cm.pending_truncate is not None:
             self.archive_agent.kick()
         if cm.commit_position > self.log_agent.applied_position:
@@ -402,6 +406,24 @@ class Node:
             if trio.current_time() > deadline + interval:
                 deadline = trio.current_time()  # overran: don't try to catch up
 
+    def _leader_deadline(self) -> float:
+        """The follower's leader deadline on Trio's clock (inf when not following)."""
+        deadline_ns = self.cm.leader_deadline_ns
+        if deadline_ns is None:
+            return math.inf
+        return trio.current_time() + (deadline_ns - self._now_ns()) / 1e9
+
+    async def _leader_watchdog(self) -> None:
+        """A follower's wait for its leader: a cancel scope whose deadline every message
+        from the leader pushes back (see :meth:`_kick`); when it expires, an election."""
+        while True:
+            with trio.CancelScope(deadline=self._leader_deadline()) as scope:
+                self._watchdog_scope = scope
+                await trio.sleep_forever()
+            self._watchdog_scope = None
+            if self.cm.on_leader_timeout(self._now_ns()):
+                self._kick()
+
     def _save_commit_position(self, force: bool = False) -> None:
         """Persist the commit position now and then (a lower bound for the next start)."""
         applied = self.log_agent.applied_position
@@ -445,6 +467,7 @@ class Node:
                 nursery.start_soon(self.archive_agent.run, name="archive")
                 nursery.start_soon(self.log_agent.run, name="log")
                 nursery.start_soon(self._slow_tick_agent, name="slow_tick")
+                nursery.start_soon(self._leader_watchdog, name="leader_watchdog")
                 if handle_signals:
                     nursery.start_soon(self._signal_agent, name="signals")
                 self.archive_agent.kick()

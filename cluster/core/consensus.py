@@ -935,12 +935,23 @@ class ConsensusModule:
                 self.enter_election(now_ns, "inactive follower quorum")
                 work += 1
         elif self.election is None:
-            if now_ns - self.last_leader_heard_ns > self.config.leader_heartbeat_timeout_ns:
-                self.enter_election(now_ns, "leader heartbeat timeout")
-                work += 1
-            else:
-                self._report_append_position(now_ns, force=False)
+            self._report_append_position(now_ns, force=False)
         return work + self.consensus_work(now_ns)
+
+    @property
+    def leader_deadline_ns(self) -> int | None:
+        """When a follower gives up on its silent leader (None when not following)."""
+        if self.role is Role.LEADER or self.election is not None:
+            return None
+        return self.last_leader_heard_ns + self.config.leader_heartbeat_timeout_ns
+
+    def on_leader_timeout(self, now_ns: int) -> bool:
+        """The shell's leader deadline passed: start an election if it really has."""
+        deadline = self.leader_deadline_ns
+        if deadline is None or now_ns < deadline:
+            return False
+        self.enter_election(now_ns, "leader heartbeat timeout")
+        return True
 
     def _active_followers(self, now_ns: int) -> int:
         deadline = now_ns - self.config.leader_heartbeat_timeout_ns
