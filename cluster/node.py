@@ -252,7 +252,7 @@ class Node:
                 chunk *= 2  # one record larger than the chunk
                 continue
             position += consumed
-        self.log_buffer.base = position
+        self.log_buffer.base = self.log_buffer.applied = position
         self.log_buffer.data = (
             bytearray(self.archive.read(position, end)) if end > position else bytearray()
         )

@@ -30,13 +30,26 @@ log = logging.getLogger("cluster.log")
 
 
 class LogBuffer:
-    """Records appended but not yet applied: ``[base, base + len(data))`` of the log."""
+    """The log's recent bytes in memory: ``[base, base + len(data))``.
 
-    __slots__ = ("base", "data")
+    It holds everything not yet both applied and durable here, so replication and the
+    log agent never need the disk for recent entries (a leader may apply an entry that
+    followers have on disk before its own fdatasync has returned).
+    """
+
+    __slots__ = ("applied", "base", "data")
 
     def __init__(self, base: int) -> None:
         self.base = base
+        self.applied = base
         self.data = bytearray()
+
+    def release(self, durable: int) -> None:
+        """Forget bytes that are both applied and at or below ``durable``."""
+        keep_from = min(self.applied, durable)
+        if keep_from > self.base:
+            del self.data[: keep_from - self.base]
+            self.base = keep_from
 
     @property
     def end(self) -> int:
@@ -100,12 +113,13 @@ class ArchiveAgent:
             self.batches += 1
             self.bytes_appended += len(data)
             cm.on_archive_position(position, self.clock_ns())
+            self.log_buffer.release(cm.archive_position)
             self.on_appended()
 
     async def _truncate(self, position: int) -> None:
         buf = self.log_buffer
-        if position < buf.base:
-            raise RuntimeError(f"truncation to {position} below the applied position {buf.base}")
+        if position < buf.applied:
+            raise RuntimeError(f"truncation to {position} below the applied position {buf.applied}")
         del buf.data[position - buf.base :]
         async with self.lock:
             await self.run_blocking(self.archive.truncate, position)
@@ -152,7 +166,7 @@ class LogAgent:
 
     @property
     def applied_position(self) -> int:
-        return self.log_buffer.base
+        return self.log_buffer.applied
 
     def kick(self) -> None:
         self.wake.set()
@@ -160,23 +174,21 @@ class LogAgent:
     def apply_committed(self) -> int:
         buf = self.log_buffer
         cm = self.cm
-        limit = min(cm.commit_position - buf.base, len(buf.data))
-        if limit <= 0:
-            return 0
+        applied = buf.applied
+        stop = min(cm.commit_position, buf.end)
         # A leader's own entries of this term are already in its session table; entries
         # of earlier terms (and everything on a follower) are mirrored into it.
         mirror_end = cm.term_base_position if cm.role is Role.LEADER else cm.commit_position
-        if buf.base < mirror_end:
-            limit = min(limit, mirror_end - buf.base)
-        with memoryview(buf.data) as view, view[:limit] as committed:
-            consumed = self.container.apply(
-                committed,
-                buf.base,
-                mirror_into_consensus=buf.base < mirror_end,
-            )
+        mirror = applied < mirror_end
+        if mirror:
+            stop = min(stop, mirror_end)
+        if stop <= applied:
+            return 0
+        with memoryview(buf.data) as view, view[applied - buf.base : stop - buf.base] as chunk:
+            consumed = self.container.apply(chunk, applied, mirror_into_consensus=mirror)
         if consumed:
-            del buf.data[:consumed]
-            buf.base += consumed
+            buf.applied += consumed
+            buf.release(cm.archive_position)
         return consumed
 
     async def run(self) -> None:
