@@ -511,14 +511,15 @@ class ConsensusModule:
         # and, with a term at least as high as the member's, end that member's election.
 
     def _on_request_vote(self, msg: RequestVote, now_ns: int) -> None:
-        if self.election is None:
-            if self.role is not Role.LEADER or msg.candidate_term_id <= self.candidate_term_id:
-                # A follower with a live leader ignores candidates (sticky leader); a stale
-                # candidate gets a refusal.
-                if msg.candidate_term_id <= self.candidate_term_id:
-                    self._refuse_vote(msg)
-                return
+        if msg.candidate_term_id <= self.candidate_term_id:
+            self._refuse_vote(msg)  # a term this member has already voted in, or older
+            return
+        if self.role is Role.LEADER:
+            # Even while its own election is completing: a higher term means a quorum
+            # may be moving on without us.
             self.enter_election(now_ns, f"vote requested by member {msg.candidate_member_id}")
+        elif self.election is None:
+            return  # a follower with a live leader ignores candidates (sticky leader)
         assert self.election is not None
         self.election.on_request_vote(msg, now_ns)
 
@@ -688,7 +689,11 @@ class ConsensusModule:
     # ---- leader side
 
     def on_append_position(self, msg: AppendPosition, now_ns: int) -> None:
-        if msg.leadership_term_id > self.candidate_term_id:
+        if msg.leadership_term_id > self.leadership_term_id and (
+            self.role is Role.LEADER or msg.leadership_term_id > self.candidate_term_id
+        ):
+            # A member has moved to a later term (it voted in an election we did not
+            # win): this leader is stale and steps down so the cluster can agree again.
             self.set_candidate_term(msg.leadership_term_id)
             if self.role is Role.LEADER or self.election is None:
                 self.enter_election(now_ns, f"member {msg.follower_member_id} is in a later term")
@@ -924,7 +929,7 @@ class ConsensusModule:
 
     def on_slow_tick(self, now_ns: int) -> int:
         """Housekeeping every slow tick (10 ms by default); returns work done."""
-        work = self._send_redirects_and_rejections()
+        work = self._send_redirects_and_rejections(now_ns)
         if self.role is Role.LEADER:
             if self.is_ready_leader:
                 work += self._process_pending_sessions(now_ns)
@@ -957,13 +962,17 @@ class ConsensusModule:
         deadline = now_ns - self.config.leader_heartbeat_timeout_ns
         return sum(1 for f in self.followers.values() if f.last_heard_ns >= deadline)
 
-    def _send_redirects_and_rejections(self) -> int:
+    def _send_redirects_and_rejections(self, now_ns: int) -> int:
         work = 0
         if self.redirect_sessions:
             remaining = []
             for session in self.redirect_sessions:
                 if not session.egress_connected or self.leader_member_id < 0:
-                    remaining.append(session)  # redirect once a leader is known
+                    if now_ns - session.time_of_last_activity_ns > self.config.session_timeout_ns:
+                        self.egress.close(session.egress_id)  # no leader emerged in time
+                        work += 1
+                    else:
+                        remaining.append(session)  # redirect once a leader is known
                     continue
                 self.egress.send(
                     session.egress_id,

@@ -1,0 +1,368 @@
+"""Election and replication in the sans-IO core: several ConsensusModules wired together.
+
+A tiny discrete-event harness (no Trio): messages between members are queued and
+delivered in a seeded order, each member's "archive" is a bytearray that takes the
+module's log batches at once, and time only moves when the test says so.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cluster.archive.record import iter_records
+from cluster.core.consensus import ConsensusConfig, ConsensusModule
+from cluster.core.election import ElectionState
+from cluster.protocol.codec import LOG
+from cluster.protocol.consensus import AppendRequest, RequestVote
+from cluster.protocol.enums import Role
+from cluster.protocol.ingress import SessionMessageHeader
+from cluster.protocol.log import NewLeadershipTermEvent
+
+MS = 1_000_000
+SECOND = 1_000 * MS
+
+
+class NullEgress:
+    def connect(self, egress_id: int, channel: str) -> None:
+        pass
+
+    def send(self, egress_id: int, message: Any) -> bool:
+        return True
+
+    def close(self, egress_id: int) -> None:
+        pass
+
+
+class Net:
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.queue: list[tuple[int, int, Any]] = []
+        self.cut: set[tuple[int, int]] = set()
+
+    def port(self, sender: int) -> Any:
+        net = self
+
+        class Port:
+            def send(self, member_id: int, message: Any) -> bool:
+                if (sender, member_id) not in net.cut:
+                    net.queue.append((sender, member_id, message))
+                return True
+
+        return Port()
+
+
+class Storage:
+    def __init__(self) -> None:
+        self.candidate = -1
+
+    def save_candidate_term(self, candidate_term_id: int) -> None:
+        assert candidate_term_id > self.candidate
+        self.candidate = candidate_term_id
+
+    def record_term(self, leadership_term_id: int, base_position: int, timestamp: int) -> None:
+        pass
+
+    def remove_terms_from(self, position: int) -> None:
+        pass
+
+
+class Cluster:
+    def __init__(self, n: int, seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+        self.net = Net(self.rng)
+        self.now = SECOND
+        self.members: dict[int, ConsensusModule] = {}
+        self.disk: dict[int, bytearray] = {}
+        self.leaders: dict[int, int] = {}  # term -> leader
+        self.down: set[int] = set()
+        for i in range(n):
+            cm = ConsensusModule(
+                ConsensusConfig(
+                    member_id=i,
+                    member_ids=tuple(range(n)),
+                    leader_heartbeat_timeout_ns=SECOND,
+                    election_timeout_ns=300 * MS,
+                    startup_canvass_timeout_ns=2 * SECOND,
+                ),
+                NullEgress(),
+                consensus=self.net.port(i),
+                storage=Storage(),
+                rng=random.Random(seed * 100 + i),
+            )
+            self.members[i] = cm
+            self.disk[i] = bytearray()
+            cm.enter_election(self.now, "start-up", is_startup=True)
+
+    def persist(self, i: int) -> None:
+        cm = self.members[i]
+        if cm.pending_truncate is not None:
+            del self.disk[i][cm.pending_truncate :]
+            cm.on_truncated(cm.pending_truncate)
+        batch = cm.take_log_batch()
+        if batch is not None:
+            start, data = batch
+            assert start == len(self.disk[i])
+            self.disk[i] += data
+            cm.on_archive_position(len(self.disk[i]), self.now)
+        cm.on_applied(cm.commit_position)
+
+    def step(self, dt: int = 10 * MS) -> None:
+        self.now += dt
+        for i, cm in self.members.items():
+            if i in self.down:
+                continue
+            cm.on_slow_tick(self.now)
+            if cm.leader_deadline_ns is not None and self.now >= cm.leader_deadline_ns:
+                cm.on_leader_timeout(self.now)
+            self.persist(i)
+        queue, self.net.queue = self.net.queue, []
+        self.rng.shuffle(queue)
+        # keep per-link FIFO order, as TCP does
+        queue.sort(key=lambda item: (item[0], item[1]))
+        for sender, receiver, message in queue:
+            if receiver in self.down or sender in self.down:
+                continue
+            self.members[receiver].on_consensus_message(message, self.now)
+            self.persist(receiver)
+        for i, cm in self.members.items():
+            if i in self.down:
+                continue
+            # the leader ships its whole log to every follower (the shell's replicator)
+            if cm.role is Role.LEADER:
+                for f in cm.followers.values():
+                    end = len(self.disk[i])
+                    if f.next_position < end:
+                        stop = cm.replication_stop(f.next_position, end)
+                        data = bytes(self.disk[i][f.next_position : stop])
+                        cm.consensus.send(
+                            f.member_id, cm.append_request(f.member_id, f.next_position, data)
+                        )
+                        f.next_position = stop
+                    elif self.rng.random() < 0.2:
+                        cm.consensus.send(
+                            f.member_id, cm.append_request(f.member_id, f.next_position, b"")
+                        )
+            cm.consensus_work(self.now)
+            self.persist(i)
+        self.check()
+
+    def check(self) -> None:
+        for cm in self.members.values():
+            if cm.role is Role.LEADER:
+                leader = self.leaders.setdefault(cm.leadership_term_id, cm.config.member_id)
+                assert leader == cm.config.member_id, "two leaders in one term"
+        # committed prefixes agree
+        committed = [
+            bytes(self.disk[i][: cm.commit_position])
+            for i, cm in self.members.items()
+            if cm.commit_position <= len(self.disk[i])
+        ]
+        longest = max(committed, key=len, default=b"")
+        for c in committed:
+            assert longest.startswith(c), "committed logs diverge"
+
+    def leader(self) -> ConsensusModule | None:
+        ready = [cm for i, cm in self.members.items() if cm.is_ready_leader and i not in self.down]
+        return max(ready, key=lambda cm: cm.leadership_term_id, default=None)
+
+    def run_until(self, predicate: Any, limit: int = 2000) -> None:
+        for _ in range(limit):
+            if predicate():
+                return
+            self.step()
+        raise AssertionError("condition not reached")
+
+    def append(self, payload: bytes) -> int:
+        """Append a fake client message on the leader (no session checks)."""
+        leader = self.leader()
+        assert leader is not None
+        return leader._append(SessionMessageHeader(leader.leadership_term_id, 1, 0, payload))
+
+
+def payloads(disk: bytes) -> list[bytes]:
+    out = []
+    for _, body in iter_records(disk):
+        message = LOG.decode(body)
+        if isinstance(message, SessionMessageHeader):
+            out.append(message.payload)
+    return out
+
+
+def test_three_members_elect_one_leader_and_replicate() -> None:
+    c = Cluster(3)
+    c.run_until(lambda: c.leader() is not None)
+    leader = c.leader()
+    assert leader is not None
+    followers = [cm for cm in c.members.values() if cm is not leader]
+    assert all(cm.role is Role.FOLLOWER for cm in followers)
+    assert all(cm.leader_member_id == leader.config.member_id for cm in followers)
+    for i in range(20):
+        c.append(f"m{i}".encode())
+    end = leader.published_position
+    c.run_until(lambda: all(cm.commit_position >= end for cm in c.members.values()))
+    assert len({bytes(d) for d in c.disk.values()}) == 1
+    assert payloads(c.disk[0]) == [f"m{i}".encode() for i in range(20)]
+
+
+def test_single_member_elects_itself() -> None:
+    c = Cluster(1)
+    c.run_until(lambda: c.leader() is not None, limit=10)
+
+
+def test_leader_failure_elects_a_new_leader_that_keeps_committed_entries() -> None:
+    c = Cluster(3, seed=2)
+    c.run_until(lambda: c.leader() is not None)
+    old = c.leader()
+    assert old is not None
+    for i in range(10):
+        c.append(f"a{i}".encode())
+    end = old.published_position
+    c.run_until(lambda: old.commit_position >= end)
+    c.down.add(old.config.member_id)
+    c.run_until(lambda: c.leader() is not None and c.leader() is not old)
+    new = c.leader()
+    assert new is not None
+    assert new.leadership_term_id > old.leadership_term_id
+    assert payloads(c.disk[new.config.member_id])[:10] == [f"a{i}".encode() for i in range(10)]
+
+
+def test_deposed_leaders_uncommitted_entries_are_truncated() -> None:
+    c = Cluster(3, seed=3)
+    c.run_until(lambda: c.leader() is not None)
+    old = c.leader()
+    assert old is not None
+    me = old.config.member_id
+    others = [i for i in c.members if i != me]
+    c.append(b"committed")
+    end = old.published_position
+    c.run_until(lambda: old.commit_position >= end)
+    # cut the leader off, then let it append entries no one else gets
+    for o in others:
+        c.net.cut |= {(me, o), (o, me)}
+    for i in range(5):
+        c.append(f"lost{i}".encode())
+    c.run_until(lambda: any(c.members[o].is_ready_leader for o in others))
+    new = next(c.members[o] for o in others if c.members[o].is_ready_leader)
+    new.on_ingress_message  # noqa: B018  (new leader is ready)
+    new._append(SessionMessageHeader(new.leadership_term_id, 1, 0, b"new"))
+    c.net.cut.clear()
+    c.run_until(
+        lambda: (
+            old.role is Role.FOLLOWER
+            and old.commit_position >= new.commit_position >= new.published_position
+        )
+    )
+    assert old.counters.truncations >= 1
+    assert payloads(c.disk[me]) == [b"committed", b"new"]
+    assert c.disk[me] == c.disk[new.config.member_id]
+
+
+def test_vote_refused_to_a_candidate_with_an_older_log() -> None:
+    c = Cluster(3, seed=4)
+    c.run_until(lambda: c.leader() is not None)
+    leader = c.leader()
+    assert leader is not None
+    c.append(b"x")
+    end = leader.published_position
+    c.run_until(lambda: all(cm.commit_position >= end for cm in c.members.values()))
+    follower = next(cm for cm in c.members.values() if cm.role is Role.FOLLOWER)
+    follower.enter_election(c.now, "test")
+    c.net.queue.clear()
+    follower.on_consensus_message(
+        RequestVote(
+            log_leadership_term_id=-1,
+            log_position=0,
+            candidate_term_id=follower.candidate_term_id + 5,
+            candidate_member_id=leader.config.member_id,
+            protocol_version=0,
+        ),
+        c.now,
+    )
+    (vote,) = [m for _, _, m in c.net.queue]
+    assert vote.vote is False
+    assert follower.election is not None
+    assert follower.election.state is not ElectionState.FOLLOWER_BALLOT
+
+
+def test_follower_rejects_append_from_stale_term() -> None:
+    c = Cluster(3, seed=5)
+    c.run_until(lambda: c.leader() is not None)
+    follower = next(cm for cm in c.members.values() if cm.role is Role.FOLLOWER)
+    c.net.queue.clear()
+    follower.on_consensus_message(
+        AppendRequest(
+            leadership_term_id=follower.leadership_term_id - 1,
+            leader_member_id=(follower.config.member_id + 1) % 3,
+            log_position=0,
+            prev_term_id=-1,
+            data_term_id=0,
+            term_base_log_position=0,
+            commit_position=10**9,
+            data=b"",
+        ),
+        c.now,
+    )
+    (reply,) = [m for _, _, m in c.net.queue]
+    assert reply.leadership_term_id == follower.candidate_term_id
+    assert follower.commit_position < 10**9
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.sampled_from([3, 5]))
+def test_random_crashes_and_partitions_keep_committed_logs_consistent(seed: int, n: int) -> None:
+    c = Cluster(n, seed=seed)
+    rng = random.Random(seed)
+    written = 0
+    for _ in range(300):
+        roll = rng.random()
+        if roll < 0.03:
+            victim = rng.randrange(n)
+            if victim in c.down:
+                c.down.discard(victim)
+            elif len(c.down) < (n - 1) // 2:
+                c.down.add(victim)
+        elif roll < 0.06:
+            a, b = rng.sample(range(n), 2)
+            c.net.cut ^= {(a, b), (b, a)}
+        elif roll < 0.3 and c.leader() is not None:
+            c.append(f"w{written}".encode())
+            written += 1
+        c.step()
+    c.down.clear()
+    c.net.cut.clear()
+    for _ in range(300):  # heal: a leader cut off until now finds out it was deposed
+        c.step()
+    c.run_until(lambda: c.leader() is not None)
+    leader = c.leader()
+    assert leader is not None
+    leader._append(SessionMessageHeader(leader.leadership_term_id, 1, 0, b"final"))
+    end = leader.published_position
+    c.run_until(lambda: all(cm.commit_position >= end for cm in c.members.values()))
+    logs = {bytes(c.disk[i][:end]) for i in c.members}
+    assert len(logs) == 1
+    # every term's leader starts its term with a NewLeadershipTermEvent
+    kinds = [LOG.decode(b) for _, b in iter_records(next(iter(logs)))]
+    assert isinstance(kinds[0], NewLeadershipTermEvent)
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_minority_partition_cannot_elect(n: int) -> None:
+    c = Cluster(n, seed=7)
+    c.run_until(lambda: c.leader() is not None)
+    leader = c.leader()
+    assert leader is not None
+    lonely = next(i for i, cm in c.members.items() if cm is not leader)
+    for o in c.members:
+        if o != lonely:
+            c.net.cut |= {(lonely, o), (o, lonely)}
+    for _ in range(300):
+        c.step()
+    assert c.members[lonely].role is not Role.LEADER
+    assert leader.is_ready_leader
+    # no term inflation from the cut-off member: it never got a quorum to canvass
+    assert c.members[lonely].candidate_term_id == leader.leadership_term_id
