@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """The main job: a local cluster running the replicated key-value store, under load.
 
-1. starts ``python -m cluster.local``-style node processes with
+1. starts ``--nodes`` (3) ``python -m cluster.node`` processes with
    ``cluster.examples.kv:KeyValueService``;
 2. connects clients and writes ``--keys`` keys with many requests in flight, then reads
    them all back and checks them;
-3. restarts the node and reads every key back again (the archive replays the log);
-4. prints throughput and what it checked, then stops the cluster.
+3. kills the leader with SIGKILL while a client keeps writing: a new leader is elected,
+   the client follows it on its own, and the failover time is printed;
+4. restarts the killed member (it catches up from the leader), then restarts the whole
+   cluster and reads every key back again (each member replays its archive);
+5. prints throughput and what it checked, then stops the cluster.
 
 The live console (``cluster-tui``) joins this job when issue #7 lands.
 """
@@ -29,7 +32,9 @@ from cluster.examples.kv import KeyValueClient  # noqa: E402
 from cluster.local import LocalCluster  # noqa: E402
 
 
-async def write_keys(endpoints: str, keys: int, clients: int, in_flight: int) -> float:
+async def write_keys(
+    endpoints: str, keys: int, clients: int, in_flight: int, first: int = 0
+) -> float:
     started = time.perf_counter()
     per_client = keys // clients
 
@@ -42,13 +47,38 @@ async def write_keys(endpoints: str, keys: int, clients: int, in_flight: int) ->
                     await kv.put(f"key-{i}", f"value-{i}".encode())
 
             async with trio.open_nursery() as n:
-                for i in range(index * per_client, (index + 1) * per_client):
+                for i in range(first + index * per_client, first + (index + 1) * per_client):
                     n.start_soon(put, i)
 
     async with trio.open_nursery() as nursery:
         for index in range(clients):
             nursery.start_soon(worker, index)
     return time.perf_counter() - started
+
+
+async def leader_of(endpoints: str) -> int:
+    async with client.connect(endpoints) as c:
+        return c.leader_member_id
+
+
+async def write_through_failover(
+    endpoints: str, cluster: LocalCluster, first_key: int, count: int
+) -> tuple[float, int, int, int]:
+    """Write keys one by one; SIGKILL the leader a quarter of the way through.
+
+    Returns (failover seconds, old leader, new leader, session id changes)."""
+    async with client.connect(endpoints) as c, KeyValueClient(c, retry_interval=0.5) as kv:
+        session = c.cluster_session_id
+        old_leader = c.leader_member_id
+        killed_at = failover = 0.0
+        for i in range(first_key, first_key + count):
+            if i == first_key + count // 4:
+                cluster.kill(old_leader)
+                killed_at = time.perf_counter()
+            await kv.put(f"key-{i}", f"value-{i}".encode())
+            if killed_at and not failover:
+                failover = time.perf_counter() - killed_at
+        return failover, old_leader, c.leader_member_id, int(c.cluster_session_id != session)
 
 
 async def read_keys(endpoints: str, keys: int) -> tuple[int, float]:
@@ -73,50 +103,70 @@ def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    p.add_argument("--nodes", type=int, default=3, choices=[1, 3, 5])
     p.add_argument("--keys", type=int, default=20_000)
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--in-flight", type=int, default=500, help="requests in flight per client")
     p.add_argument("--dir", help="data directory (default: a temporary one)")
     args = p.parse_args()
     keys = args.keys - args.keys % args.clients
+    more = 2_000
+    total = keys + more
     with tempfile.TemporaryDirectory(prefix="triarch-demo-") as tmp:
         directory = Path(args.dir or tmp)
-        cluster = LocalCluster(1, "cluster.examples.kv:KeyValueService", directory)
+        cluster = LocalCluster(
+            args.nodes,
+            "cluster.examples.kv:KeyValueService",
+            directory,
+            extra_args=["--leader-heartbeat-timeout", "1s", "--startup-canvass-timeout", "5s"],
+        )
         cluster.start_all()
         try:
             endpoints = cluster.ingress_endpoints
-            print(f"cluster up: ingress {endpoints}, data in {directory}", flush=True)
+            say(f"{args.nodes}-member cluster up: ingress {endpoints}, data in {directory}")
             elapsed = trio.run(write_keys, endpoints, keys, args.clients, args.in_flight)
-            print(
+            say(
                 f"wrote {keys} keys from {args.clients} clients in {elapsed:.2f}s "
-                f"({keys / elapsed:,.0f} writes/s, each acknowledged after fsync)",
-                flush=True,
+                f"({keys / elapsed:,.0f} writes/s, each acknowledged once a quorum "
+                "had it on disk)"
             )
             missing, elapsed = trio.run(read_keys, endpoints, keys)
-            print(
-                f"read back {keys} keys in {elapsed:.2f}s: {missing} missing or wrong", flush=True
-            )
-            print("restarting the node (SIGTERM, then start again)...", flush=True)
-            cluster.stop(0)
+            say(f"read back {keys} keys in {elapsed:.2f}s: {missing} missing or wrong")
+            if args.nodes > 1:
+                failover, old, new, reconnects = trio.run(
+                    write_through_failover, endpoints, cluster, keys, more
+                )
+                say(
+                    f"killed leader {old} (SIGKILL) while writing {more} more keys: member "
+                    f"{new} took over, first write acknowledged {failover:.2f}s after the "
+                    f"kill; the client kept its session ({reconnects} reconnects)"
+                )
+                cluster.start(old)
+                cluster.wait_ready(member_ids=[old])
+                say(
+                    f"member {old} restarted; it replays its archive and catches up from the leader"
+                )
+            else:
+                trio.run(write_keys, endpoints, more, 1, args.in_flight, keys)
+            say("restarting every member (SIGTERM, then start again)...")
+            cluster.stop_all()
             started = time.perf_counter()
-            cluster.start(0)
-            cluster.wait_ready()
-            print(
-                f"node back in {time.perf_counter() - started:.2f}s "
-                "(log replayed from the archive)",
-                flush=True,
-            )
-            missing_after, elapsed = trio.run(read_keys, endpoints, keys)
-            print(
-                f"read back {keys} keys after the restart in {elapsed:.2f}s: "
-                f"{missing_after} missing or wrong",
-                flush=True,
+            cluster.start_all()
+            say(f"cluster back in {time.perf_counter() - started:.2f}s (archives replayed)")
+            missing_after, elapsed = trio.run(read_keys, endpoints, total)
+            say(
+                f"read back all {total} keys after the restart in {elapsed:.2f}s: "
+                f"{missing_after} missing or wrong"
             )
         finally:
             cluster.stop_all()
     ok = missing == 0 and missing_after == 0
-    print("demo OK" if ok else "demo FAILED", flush=True)
+    say("demo OK" if ok else "demo FAILED")
     return 0 if ok else 1
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
 
 
 if __name__ == "__main__":
