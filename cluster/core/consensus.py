@@ -398,6 +398,7 @@ class ConsensusModule:
             session.egress_connected = False
         self._awaiting_ok.clear()
         self.followers.clear()
+        self.timers.restore_fired()
         self._set_role(Role.FOLLOWER)
 
     def _sync_election_state(self) -> None:
@@ -1182,8 +1183,6 @@ class ConsensusModule:
                 self.next_session_id = message.cluster_session_id + 1
         elif isinstance(message, SessionCloseEvent):
             self.sessions.pop(message.cluster_session_id, None)
-        elif isinstance(message, TimerEvent):
-            self.timers.cancel(message.correlation_id)
         elif isinstance(message, NewLeadershipTermEvent):
             self.leadership_term_id = message.leadership_term_id
             self.leader_member_id = message.leader_member_id

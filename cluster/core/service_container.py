@@ -165,6 +165,7 @@ class ServiceContainer:
                         closed, message.timestamp, CloseReason(message.close_reason)
                     )
             elif isinstance(message, TimerEvent):
+                self.cm.timers.cancel(message.correlation_id)  # on every member, leader too
                 service.on_timer_event(message.correlation_id, message.timestamp)
             elif isinstance(message, NewLeadershipTermEvent):
                 self.leadership_term_id = message.leadership_term_id

@@ -845,7 +845,7 @@ def test_replayed_timer_event_cancels_timer() -> None:
     cm.schedule_timer(7, 10)
     cm.schedule_timer(8, 10)
     assert cm.consensus_work(T0) == 0  # followers never fire timers
-    cm.on_replay_log_message(TimerEvent(TERM, 7, 10), 30, T0)
+    cm.timers.cancel(7)  # what applying TimerEvent(7) from the log does (ServiceContainer)
     lead(cm, TERM + 1, T0)
     assert cm.consensus_work(T0) == 1
     assert [t.correlation_id for t in reader.messages(TimerEvent)] == [8]
@@ -1037,3 +1037,15 @@ TestSessionMachine.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+def test_fired_timer_survives_a_step_down_before_its_event_commits() -> None:
+    cm, _egress, reader = make(member_count=3)
+    cm.schedule_timer(5, 10)
+    assert cm.consensus_work(T0) == 1  # TimerEvent appended, not yet committed
+    assert [t.correlation_id for t in reader.messages(TimerEvent)] == [5]
+    assert len(cm.timers) == 0
+    assert cm.timers.snapshot() == [(5, 10)]  # fired-pending still counts
+    cm.enter_election(T0 + MS, "test")  # deposed before the event committed
+    assert cm.role is Role.FOLLOWER
+    assert len(cm.timers) == 1  # live again: the next leader fires it

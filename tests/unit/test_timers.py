@@ -69,7 +69,9 @@ def test_cancel() -> None:
     assert len(timers) == 1
     assert timers.next_deadline() == 20
     assert timers.poll(100) == [(2, 20)]
-    assert not timers.cancel(2)  # already fired
+    assert timers.cancel(2)  # fired-pending until its TimerEvent is applied
+    assert not timers.cancel(2)
+    assert timers.snapshot() == []
 
 
 def test_poll_limit() -> None:
@@ -116,6 +118,7 @@ class TimerModel(RuleBasedStateMachine):
         super().__init__()
         self.timers = TimerService()
         self.model: dict[int, int] = {}
+        self.fired: dict[int, int] = {}  # fired, TimerEvent not yet applied
 
     ids = st.integers(0, 12)
     times = st.integers(-5, 60)
@@ -124,11 +127,19 @@ class TimerModel(RuleBasedStateMachine):
     def schedule(self, correlation_id: int, deadline: int) -> None:
         self.timers.schedule(correlation_id, deadline)
         self.model[correlation_id] = deadline
+        self.fired.pop(correlation_id, None)
 
     @rule(correlation_id=ids)
     def cancel(self, correlation_id: int) -> None:
-        expected = self.model.pop(correlation_id, None) is not None
-        assert self.timers.cancel(correlation_id) is expected
+        live = self.model.pop(correlation_id, None) is not None
+        fired = self.fired.pop(correlation_id, None) is not None
+        assert self.timers.cancel(correlation_id) is (live or fired)
+
+    @rule()
+    def restore_fired(self) -> None:
+        assert self.timers.restore_fired() == len(self.fired)
+        self.model.update(self.fired)
+        self.fired.clear()
 
     @rule(now=times, limit=st.integers(1, 6))
     def poll(self, now: int, limit: int) -> None:
@@ -137,8 +148,9 @@ class TimerModel(RuleBasedStateMachine):
             key=lambda item: (item[1], item[0]),
         )[:limit]
         assert self.timers.poll(now, limit) == due
-        for cid, _ in due:
+        for cid, deadline in due:
             del self.model[cid]
+            self.fired[cid] = deadline
 
     @rule()
     def peek(self) -> None:
@@ -149,7 +161,7 @@ class TimerModel(RuleBasedStateMachine):
     def agrees(self) -> None:
         assert len(self.timers) == len(self.model)
         assert self.timers.snapshot() == sorted(
-            self.model.items(), key=lambda item: (item[1], item[0])
+            {**self.model, **self.fired}.items(), key=lambda item: (item[1], item[0])
         )
 
 
