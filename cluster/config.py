@@ -282,6 +282,7 @@ class NodeConfig:
     dir: str = "cluster-data"
     service: str = "cluster.examples.kv:KeyValueService"
     authenticator: str = ""
+    admin_principals: str = ""
     session_timeout: int = 10_000_000_000
     leader_heartbeat_timeout: int = 10_000_000_000
     leader_heartbeat_interval: int = 200_000_000

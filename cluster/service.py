@@ -93,6 +93,11 @@ class Cluster(Protocol):
 
     def cancel_timer(self, correlation_id: int) -> bool: ...
 
+    def offer(self, payload: bytes) -> bool:
+        """Put a service message into the log; every member's service gets it through
+        ``on_session_message`` with ``session`` None, once, in log order."""
+        ...
+
 
 class ClusteredService:
     """Base class for replicated application logic; override what you need."""
@@ -108,8 +113,11 @@ class ClusteredService:
     ) -> None:
         """A client session closed (SessionCloseEvent on the log)."""
 
-    def on_session_message(self, session: ClientSession, timestamp: int, payload: bytes) -> None:
-        """An application message from a client, in log order."""
+    def on_session_message(
+        self, session: ClientSession | None, timestamp: int, payload: bytes
+    ) -> None:
+        """An application message in log order: from a client session, or (``session``
+        None) a service message offered with :meth:`Cluster.offer`."""
 
     def on_timer_event(self, correlation_id: int, timestamp: int) -> None:
         """A timer scheduled with :meth:`Cluster.schedule_timer` fired."""

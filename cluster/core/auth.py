@@ -64,3 +64,25 @@ class Authenticator:
 
 DefaultAuthenticator = Authenticator
 """Aeron's name for the accept-everything authenticator."""
+
+
+class AuthorisationService:
+    """Decides who may run admin actions (snapshot, suspend, resume, shutdown, abort).
+
+    The default allows everyone, which is right only when every client is anonymous
+    (no authenticator): the node says so at start-up.  With an authenticator, use
+    :class:`AdminPrincipals`.
+    """
+
+    def is_authorised(self, action: str, encoded_principal: bytes) -> bool:
+        return True
+
+
+class AdminPrincipals(AuthorisationService):
+    """Only the named principals (as the authenticator reported them) may act."""
+
+    def __init__(self, principals: set[bytes]) -> None:
+        self.principals = principals
+
+    def is_authorised(self, action: str, encoded_principal: bytes) -> bool:
+        return encoded_principal in self.principals

@@ -38,10 +38,14 @@ from ..protocol.consensus import (
 )
 from ..protocol.egress import AdminResponse, Challenge, EgressMessage, NewLeaderEvent, SessionEvent
 from ..protocol.enums import (
+    CLUSTER_ACTION_FLAG_TERMINATE,
+    AdminRequestType,
     AdminResponseCode,
     CloseReason,
+    ClusterAction,
     ClusterTimeUnit,
     EventCode,
+    ModuleState,
     Role,
 )
 from ..protocol.ingress import (
@@ -53,14 +57,16 @@ from ..protocol.ingress import (
     SessionMessageHeader,
 )
 from ..protocol.log import (
+    ClusterActionRequest,
     LogMessage,
     NewLeadershipTermEvent,
     SessionCloseEvent,
     SessionOpenEvent,
     TimerEvent,
 )
-from .auth import Authenticator
+from .auth import Authenticator, AuthorisationService
 from .election import Election, ElectionState
+from .pending import PendingServiceMessageTracker, service_session_id
 from .session import ClusterSession, State
 from .terms import TermHistory
 from .timers import TimerService
@@ -215,10 +221,15 @@ class ConsensusModule:
         terms: TermHistory | None = None,
         candidate_term_id: int = -1,
         rng: random.Random | None = None,
+        authorisation: AuthorisationService | None = None,
     ) -> None:
         self.config = config
         self.egress = egress
         self.authenticator = authenticator or Authenticator()
+        self.authorisation = authorisation or AuthorisationService()
+        self.module_state = ModuleState.ACTIVE
+        self.held_messages: list[SessionMessageHeader] = []
+        self.max_held_messages = 100_000
         self.epoch_offset_ns = epoch_offset_ns
         self.consensus: ConsensusPort = consensus or _NoConsensus()
         self.storage: StoragePort = storage or _NoStorage()
@@ -251,6 +262,7 @@ class ConsensusModule:
         self.next_session_id = 1
         self._next_local_egress_id = -1
         self.timers = TimerService()
+        self.service_messages = PendingServiceMessageTracker()
         self.counters = Counters()
         # The log: records encoded but not yet taken by the archive.
         self.log_buffer = bytearray()
@@ -390,8 +402,8 @@ class ConsensusModule:
         self._sync_election_state()
 
     def _step_down(self) -> None:
-        for session in self.pending_sessions:
-            self.egress.close(session.egress_id)
+        # Connecting clients are redirected to whoever leads next, not left waiting.
+        self.redirect_sessions.extend(self.pending_sessions)
         self.pending_sessions.clear()
         for session in self.sessions.values():
             self.egress.close(session.egress_id)
@@ -421,6 +433,7 @@ class ConsensusModule:
         self.terms.append(leadership_term_id, position)
         self.storage.record_term(leadership_term_id, position, timestamp)
         self.term_base_position = position
+        self.service_messages.reset_appended()
         self.ready_position = self._append(
             NewLeadershipTermEvent(
                 leadership_term_id=leadership_term_id,
@@ -464,6 +477,11 @@ class ConsensusModule:
         self.election = None
         self.election_state = ElectionState.CLOSED
         for session in self.sessions.values():
+            if session.restored_from_snapshot:
+                # seed 004: sessions loaded from a snapshot are not reconnected; the
+                # timeout check closes them at once with a SessionCloseEvent on the log
+                session.time_of_last_activity_ns = now_ns - self.config.session_timeout_ns - 1
+                continue
             session.time_of_last_activity_ns = now_ns
             session.has_new_leader_event_pending = True
             session.egress_connected = False
@@ -553,6 +571,8 @@ class ConsensusModule:
             self._step_down()
         if self.leadership_term_id != term or self.leader_member_id != leader:
             self.verified_end = -1
+            for session in self.sessions.values():
+                session.restored_from_snapshot = False  # the leader has them live
             log.info("member %d follows leader %d in term %d", self.config.member_id, leader, term)
         self.leadership_term_id = term
         self.leader_member_id = leader
@@ -805,6 +825,12 @@ class ConsensusModule:
         if t > self.timestamp:
             self.timestamp = t
         header.timestamp = self.timestamp
+        if self.module_state is ModuleState.SUSPENDED:
+            if len(self.held_messages) >= self.max_held_messages:
+                self.counters.wrong_term_messages += 1
+                return False
+            self.held_messages.append(header)  # sequenced on RESUME
+            return True
         self._append(header)
         return True
 
@@ -847,16 +873,62 @@ class ConsensusModule:
         if session is None:
             return
         session.time_of_last_activity_ns = now_ns
+        if msg.request_type is not AdminRequestType.SNAPSHOT:
+            code, text = AdminResponseCode.ERROR, f"unknown request type {msg.request_type}"
+        elif not self.authorisation.is_authorised("SNAPSHOT", session.encoded_principal):
+            code, text = AdminResponseCode.UNAUTHORISED_ACCESS, "not authorised to SNAPSHOT"
+        else:
+            ok, text = self.request_cluster_action(ClusterAction.SNAPSHOT, now_ns)
+            code = AdminResponseCode.OK if ok else AdminResponseCode.ERROR
         self.egress.send(
             session.egress_id,
             AdminResponse(
                 cluster_session_id=session.cluster_session_id,
                 correlation_id=msg.correlation_id,
                 request_type=msg.request_type,
-                response_code=AdminResponseCode.ERROR,
-                message="admin requests are not supported by this node yet",
+                response_code=code,
+                message=text,
             ),
         )
+
+    def request_cluster_action(
+        self, action: ClusterAction, now_ns: int, *, terminate: bool = False
+    ) -> tuple[bool, str]:
+        """Put a cluster action on the log (leader only); ``(accepted, message)``."""
+        name = "SHUTDOWN" if terminate else action.name
+        if not self.is_ready_leader:
+            return False, (
+                f"Current node is not the leader (leaderMemberId = {self.leader_member_id}), "
+                f"unable to {name}"
+            )
+        needed = ModuleState.SUSPENDED if action is ClusterAction.RESUME else ModuleState.ACTIVE
+        if self.module_state is not needed:
+            return False, (
+                f"Unable to {name} as the state of the consensus module is "
+                f"{self.module_state.name}, but needs to be {needed.name}"
+            )
+        timestamp = self.cluster_time(now_ns)
+        self.timestamp = timestamp
+        self._append(
+            ClusterActionRequest(
+                leadership_term_id=self.leadership_term_id,
+                log_position=self.published_position,
+                timestamp=timestamp,
+                action=action,
+                flags=CLUSTER_ACTION_FLAG_TERMINATE if terminate else 0,
+            )
+        )
+        self._set_module_state(action)
+        return True, f"{name} applied successfully"
+
+    def _set_module_state(self, action: ClusterAction) -> None:
+        if action is ClusterAction.SUSPEND:
+            self.module_state = ModuleState.SUSPENDED
+        elif action is ClusterAction.RESUME:
+            self.module_state = ModuleState.ACTIVE
+            held, self.held_messages = self.held_messages, []
+            for header in held:
+                self._append(header)
 
     # ------------------------------------------------------------------ egress status
 
@@ -919,14 +991,28 @@ class ConsensusModule:
                 work = self.election.do_work(now_ns)
                 self._sync_election_state()
                 return work
-        if not self.is_ready_leader or not len(self.timers):
+        if not self.is_ready_leader:
             return 0
+        work = 0
+        if len(self.service_messages):
+            for seq, payload in self.service_messages.take_unappended():
+                self._append(
+                    SessionMessageHeader(
+                        self.leadership_term_id,
+                        service_session_id(seq),
+                        self.cluster_time(now_ns),
+                        payload,
+                    )
+                )
+                work += 1
+        if not len(self.timers):
+            return work
         now_ms = self.cluster_time(now_ns)
         expired = self.timers.poll(now_ms)
         for correlation_id, _deadline in expired:
             self.timestamp = now_ms
             self._append(TimerEvent(self.leadership_term_id, correlation_id, now_ms))
-        return len(expired)
+        return work + len(expired)
 
     def on_slow_tick(self, now_ns: int) -> int:
         """Housekeeping every slow tick (10 ms by default); returns work done."""
@@ -1184,7 +1270,18 @@ class ConsensusModule:
         elif isinstance(message, SessionCloseEvent):
             self.sessions.pop(message.cluster_session_id, None)
         elif isinstance(message, NewLeadershipTermEvent):
-            self.leadership_term_id = message.leadership_term_id
-            self.leader_member_id = message.leader_member_id
+            # Only ever forward: a leader re-applying its log from earlier terms (or a
+            # follower replaying at start-up) must not move back to an old term.
+            if (
+                message.leadership_term_id > self.leadership_term_id
+                and self.role is not Role.LEADER
+            ):
+                self.leadership_term_id = message.leadership_term_id
+                self.leader_member_id = message.leader_member_id
+        elif isinstance(message, ClusterActionRequest) and message.action in (
+            ClusterAction.SUSPEND,
+            ClusterAction.RESUME,
+        ):
+            self._set_module_state(message.action)
         if message.timestamp > self.timestamp:
             self.timestamp = message.timestamp

@@ -21,8 +21,10 @@ from ..protocol.log import (
     SessionOpenEvent,
     TimerEvent,
 )
+from ..protocol.snapshot import ClientSession as ClientSessionRecord
 from ..service import ClientSession, ClusteredService
 from .consensus import ConsensusModule, EgressPort
+from .pending import is_service_message
 
 _decode_log = LOG.decode
 
@@ -37,7 +39,9 @@ class _ClientSession:
         "response_stream_id",
     )
 
-    def __init__(self, container: ServiceContainer, event: SessionOpenEvent) -> None:
+    def __init__(
+        self, container: ServiceContainer, event: SessionOpenEvent | ClientSessionRecord
+    ) -> None:
         self._container = container
         self.id = event.cluster_session_id
         self.response_stream_id = event.response_stream_id
@@ -88,6 +92,14 @@ class ServiceContainer:
         self.leadership_term_id = -1
         self.sessions: dict[int, _ClientSession] = {}
         self.applied_messages = 0
+        self.max_session_id = 0
+        self.on_cluster_action: Callable[[int, ClusterActionRequest], None] | None = None
+
+    def restore_sessions(self, records: list[ClientSessionRecord]) -> None:
+        for record in records:
+            session = _ClientSession(self, record)
+            self.sessions[session.id] = session
+            self.max_session_id = max(self.max_session_id, session.id)
 
     # ---- the Cluster handle -------------------------------------------------------
 
@@ -109,6 +121,11 @@ class ServiceContainer:
 
     def cancel_timer(self, correlation_id: int) -> bool:
         return self.cm.cancel_timer(correlation_id)
+
+    def offer(self, payload: bytes) -> bool:
+        """A service message into the log (sequenced by the leader, exactly once)."""
+        self.cm.service_messages.enqueue(bytes(payload))
+        return True
 
     # ---- lifecycle ----------------------------------------------------------------
 
@@ -149,13 +166,20 @@ class ServiceContainer:
             if mirror is not None:
                 mirror(message, position, now_ns)
             if type(message) is SessionMessageHeader:
-                session = sessions.get(message.cluster_session_id)
+                session_id = message.cluster_session_id
+                session = sessions.get(session_id)
                 if session is not None:
                     self.applied_messages += 1
                     service.on_session_message(session, message.timestamp, message.payload)
+                elif is_service_message(session_id):
+                    self.cm.service_messages.sweep(-session_id)
+                    self.applied_messages += 1
+                    service.on_session_message(None, message.timestamp, message.payload)
             elif isinstance(message, SessionOpenEvent):
                 session = _ClientSession(self, message)
                 sessions[session.id] = session
+                if session.id > self.max_session_id:
+                    self.max_session_id = session.id
                 service.on_session_open(session, message.timestamp)
             elif isinstance(message, SessionCloseEvent):
                 closed = sessions.pop(message.cluster_session_id, None)
@@ -170,6 +194,6 @@ class ServiceContainer:
             elif isinstance(message, NewLeadershipTermEvent):
                 self.leadership_term_id = message.leadership_term_id
                 service.on_new_leadership_term_event(message)
-            elif isinstance(message, ClusterActionRequest):
-                pass  # snapshots and suspend/resume arrive with the cluster tool (issue 4)
+            elif isinstance(message, ClusterActionRequest) and self.on_cluster_action:
+                self.on_cluster_action(position, message)
         return consumed

@@ -53,6 +53,7 @@ class ClusterSession:
         "rejection",
         "response_channel",
         "response_stream_id",
+        "restored_from_snapshot",
         "state",
         "time_of_last_activity_ns",
     )
@@ -82,6 +83,7 @@ class ClusterSession:
         self.has_open_event_pending = False
         self.has_new_leader_event_pending = False
         self.rejection: tuple[int, str] | None = None  # (EventCode, detail) for a rejected session
+        self.restored_from_snapshot = False  # closed after the first election (seed 004)
 
     def __repr__(self) -> str:
         return (

@@ -9,9 +9,12 @@ class EchoService(ClusteredService):
     def __init__(self) -> None:
         self.messages = 0
 
-    def on_session_message(self, session: ClientSession, timestamp: int, payload: bytes) -> None:
+    def on_session_message(
+        self, session: ClientSession | None, timestamp: int, payload: bytes
+    ) -> None:
         self.messages += 1
-        session.offer(payload)
+        if session is not None:
+            session.offer(payload)
 
     def on_take_snapshot(self) -> bytes:
         return self.messages.to_bytes(8, "little")

@@ -32,9 +32,13 @@ if TYPE_CHECKING:
 
 
 class Put(msgspec.Struct, tag="put", array_like=True):
+    """Store ``value`` under ``key``; with ``ttl_ms`` > 0 the key expires after that long
+    (a cluster timer: it disappears on every member at the same log position)."""
+
     request_id: int
     key: str
     value: bytes
+    ttl_ms: int = 0
 
 
 class Get(msgspec.Struct, tag="get", array_like=True):
@@ -69,7 +73,6 @@ class Response(msgspec.Struct, array_like=True):
 _request_decoder = msgspec.msgpack.Decoder(Request)
 _response_decoder = msgspec.msgpack.Decoder(Response)
 _encode = msgspec.msgpack.Encoder().encode
-_snapshot_decoder = msgspec.msgpack.Decoder(dict[str, bytes])
 
 
 class KeyValueError(Exception):
@@ -80,12 +83,20 @@ DEDUPE_WINDOW = 4096
 """Responses remembered per session, so a retried request is applied only once."""
 
 
+class _Snapshot(msgspec.Struct, array_like=True):
+    store: dict[str, bytes]
+    recent: dict[int, dict[int, bytes]]
+    expiries: dict[int, str]  # timer correlation id -> key
+    next_timer_id: int
+
+
 class KeyValueService(ClusteredService):
     """The replicated store: every member applies the same requests in log order.
 
     A client may resend a request whose response it did not get (its leader died before
     answering); the service remembers the last :data:`DEDUPE_WINDOW` responses of each
-    session and answers a duplicate from there instead of applying it again.
+    session and answers a duplicate from there instead of applying it again.  Keys put
+    with a TTL expire through cluster timers.  All of it is in the snapshot.
     """
 
     def __init__(self) -> None:
@@ -93,19 +104,41 @@ class KeyValueService(ClusteredService):
         self.requests = 0
         self.bad_requests = 0
         self.duplicates = 0
+        self.expired = 0
         self._recent: dict[int, dict[int, bytes]] = {}
+        self._expiries: dict[int, str] = {}
+        self._key_timers: dict[str, int] = {}
+        self._next_timer_id = 1
+        self.cluster: Cluster | None = None
+
+    def on_start(self, cluster: Cluster, snapshot: bytes | None) -> None:
+        self.cluster = cluster
+        if snapshot:
+            state = msgspec.msgpack.decode(snapshot, type=_Snapshot)
+            self.store = state.store
+            self._recent = state.recent
+            self._expiries = state.expiries
+            self._key_timers = {key: cid for cid, key in state.expiries.items()}
+            self._next_timer_id = state.next_timer_id
+
+    def on_take_snapshot(self) -> bytes:
+        return _encode(_Snapshot(self.store, self._recent, self._expiries, self._next_timer_id))
 
     def on_session_close(self, session: ClientSession, timestamp: int, close_reason: Any) -> None:
         self._recent.pop(session.id, None)
 
-    def on_start(self, cluster: Cluster, snapshot: bytes | None) -> None:
-        if snapshot:
-            self.store = _snapshot_decoder.decode(snapshot)
+    def on_timer_event(self, correlation_id: int, timestamp: int) -> None:
+        key = self._expiries.pop(correlation_id, None)
+        if key is not None and self._key_timers.get(key) == correlation_id:
+            del self._key_timers[key]
+            if self.store.pop(key, None) is not None:
+                self.expired += 1
 
-    def on_take_snapshot(self) -> bytes:
-        return _encode(self.store)
-
-    def on_session_message(self, session: ClientSession, timestamp: int, payload: bytes) -> None:
+    def on_session_message(
+        self, session: ClientSession | None, timestamp: int, payload: bytes
+    ) -> None:
+        if session is None:
+            return  # this service offers no service messages
         self.requests += 1
         try:
             request = _request_decoder.decode(payload)
@@ -119,21 +152,36 @@ class KeyValueService(ClusteredService):
             self.duplicates += 1
             session.offer(cached)
             return
-        response = _encode(self.apply(request))
+        response = _encode(self.apply(request, timestamp))
         recent[request.request_id] = response
         if len(recent) > DEDUPE_WINDOW:
             del recent[next(iter(recent))]
         session.offer(response)
 
-    def apply(self, request: Request) -> Response:
+    def _forget_timer(self, key: str) -> None:
+        correlation_id = self._key_timers.pop(key, None)
+        if correlation_id is not None:
+            self._expiries.pop(correlation_id, None)
+            if self.cluster is not None:
+                self.cluster.cancel_timer(correlation_id)
+
+    def apply(self, request: Request, timestamp: int = 0) -> Response:
         store = self.store
         if isinstance(request, Put):
             store[request.key] = request.value
+            self._forget_timer(request.key)
+            if request.ttl_ms > 0 and self.cluster is not None:
+                correlation_id = self._next_timer_id
+                self._next_timer_id += 1
+                self._expiries[correlation_id] = request.key
+                self._key_timers[request.key] = correlation_id
+                self.cluster.schedule_timer(correlation_id, timestamp + request.ttl_ms)
             return Response(request.request_id, True)
         if isinstance(request, Get):
             value = store.get(request.key)
             return Response(request.request_id, value is not None, value)
         if isinstance(request, Delete):
+            self._forget_timer(request.key)
             return Response(request.request_id, store.pop(request.key, None) is not None)
         current = store.get(request.key)
         if current != request.expected:
@@ -229,8 +277,9 @@ class KeyValueClient:
             raise KeyValueError(response.error)
         return response
 
-    async def put(self, key: str, value: bytes) -> None:
-        await self.request(Put, key, value)
+    async def put(self, key: str, value: bytes, ttl: float | None = None) -> None:
+        """Store ``value``; with ``ttl`` (seconds) the key expires on every member."""
+        await self.request(Put, key, value, int(ttl * 1000) if ttl else 0)
 
     async def get(self, key: str) -> bytes | None:
         return (await self.request(Get, key)).value

@@ -24,11 +24,32 @@ class CloseReason(enum.IntEnum):
 
 
 class ClusterAction(enum.IntEnum):
-    """Action carried by a ClusterActionRequest on the log."""
+    """Action carried by a ClusterActionRequest on the log.
+
+    ``ABORT`` is Triarch's: every member stops at that log position without a snapshot.
+    SHUTDOWN is ``SNAPSHOT`` with :data:`CLUSTER_ACTION_FLAG_TERMINATE` set.
+    """
 
     SUSPEND = 0
     RESUME = 1
     SNAPSHOT = 2
+    ABORT = 3
+
+
+CLUSTER_ACTION_FLAG_TERMINATE = 0x100
+"""ClusterActionRequest flag: stop every member once the action is applied (SHUTDOWN)."""
+
+
+class ModuleState(enum.IntEnum):
+    """The consensus module's state (Aeron's ``ConsensusModule.State``)."""
+
+    INIT = 0
+    ACTIVE = 1
+    SUSPENDED = 2
+    SNAPSHOT = 3
+    QUITTING = 4
+    TERMINATING = 5
+    CLOSED = 6
 
 
 class SnapshotMark(enum.IntEnum):

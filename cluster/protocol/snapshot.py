@@ -61,6 +61,13 @@ class PendingMessageTracker(Message, tag=107):
     service_id: Int32
 
 
+class PendingMessage(Message, tag=109):
+    """A service message offered but not yet applied from the log."""
+
+    seq: Int64
+    payload: bytes
+
+
 class ServiceState(Message, tag=110):
     """Opaque bytes written by a service's ``on_take_snapshot``."""
 
@@ -75,5 +82,6 @@ SnapshotRecord = (
     | ConsensusModuleState
     | ClusterMembers
     | PendingMessageTracker
+    | PendingMessage
     | ServiceState
 )

@@ -22,7 +22,7 @@ from hypothesis.stateful import (
 )
 
 from cluster.archive.record import complete_length, iter_records
-from cluster.core.auth import Authenticator, SessionProxy
+from cluster.core.auth import AdminPrincipals, Authenticator, SessionProxy
 from cluster.core.consensus import ConsensusConfig, ConsensusModule
 from cluster.core.session import State
 from cluster.protocol import LOG
@@ -33,6 +33,7 @@ from cluster.protocol.enums import (
     AdminRequestType,
     AdminResponseCode,
     CloseReason,
+    ClusterAction,
     ClusterTimeUnit,
     EventCode,
     Role,
@@ -46,6 +47,7 @@ from cluster.protocol.ingress import (
     SessionMessageHeader,
 )
 from cluster.protocol.log import (
+    ClusterActionRequest,
     NewLeadershipTermEvent,
     SessionCloseEvent,
     SessionOpenEvent,
@@ -624,15 +626,45 @@ def test_service_close_on_follower_is_applied_when_it_leads() -> None:
     ]
 
 
-def test_admin_request_answered_with_error_response() -> None:
+def test_admin_snapshot_request_puts_a_snapshot_action_on_the_log() -> None:
     cm, egress, reader = make()
     sid = open_session(cm, reader, T0)
     cm.on_admin_request(AdminRequest(TERM, sid, 9, AdminRequestType.SNAPSHOT), T0)
     (response,) = egress.messages(sid, AdminResponse)
     assert response.correlation_id == 9
-    assert response.response_code is AdminResponseCode.ERROR
+    assert response.response_code is AdminResponseCode.OK
+    (action,) = reader.messages(ClusterActionRequest)
+    assert action.action is ClusterAction.SNAPSHOT
+    # unknown session: ignored, no response
     cm.on_admin_request(AdminRequest(TERM, sid + 5, 9, AdminRequestType.SNAPSHOT), T0)
     assert len(egress.messages(None, AdminResponse)) == 1
+
+
+def test_admin_request_refused_without_authorisation_or_when_suspended() -> None:
+    cm, egress, reader = make()
+    cm.authorisation = AdminPrincipals({b"root"})
+    sid = open_session(cm, reader, T0)
+    cm.on_admin_request(AdminRequest(TERM, sid, 1, AdminRequestType.SNAPSHOT), T0)
+    assert egress.messages(sid, AdminResponse)[-1].response_code is (
+        AdminResponseCode.UNAUTHORISED_ACCESS
+    )
+    cm.sessions[sid].encoded_principal = b"root"
+    ok, _ = cm.request_cluster_action(ClusterAction.SUSPEND, T0)
+    assert ok
+    cm.on_admin_request(AdminRequest(TERM, sid, 2, AdminRequestType.SNAPSHOT), T0)
+    refused = egress.messages(sid, AdminResponse)[-1]
+    assert refused.response_code is AdminResponseCode.ERROR
+    assert "SUSPENDED, but needs to be ACTIVE" in refused.message
+    # while suspended, client messages are held and sequenced on RESUME
+    assert cm.on_ingress_message(msg(cm, sid, b"held"), T0)
+    assert b"held" not in [m.payload for m in reader.messages(SessionMessageHeader)]
+    ok, _ = cm.request_cluster_action(ClusterAction.RESUME, T0)
+    assert ok
+    assert [m.payload for m in reader.messages(SessionMessageHeader)] == [b"held"]
+    assert [a.action for a in reader.messages(ClusterActionRequest)] == [
+        ClusterAction.SUSPEND,
+        ClusterAction.RESUME,
+    ]
 
 
 # ---------------------------------------------------------------------- followers, egress

@@ -1,0 +1,71 @@
+"""Snapshot files: ``DIR/snapshots/snapshot-<log position>-<term>.snap``.
+
+A snapshot file is a sequence of log-format records (``u32 length | u32 crc32 | body``)
+whose bodies are encoded snapshot messages (:data:`cluster.protocol.SNAPSHOT`): the
+consensus module's section then the service's, each between SnapshotMarker BEGIN and END.
+It is written to a temporary file, fsynced, renamed into place and the directory fsynced
+before the recording log names it, so a snapshot that the recording log lists is whole.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..protocol.codec import SNAPSHOT, encode
+from ..protocol.errors import ProtocolError
+from ..protocol.snapshot import SnapshotRecord
+from .errors import ArchiveCorruptionError
+from .record import RecordError, append_record, complete_length, iter_records
+
+
+def snapshot_path(directory: str | os.PathLike[str], log_position: int, term: int) -> Path:
+    return Path(directory) / "snapshots" / f"snapshot-{log_position:020d}-{term}.snap"
+
+
+def encode_snapshot(records: Iterable[Any]) -> bytes:
+    buf = bytearray()
+    for record in records:
+        append_record(buf, encode(record))
+    return bytes(buf)
+
+
+def write_snapshot(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def read_snapshot(path: Path) -> list[SnapshotRecord]:
+    """Every record of a snapshot file; damage raises ArchiveCorruptionError."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ArchiveCorruptionError(path, 0, f"cannot read snapshot: {exc}") from None
+    records: list[SnapshotRecord] = []
+    try:
+        for offset, body in iter_records(data):
+            try:
+                records.append(SNAPSHOT.decode(body))
+            except ProtocolError as exc:
+                raise ArchiveCorruptionError(path, offset, str(exc)) from None
+    except RecordError as exc:
+        raise ArchiveCorruptionError(path, exc.offset, exc.reason) from None
+    if complete_length(data) != len(data):
+        raise ArchiveCorruptionError(path, complete_length(data), "truncated snapshot")
+    return records
