@@ -39,15 +39,23 @@ from .agents.log import ArchiveAgent, LogAgent, LogBuffer
 from .agents.replication import Replicator
 from .archive.errors import ArchiveError
 from .archive.node_state import NodeState
-from .archive.recording_log import RecordingLog
+from .archive.recording_log import CM_SERVICE_ID, ENTRY_TYPE_SNAPSHOT, RecordingLog
 from .archive.segments import Archive
+from .archive.snapshots import encode_snapshot, read_snapshot, snapshot_path, write_snapshot
 from .config import ConfigError, NodeConfig, describe, format_ingress_endpoints, load_config
-from .core.auth import Authenticator
+from .core.auth import AdminPrincipals, Authenticator, AuthorisationService
 from .core.consensus import ConsensusConfig, ConsensusModule
 from .core.service_container import ServiceContainer
+from .core.snapshot import (
+    LoadedSnapshot,
+    SnapshotError,
+    load_snapshot,
+    parse_snapshot,
+    take_snapshot,
+)
 from .core.terms import TermHistory
 from .protocol.consensus import ConsensusMessage
-from .protocol.enums import Role
+from .protocol.enums import CLUSTER_ACTION_FLAG_TERMINATE, ClusterAction, Role
 from .protocol.ingress import (
     AdminRequest,
     ChallengeResponse,
@@ -56,6 +64,7 @@ from .protocol.ingress import (
     SessionKeepAlive,
     SessionMessageHeader,
 )
+from .protocol.log import ClusterActionRequest
 from .service import ClusteredService
 from .transport.base import Network
 from .transport.tcp import TcpNetwork
@@ -200,12 +209,16 @@ class Node:
             terms=terms,
             candidate_term_id=self.node_state.candidate_term_id,
             rng=self.rng,
+            authorisation=self._authorisation(),
         )
         self.cm.on_role_change = self._on_role_change
         self.cm.on_leader_ready = self._on_leader_ready
         self.container = ServiceContainer(
             self.service, self.cm, self.egress, member_id=cfg.member_id, clock_ns=self._now_ns
         )
+        self.container.on_cluster_action = self._on_cluster_action
+        self.snapshots_taken = 0
+        self.recovered_position = 0
         self.log_buffer = LogBuffer(0)
         self.archive_lock = trio.Lock()
         self.log_taken = trio.Event()
@@ -233,17 +246,63 @@ class Node:
         self._last_saved_commit = self.node_state.commit_position
         self._next_state_save = 0.0
 
-    def _replay(self) -> int:
-        """Replay the archived log up to the known commit position; keep the rest in memory.
+    def _authorisation(self) -> AuthorisationService:
+        principals = {
+            p.strip().encode() for p in self.config.admin_principals.split(",") if p.strip()
+        }
+        if self.authenticator is None or not self.authenticator.enforces_identity:
+            log.warning(
+                "no authenticator enforces client identity: every client is anonymous and "
+                "may request snapshots, suspend, resume or stop the cluster"
+            )
+            return AuthorisationService()
+        log.info("admin actions allowed for principals: %s", sorted(principals) or "none")
+        return AdminPrincipals(principals)
+
+    def _load_latest_snapshot(self) -> LoadedSnapshot | None:
+        """The newest valid snapshot in the recording log that loads; older ones if not."""
+        candidates = [
+            e
+            for e in self.recording_log.entries
+            if e.is_valid and e.type == ENTRY_TYPE_SNAPSHOT and e.service_id == CM_SERVICE_ID
+        ]
+        for entry in reversed(candidates):
+            path = snapshot_path(self.data_dir, entry.log_position, entry.leadership_term_id)
+            if entry.log_position > self.archive.position:
+                log.error("snapshot %s is beyond the end of the archive: skipped", path)
+                continue
+            try:
+                return parse_snapshot(read_snapshot(path))
+            except (ArchiveError, SnapshotError) as exc:
+                log.error("cannot load snapshot %s (%s): trying an older one", path, exc)
+        return None
+
+    def _recover(self) -> int:
+        """Load the latest snapshot, then replay the log after it up to the known commit.
 
         In a cluster of one, everything durable is committed.  Otherwise only the saved
         commit position is known to be committed: later entries wait in the log buffer
         until the leader's commit position covers them (or a new leader truncates them).
         """
         start = time.perf_counter()
+        snapshot = self._load_latest_snapshot()
+        position = 0
+        if snapshot is not None:
+            load_snapshot(snapshot, self.cm, self.container, self._now_ns())
+            position = snapshot.log_position
+            self.container.start(snapshot.service_state)
+            log.info(
+                "loaded snapshot at log position %d (term %d): %d sessions, %d timers",
+                position,
+                snapshot.leadership_term_id,
+                len(snapshot.sessions),
+                len(snapshot.timers),
+            )
+        else:
+            self.container.start(None)
+        snapshot_position = position
         end = self.archive.position
         limit = end if len(self.members) == 1 else min(end, self.node_state.commit_position)
-        position = 0
         chunk = REPLAY_CHUNK
         while position < limit:
             data = self.archive.read(position, min(limit, position + chunk))
@@ -258,15 +317,74 @@ class Node:
         )
         self.cm.commit_position = position
         self.cm.applied_position = position
+        self.recovered_position = position
         if end:
             log.info(
-                "replayed %d of %d bytes of log (%d messages) in %.3fs",
+                "replayed %d bytes of log (%d..%d of %d, %d messages) in %.3fs",
+                position - snapshot_position,
+                snapshot_position,
                 position,
                 end,
                 self.container.applied_messages,
                 time.perf_counter() - start,
             )
         return position
+
+    # ------------------------------------------------------------------ snapshots and actions
+
+    def _on_cluster_action(self, position: int, action: ClusterActionRequest) -> None:
+        """Every member applies cluster actions at the same log position."""
+        live = position > self.recovered_position
+        shutdown = bool(action.flags & CLUSTER_ACTION_FLAG_TERMINATE)
+        terminate = action.action is ClusterAction.ABORT or (
+            action.action is ClusterAction.SNAPSHOT and shutdown
+        )
+        if action.action is ClusterAction.SNAPSHOT:
+            self._take_snapshot(position, action, terminate=terminate and live)
+        elif terminate and live:
+            log.info("ABORT at log position %d: stopping without a snapshot", position)
+            self._start_soon(self.shutdown)
+
+    def _start_soon(self, fn: Callable[[], Awaitable[Any]]) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(fn)
+
+    def _take_snapshot(self, position: int, action: ClusterActionRequest, terminate: bool) -> None:
+        for entry in self.recording_log.entries:
+            if (
+                entry.is_valid
+                and entry.type == ENTRY_TYPE_SNAPSHOT
+                and (entry.log_position == position and entry.service_id == CM_SERVICE_ID)
+            ):
+                return  # taken before a restart: the replay need not take it again
+        records = take_snapshot(self.cm, self.container, position, action.leadership_term_id)
+        data = encode_snapshot(records)
+        term = action.leadership_term_id
+        if self._nursery is None:  # during start-up replay: write it now
+            self._write_snapshot(position, term, action.timestamp, data)
+            return
+
+        async def persist() -> None:
+            await self.run_blocking(
+                write_snapshot, snapshot_path(self.data_dir, position, term), data
+            )
+            self._record_snapshot(position, term, action.timestamp, len(data))
+            if terminate:
+                log.info("SHUTDOWN at log position %d: snapshot taken, stopping", position)
+                await self.shutdown()
+
+        self._nursery.start_soon(persist)
+
+    def _write_snapshot(self, position: int, term: int, timestamp: int, data: bytes) -> None:
+        write_snapshot(snapshot_path(self.data_dir, position, term), data)
+        self._record_snapshot(position, term, timestamp, len(data))
+
+    def _record_snapshot(self, position: int, term: int, timestamp: int, size: int) -> None:
+        base = self.cm.terms.base_of(term) or 0
+        self.recording_log.append_snapshot(term, base, position, timestamp, 0)
+        self.recording_log.append_snapshot(term, base, position, timestamp, CM_SERVICE_ID)
+        self.snapshots_taken += 1
+        log.info("snapshot at log position %d (term %d): %d bytes", position, term, size)
 
     # ------------------------------------------------------------------ callbacks
 
@@ -455,8 +573,7 @@ class Node:
             self._build()
             if self.cm.authenticator.enforces_identity is False and self.config.authenticator:
                 log.info("authenticator %s", self.config.authenticator)
-            self.container.start(None)
-            self._replay()
+            self._recover()
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 self.ingress_port = await nursery.start(self.ingress.run)
