@@ -37,8 +37,9 @@ from .agents.egress import EgressPublisher
 from .agents.ingress import IngressAgent, IngressInbox
 from .agents.log import ArchiveAgent, LogAgent, LogBuffer
 from .agents.replication import Replicator
-from .archive.errors import ArchiveError
+from .archive.errors import ArchiveCorruptionError, ArchiveError
 from .archive.node_state import NodeState
+from .archive.record import RecordError
 from .archive.recording_log import CM_SERVICE_ID, ENTRY_TYPE_SNAPSHOT, RecordingLog
 from .archive.segments import Archive
 from .archive.snapshots import encode_snapshot, read_snapshot, snapshot_path, write_snapshot
@@ -141,12 +142,14 @@ class Node:
 
     def _open_storage(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.recording_log = RecordingLog.open(self.data_dir)
+        latest = self.recording_log.get_latest_snapshot(CM_SERVICE_ID)
         self.archive = Archive.open(
             self.data_dir / "archive",
             segment_size=self.config.segment_size,
             fsync=self.config.fsync,
+            verify_from=latest.log_position if latest is not None else 0,
         )
-        self.recording_log = RecordingLog.open(self.data_dir)
         self.node_state = NodeState(self.data_dir)
 
     # the consensus module's StoragePort
@@ -306,7 +309,12 @@ class Node:
         chunk = REPLAY_CHUNK
         while position < limit:
             data = self.archive.read(position, min(limit, position + chunk))
-            consumed = self.container.apply(data, position, mirror_into_consensus=True)
+            try:
+                consumed = self.container.apply(data, position, mirror_into_consensus=True)
+            except RecordError as exc:
+                raise ArchiveCorruptionError(
+                    self.data_dir / "archive", position + exc.offset, exc.reason
+                ) from None
             if consumed == 0:
                 chunk *= 2  # one record larger than the chunk
                 continue

@@ -1,0 +1,337 @@
+"""Timers, service messages, snapshots and recovery (issue #4), on real nodes in-process.
+
+Each test runs one or three :class:`cluster.node.Node` objects in the test's Trio run,
+on loopback TCP with their data in ``tmp_path``, and drives them with the real client.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import client
+from cluster.config import NodeConfig
+from cluster.core.auth import Authenticator
+from cluster.examples.auth import SharedSecretAuthenticator, SharedSecretCredentials
+from cluster.examples.kv import KeyValueClient, KeyValueService
+from cluster.local import free_ports
+from cluster.node import Node
+from cluster.protocol.enums import AdminResponseCode, CloseReason, Role
+from cluster.service import ClientSession, Cluster
+
+FAST = {
+    "leader_heartbeat_timeout": 1_000_000_000,
+    "startup_canvass_timeout": 3_000_000_000,
+    "election_timeout": 300_000_000,
+}
+
+
+def members_string(n: int) -> str:
+    ports = free_ports(3 * n)
+    return ",".join(
+        f"{i}=127.0.0.1:{ports[3 * i]}:{ports[3 * i + 1]}:{ports[3 * i + 2]}" for i in range(n)
+    )
+
+
+class Cluster3:
+    """N in-process nodes; each runs in its own cancel scope so a test can crash one."""
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        tmp_path: Path,
+        n: int,
+        service: Callable[[], Any],
+        **config: Any,
+    ) -> None:
+        self.nursery = nursery
+        self.tmp_path = tmp_path
+        self.members = members_string(n)
+        self.n = n
+        self.service = service
+        self.config = {**FAST, **config}
+        self.nodes: dict[int, Node] = {}
+        self.scopes: dict[int, trio.CancelScope] = {}
+        self.authenticator: Callable[[], Authenticator | None] = lambda: None
+
+    @property
+    def endpoints(self) -> str:
+        parts = []
+        for member in self.members.split(","):
+            ident, _, rest = member.partition("=")
+            host, ingress, _c, _a = rest.rsplit(":", 3)
+            parts.append(f"{ident}={host}:{ingress}")
+        return ",".join(parts)
+
+    async def start(self, i: int) -> Node:
+        config = NodeConfig(
+            member_id=i, members=self.members, dir=str(self.tmp_path / f"node-{i}"), **self.config
+        )
+        node = Node(config, self.service(), authenticator=self.authenticator())
+        scope = trio.CancelScope()
+
+        async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            with scope:
+                await node.run(handle_signals=False, task_status=task_status)
+
+        await self.nursery.start(run)
+        self.nodes[i] = node
+        self.scopes[i] = scope
+        return node
+
+    async def start_all(self) -> None:
+        for i in range(self.n):
+            await self.start(i)
+        await self.wait_for_leader()
+
+    def crash(self, i: int) -> None:
+        self.scopes.pop(i).cancel()
+        self.nodes.pop(i)
+
+    async def stop(self, i: int) -> None:
+        node = self.nodes.pop(i)
+        await node.shutdown()
+        self.scopes.pop(i)
+
+    async def stop_all(self) -> None:
+        for i in list(self.nodes):
+            await self.stop(i)
+
+    def leader(self) -> Node | None:
+        ready = [n for n in self.nodes.values() if n.cm.is_ready_leader]
+        return max(ready, key=lambda n: n.cm.leadership_term_id, default=None)
+
+    async def wait_for_leader(self) -> Node:
+        await wait_for(lambda: self.leader() is not None, 15)
+        leader = self.leader()
+        assert leader is not None
+        return leader
+
+
+async def wait_for(predicate: Callable[[], bool], seconds: float = 10) -> None:
+    with trio.fail_after(seconds):
+        while not predicate():  # noqa: ASYNC110 (polling node state from a test)
+            await trio.sleep(0.01)
+
+
+@asynccontextmanager
+async def cluster(
+    tmp_path: Path, n: int = 3, service: Callable[[], Any] = KeyValueService, **config: Any
+) -> AsyncIterator[Cluster3]:
+    async with trio.open_nursery() as nursery:
+        c = Cluster3(nursery, tmp_path, n, service, **config)
+        try:
+            yield c
+        finally:
+            await c.stop_all()
+            nursery.cancel_scope.cancel()
+
+
+def store(node: Node) -> dict[str, bytes]:
+    service = node.service
+    assert isinstance(service, KeyValueService)
+    return service.store
+
+
+async def test_ttl_keys_expire_on_every_member(tmp_path: Path) -> None:
+    with trio.fail_after(40):
+        async with cluster(tmp_path) as c:
+            await c.start_all()
+            async with client.connect(c.endpoints) as cc, KeyValueClient(cc) as kv:
+                await kv.put("keep", b"1")
+                await kv.put("brief", b"2", ttl=0.3)
+                assert await kv.get("brief") == b"2"
+                await kv.put("renewed", b"3", ttl=0.3)
+                await kv.put("renewed", b"4")  # a plain put cancels the expiry
+                await trio.sleep(0.8)
+                assert await kv.get("brief") is None
+                assert await kv.get("renewed") == b"4"
+                end = c.leader().cm.commit_position  # type: ignore[union-attr]
+            await wait_for(
+                lambda: all(n.log_agent.applied_position >= end for n in c.nodes.values())
+            )
+            for node in c.nodes.values():
+                assert "brief" not in store(node)
+                assert store(node)["renewed"] == b"4"
+                assert store(node)["keep"] == b"1"
+
+
+class OfferingService(KeyValueService):
+    """Offers a service message for every client message starting with b"offer:"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.service_messages: list[bytes] = []
+
+    def on_start(self, cluster: Cluster, snapshot: bytes | None) -> None:
+        super().on_start(cluster, snapshot)
+        self.cluster_handle = cluster
+
+    def on_session_message(
+        self, session: ClientSession | None, timestamp: int, payload: bytes
+    ) -> None:
+        if session is None:
+            self.service_messages.append(payload)
+            return
+        if payload.startswith(b"offer:"):
+            self.cluster_handle.offer(b"svc-" + payload[6:])
+            session.offer(b"ok")
+            return
+        super().on_session_message(session, timestamp, payload)
+
+
+async def test_service_messages_enter_the_log_once_across_failover(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with cluster(tmp_path, service=OfferingService) as c:
+            await c.start_all()
+            async with client.connect(c.endpoints) as cc:
+                for i in range(20):
+                    await cc.offer(f"offer:{i}".encode())
+                    assert await cc.receive() == b"ok"
+                old = c.leader()
+                assert old is not None
+                c.crash(old.config.member_id)  # pending service messages may be in flight
+                await wait_for(lambda: c.leader() is not None, 15)
+                for i in range(20, 30):
+                    with trio.fail_after(10):
+                        await cc.offer(f"offer:{i}".encode())
+                        assert await cc.receive() == b"ok"
+            leader = c.leader()
+            assert leader is not None
+            expected = [f"svc-{i}".encode() for i in range(30)]
+            await wait_for(
+                lambda: all(
+                    n.service.service_messages == expected  # type: ignore[attr-defined]
+                    for n in c.nodes.values()
+                ),
+                15,
+            )
+            assert leader.cm.service_messages.log_service_session_id == 30
+            assert len(leader.cm.service_messages) == 0
+
+
+async def test_snapshot_then_full_restart_restores_state_and_timers(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with cluster(tmp_path) as c:
+            await c.start_all()
+            async with client.connect(c.endpoints) as cc, KeyValueClient(cc) as kv:
+                async with trio.open_nursery() as n:
+                    for i in range(300):
+                        n.start_soon(kv.put, f"k{i}", f"v{i}".encode())
+                await kv.put("expires", b"soon", ttl=1.5)
+                response = await cc.request_snapshot()
+                assert response.response_code is AdminResponseCode.OK, response.message
+                await wait_for(lambda: all(n.snapshots_taken == 1 for n in c.nodes.values()))
+                for i in range(300, 350):
+                    await kv.put(f"k{i}", f"v{i}".encode())
+            for i in range(3):
+                assert len(list((tmp_path / f"node-{i}" / "snapshots").glob("*.snap"))) == 1
+            snapshot_position = c.nodes[0].recording_log.get_latest_snapshot(-1).log_position  # type: ignore[union-attr]
+            await c.stop_all()
+            for i in range(3):
+                await c.start(i)
+            leader = await c.wait_for_leader()
+            for node in c.nodes.values():
+                # recovery started from the snapshot, not from the start of the log
+                assert node.recovered_position >= snapshot_position
+            async with client.connect(c.endpoints) as cc, KeyValueClient(cc) as kv:
+                for i in range(350):
+                    assert await kv.get(f"k{i}") == f"v{i}".encode()
+                assert await kv.get("expires") == b"soon"
+                await trio.sleep(1.6)  # the timer restored from the snapshot fires
+                assert await kv.get("expires") is None
+            assert leader.cm.role is Role.LEADER
+
+
+class SessionWatcher(KeyValueService):
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed: list[tuple[int, CloseReason]] = []
+
+    def on_session_close(self, session: ClientSession, timestamp: int, close_reason: Any) -> None:
+        super().on_session_close(session, timestamp, close_reason)
+        self.closed.append((session.id, close_reason))
+
+
+async def test_sessions_loaded_from_a_snapshot_are_closed_after_the_first_election(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(40):
+        async with cluster(tmp_path, n=1, service=SessionWatcher) as c:
+            await c.start_all()
+            async with client.connect(c.endpoints) as cc:
+                sid = cc.cluster_session_id
+                response = await cc.request_snapshot()
+                assert response.response_code is AdminResponseCode.OK
+                await wait_for(lambda: c.nodes[0].snapshots_taken == 1)
+                c.crash(0)
+            await c.start(0)
+            await c.wait_for_leader()
+            node = c.nodes[0]
+            await wait_for(lambda: sid not in node.cm.sessions)
+            await wait_for(lambda: (sid, CloseReason.TIMEOUT) in node.service.closed)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("entries", [2_000, 20_000])
+async def test_startup_replays_only_the_log_after_the_snapshot(
+    tmp_path: Path, entries: int
+) -> None:
+    """Start-up time stays flat as the log before the snapshot grows."""
+    with trio.fail_after(120):
+        async with cluster(tmp_path, n=1) as c:
+            await c.start_all()
+            async with client.connect(c.endpoints) as cc, KeyValueClient(cc) as kv:
+                limiter = trio.CapacityLimiter(500)
+
+                async def put(i: int) -> None:
+                    async with limiter:
+                        await kv.put(f"k{i % 1000}", b"x" * 32)
+
+                async with trio.open_nursery() as n:
+                    for i in range(entries):
+                        n.start_soon(put, i)
+                assert (await cc.request_snapshot()).response_code is AdminResponseCode.OK
+                await wait_for(lambda: c.nodes[0].snapshots_taken == 1)
+                for i in range(100):
+                    await kv.put(f"after{i}", b"y")
+            log_size = c.nodes[0].archive.position
+            await c.stop_all()
+            started = time.perf_counter()
+            node = await c.start(0)
+            elapsed = time.perf_counter() - started
+            snapshot = node.recording_log.get_latest_snapshot(-1)
+            assert snapshot is not None
+            replayed = node.recovered_position - snapshot.log_position
+            assert node.recovered_position == node.archive.position
+            assert node.container.applied_messages == 100  # only the puts after it
+            print(
+                f"\n{entries} entries before the snapshot: log {log_size} bytes, "
+                f"start-up {elapsed * 1000:.1f} ms, {replayed} bytes replayed"
+            )
+            assert replayed < 10_000  # the 100 puts after the snapshot, not the history
+            assert elapsed < 2.0
+
+
+async def test_admin_requests_need_an_admin_principal_when_authenticated(
+    tmp_path: Path,
+) -> None:
+    secret = b"s3cret"
+    with trio.fail_after(40):
+        async with cluster(tmp_path, n=1, admin_principals="root") as c:
+            c.authenticator = lambda: SharedSecretAuthenticator(secret)
+            await c.start_all()
+            alice = SharedSecretCredentials(b"alice", secret)
+            async with client.connect(c.endpoints, credentials=alice) as cc:
+                response = await cc.request_snapshot()
+                assert response.response_code is AdminResponseCode.UNAUTHORISED_ACCESS
+            root = SharedSecretCredentials(b"root", secret)
+            async with client.connect(c.endpoints, credentials=root) as cc:
+                response = await cc.request_snapshot()
+                assert response.response_code is AdminResponseCode.OK
+            await wait_for(lambda: c.nodes[0].snapshots_taken == 1)
