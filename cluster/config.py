@@ -204,6 +204,14 @@ SETTINGS: tuple[Setting, ...] = (
         "authenticator MODULE:CLASS (empty = accept every client as anonymous)",
     ),
     Setting(
+        "admin-principals",
+        "",
+        str,
+        "comma-separated principals (as the authenticator names them) allowed to "
+        "snapshot, suspend, resume or stop the cluster; with no authenticator every "
+        "client is anonymous and allowed",
+    ),
+    Setting(
         "session-timeout",
         10_000_000_000,
         _positive(parse_duration_ns),
