@@ -295,6 +295,7 @@ def test_every_setting_settable_from_each_layer(tmp_path: Path) -> None:
         "dir": ("/tmp/x", "/tmp/x"),
         "service": ("m:C", "m:C"),
         "authenticator": ("a:B", "a:B"),
+        "admin-principals": ("root,ops", "root,ops"),
         "session-timeout": ("3s", 3 * SECOND),
         "leader-heartbeat-timeout": ("4s", 4 * SECOND),
         "leader-heartbeat-interval": ("50ms", 50 * MS),
