@@ -1,0 +1,1025 @@
+"""A whole cluster in one process under virtual time: the deterministic simulator.
+
+:class:`SimCluster` runs N real :class:`cluster.node.Node` objects, K simulated clients
+(:mod:`tests.sim.sim_client`) and a nemesis in ONE ``trio.run`` with
+``MockClock(autojump_threshold=0)`` and Trio's deterministic scheduling seeded from the
+run seed.  Nodes talk over a :class:`~cluster.transport.sim.SimNetwork`, read a virtual
+clock, draw from seeded RNGs and do their archive I/O inline (no threads: autojump
+would skip time while a thread runs), on real files under ``tmp_path``.
+
+One seed expands into a printed configuration (:class:`SimConfig`), so a failing seed
+replays exactly::
+
+    .venv/bin/python -m tests.sim.run --seed 1234 --nodes 3
+
+A run is a **safety phase** (faults from the seed: delays, resets, partitions, the leader
+cut off from the majority, crash/restart with torn writes, pauses) followed by a
+**liveness phase** (heal, restart everyone, require a leader and an acknowledged write
+within a bound, then all members converged).  :class:`Checker` tests the invariants every
+10 ms of virtual time and at the end:
+
+1. at most one leader per term, ever;
+2. committed log bytes never change, and every member's committed prefix is a prefix of
+   the longest committed log seen;
+3. applied entries are committed: ``applied <= commit`` on each member, every applied
+   message is the committed record at its position, each position applied once per
+   incarnation, and each member's store equals the committed log applied;
+4. every acknowledged write is in every member's store after the run; no request is in
+   the committed log (or applied) more often than the client sent it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import logging
+import math
+import random
+import shutil
+import struct
+import traceback
+import zlib
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+import trio.abc
+import trio.lowlevel
+import trio.testing
+
+from cluster.archive.record import iter_records
+from cluster.archive.segments import FsyncPolicy, list_segments
+from cluster.config import NodeConfig
+from cluster.examples.kv import DEDUPE_WINDOW, KeyValueService, Put, Request, Response
+from cluster.node import Node
+from cluster.protocol import LOG
+from cluster.protocol.enums import Role
+from cluster.protocol.ingress import SessionMessageHeader
+from cluster.protocol.log import SessionCloseEvent, SessionOpenEvent
+from cluster.service import ClientSession, Cluster
+from cluster.transport.sim import SimNetwork
+
+from .sim_client import History, SimClient
+
+EPOCH_OFFSET_NS = 1_700_000_000 * 1_000_000_000
+INGRESS_PORT, CONSENSUS_PORT, ADMIN_PORT = 9010, 9020, 9030
+CHECK_INTERVAL = 0.010
+
+_decode_put = msgspec.msgpack.Decoder(Put).decode
+
+
+def replay_command(seed: int, nodes: int) -> str:
+    return f".venv/bin/python -m tests.sim.run --seed {seed} --nodes {nodes}"
+
+
+class SimFailure(AssertionError):
+    """An invariant broke (or the cluster did not recover) in a simulated run."""
+
+    def __init__(self, seed: int, nodes: int, reason: str, trace_tail: str = "") -> None:
+        self.seed = seed
+        self.nodes = nodes
+        self.reason = reason
+        self.trace_tail = trace_tail
+        message = f"SIM SEED {seed} failed: {reason}; replay with: {replay_command(seed, nodes)}"
+        if trace_tail:
+            message += f"\nlast events:\n{trace_tail}"
+        super().__init__(message)
+
+
+class _Violation(Exception):
+    pass
+
+
+def _leaf(exc: BaseException) -> str:
+    """The first real exception inside (nested) exception groups, as ``Type: message``."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
+
+
+# ---------------------------------------------------------------------- configuration
+
+
+FAULTS = ("partition", "isolate-leader", "one-way", "crash", "pause", "reset", "slow")
+
+
+@dataclass
+class SimConfig:
+    """Everything a seed decides, printed in full so a run can be understood and replayed."""
+
+    seed: int
+    nodes: int = 3
+    clients: int = 3
+    safety_duration: float = 10.0
+    liveness_timeout: float = 15.0
+    latency: tuple[float, float] = (0.0005, 0.005)
+    reset_probability: float = 0.0
+    fault_interval: tuple[float, float] = (0.2, 1.5)
+    faults: tuple[str, ...] = FAULTS
+    torn_probability: float = 0.5
+    max_crashed: int = 1
+    client_window: int = 2
+    request_timeout: float = 1.5
+    disk_latency: tuple[float, float] = (0.0001, 0.001)
+    segment_size: int = 64 << 10
+    clock_skew_ms: tuple[int, ...] = ()
+    clock_overshoot: float = 1e-9
+    node: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_seed(cls, seed: int, nodes: int = 3, **overrides: Any) -> SimConfig:
+        rng = random.Random(f"config-{seed}")
+        faults = tuple(f for f in FAULTS if rng.random() < 0.75) or ("partition",)
+        config = cls(
+            seed=seed,
+            nodes=nodes,
+            clients=rng.randint(1, 4),
+            latency=rng.choice([(0.0005, 0.002), (0.0005, 0.005), (0.001, 0.02)]),
+            reset_probability=rng.choice([0.0, 0.0, 0.0005, 0.002]),
+            fault_interval=rng.choice([(0.1, 0.6), (0.2, 1.5), (0.5, 3.0)]),
+            faults=faults,
+            max_crashed=(nodes - 1) // 2 if nodes > 1 else 1,
+            client_window=rng.randint(1, 4),
+            segment_size=rng.choice([4 << 10, 64 << 10, 1 << 20]),
+            clock_skew_ms=tuple(rng.randint(-50, 50) for _ in range(nodes)),
+            node={
+                "session_timeout": 4_000_000_000,
+                "leader_heartbeat_timeout": 1_000_000_000,
+                "leader_heartbeat_interval": 100_000_000,
+                "election_timeout": 300_000_000,
+                "startup_canvass_timeout": 1_000_000_000,
+                "fsync": FsyncPolicy.NONE,  # simulated crashes are process crashes
+            },
+        )
+        node_fields = {f.name for f in fields(NodeConfig)}
+        for key, value in overrides.items():
+            if key in node_fields:
+                config.node[key] = value
+            elif hasattr(config, key):
+                setattr(config, key, value)
+            else:
+                raise TypeError(f"unknown simulator or node setting {key!r}")
+        return config
+
+    def describe(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in asdict(self).items())
+
+
+def members_string(nodes: int) -> str:
+    return ",".join(f"{i}=n{i}:{INGRESS_PORT}:{CONSENSUS_PORT}:{ADMIN_PORT}" for i in range(nodes))
+
+
+def ingress_endpoints(nodes: int) -> str:
+    return ",".join(f"{i}=n{i}:{INGRESS_PORT}" for i in range(nodes))
+
+
+# ---------------------------------------------------------------------- the service
+
+
+class SimKV(KeyValueService):
+    """The KV service, journaling every message it gets: (log position, session, payload),
+    and counting the requests it really applies (not answered from its dedupe cache)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.journal: list[tuple[int, int, bytes]] = []
+        self.applications: dict[int, int] = {}
+        self.cluster: Cluster | None = None
+
+    def apply(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        rid = request.request_id
+        self.applications[rid] = self.applications.get(rid, 0) + 1
+        return super().apply(request, *args, **kwargs)
+
+    def on_start(self, cluster: Cluster, snapshot: bytes | None) -> None:
+        self.cluster = cluster
+        super().on_start(cluster, snapshot)
+
+    def on_session_message(
+        self, session: ClientSession | None, timestamp: int, payload: bytes
+    ) -> None:
+        if session is not None:
+            assert self.cluster is not None
+            self.journal.append((self.cluster.log_position, session.id, bytes(payload)))
+        super().on_session_message(session, timestamp, payload)
+
+
+# ---------------------------------------------------------------------- nodes
+
+
+@dataclass
+class SimNode:
+    index: int
+    host: str
+    dir: Path
+    rng: random.Random
+    node: Node | None = None
+    service: SimKV | None = None
+    scope: trio.CancelScope | None = None
+    done: trio.Event | None = None
+    incarnation: int = 0
+    running: bool = False
+    restart_at: float | None = None
+
+    def state(self) -> str:
+        node = self.node
+        if node is None or not self.running:
+            return f"n{self.index}: down"
+        cm = getattr(node, "cm", None)
+        archive = getattr(node, "archive", None)
+        log_agent = getattr(node, "log_agent", None)
+        if cm is None:
+            return f"n{self.index}: starting"
+        return (
+            f"n{self.index}: {cm.role.name} term={cm.leadership_term_id} "
+            f"leader={cm.leader_member_id} commit={cm.commit_position} "
+            f"append={archive.position if archive is not None else '?'} "
+            f"applied={log_agent.applied_position if log_agent is not None else '?'}"
+        )
+
+
+# ---------------------------------------------------------------------- invariants
+
+
+class Checker:
+    """Invariants over the nodes' state, checked incrementally."""
+
+    def __init__(self, sim: SimCluster) -> None:
+        self.sim = sim
+        self.leaders: dict[int, int] = {}  # term -> leader member id
+        self.committed = bytearray()  # the longest committed log seen
+        self.records: dict[int, Any] = {}  # end position -> decoded record of `committed`
+        self._parsed = 0
+        self.verified: dict[int, int] = {}  # node -> its log matches `committed` up to here
+        self.journal_seen: dict[tuple[int, int], int] = {}  # (node, incarnation) -> entries
+        self.last_applied: dict[tuple[int, int], int] = {}
+        self.pending_applied: list[tuple[int, int, int, bytes]] = []
+        self.max_term: dict[tuple[int, int], int] = {}
+        self.checks = 0
+        self.elections_seen = 0
+
+    def fail(self, reason: str) -> None:
+        raise _Violation(reason)
+
+    # -- log -------------------------------------------------------------------------
+
+    def _extend_committed(self, data: bytes) -> None:
+        self.committed += data
+        for offset, body in iter_records(self.committed, self._parsed):
+            end = offset + 8 + len(body)
+            self.records[end] = LOG.decode(body)
+            self._parsed = end
+
+    def check_node(self, sn: SimNode) -> None:
+        node = sn.node
+        if node is None or not sn.running:
+            return
+        cm = getattr(node, "cm", None)
+        archive = getattr(node, "archive", None)
+        if cm is None or archive is None:
+            return
+        i = sn.index
+        key = (i, sn.incarnation)
+        # (1) one leader per term
+        term = cm.leadership_term_id
+        if term > self.max_term.get(key, -1):
+            self.max_term[key] = term
+        elif term < self.max_term.get(key, -1):
+            self.fail(f"n{i}: leadership term went back from {self.max_term[key]} to {term}")
+        if cm.role is Role.LEADER:
+            leader = self.leaders.setdefault(term, i)
+            if leader != i:
+                self.fail(f"two leaders in term {term}: n{leader} and n{i}")
+        # (2) committed bytes never change
+        position = archive.position
+        verified = self.verified.get(i, 0)
+        if position < verified:
+            self.fail(f"n{i}: log truncated to {position} below its committed position {verified}")
+        commit = min(cm.commit_position, position)
+        if commit > verified:
+            data = archive.read(verified, commit)
+            common = min(commit, len(self.committed))
+            if common > verified:
+                mine = data[: common - verified]
+                theirs = self.committed[verified:common]
+                if mine != theirs:
+                    at = verified + next(k for k in range(len(mine)) if mine[k] != theirs[k])
+                    self.fail(
+                        f"n{i}: committed log differs from the committed log seen at "
+                        f"position {at} (its commit {cm.commit_position}, term {term})"
+                    )
+            if commit > len(self.committed):
+                self._extend_committed(data[len(self.committed) - verified :])
+            self.verified[i] = commit
+        # (3) applied <= commit; applied messages are the committed records
+        log_agent = getattr(node, "log_agent", None)
+        if log_agent is not None and log_agent.applied_position > cm.commit_position:
+            self.fail(
+                f"n{i}: applied position {log_agent.applied_position} is past its commit "
+                f"position {cm.commit_position}"
+            )
+        service = sn.service
+        if service is not None:
+            seen = self.journal_seen.get(key, 0)
+            journal = service.journal
+            if len(journal) > seen:
+                last = self.last_applied.get(key, -1)
+                for pos, session_id, payload in journal[seen:]:
+                    if pos <= last:
+                        self.fail(f"n{i}: applied position {pos} after {last} (twice?)")
+                    if pos > cm.commit_position:
+                        self.fail(
+                            f"n{i}: applied a message at {pos} past its commit position "
+                            f"{cm.commit_position}"
+                        )
+                    last = pos
+                    self.pending_applied.append((i, pos, session_id, payload))
+                self.last_applied[key] = last
+                self.journal_seen[key] = len(journal)
+        if self.pending_applied:
+            self._check_applied()
+
+    def _check_applied(self, final: bool = False) -> None:
+        still = []
+        for i, pos, session_id, payload in self.pending_applied:
+            if pos > len(self.committed):
+                if final:
+                    self.fail(f"n{i}: applied a message at {pos}, never committed")
+                still.append((i, pos, session_id, payload))
+                continue
+            record = self.records.get(pos)
+            if (
+                type(record) is not SessionMessageHeader
+                or record.cluster_session_id != session_id
+                or record.payload != payload
+            ):
+                self.fail(
+                    f"n{i}: applied session {session_id} message at {pos}, but the committed "
+                    f"record there is {record!r:.200}"
+                )
+        self.pending_applied = still
+
+    def check(self) -> None:
+        self.checks += 1
+        for sn in self.sim.nodes:
+            self.check_node(sn)
+
+    # -- end of run ------------------------------------------------------------------
+
+    def expected_store(self, upto: int) -> tuple[dict[str, bytes], dict[int, int], dict[int, int]]:
+        """Apply the committed log up to ``upto`` as the KV service does (with its
+        per-session dedupe): the store, applications per request id, and how often each
+        request id is in the log."""
+        store: dict[str, bytes] = {}
+        applied: dict[int, int] = {}
+        in_log: dict[int, int] = {}
+        sessions: dict[int, dict[int, None]] = {}
+        for end, record in self.records.items():
+            if end > upto:
+                break
+            if isinstance(record, SessionOpenEvent):
+                sessions[record.cluster_session_id] = {}
+            elif isinstance(record, SessionCloseEvent):
+                sessions.pop(record.cluster_session_id, None)
+            elif type(record) is SessionMessageHeader:
+                recent = sessions.get(record.cluster_session_id)
+                if recent is None:
+                    continue
+                put = _decode_put(record.payload)
+                rid = put.request_id
+                in_log[rid] = in_log.get(rid, 0) + 1
+                if rid in recent:
+                    continue
+                recent[rid] = None
+                if len(recent) > DEDUPE_WINDOW:
+                    del recent[next(iter(recent))]
+                store[put.key] = put.value
+                applied[rid] = applied.get(rid, 0) + 1
+        return store, applied, in_log
+
+    def final(self, history: History) -> None:
+        self.check()
+        self._check_applied(final=True)
+        if history.bad_responses:
+            self.fail(f"bad responses: {history.bad_responses[:3]}")
+        _, applied_counts, log_counts = self.expected_store(len(self.committed))
+        for request_id, count in log_counts.items():
+            op = history.ops.get(request_id)
+            sends = op.sends if op is not None else 0
+            if count > sends:
+                self.fail(
+                    f"request {request_id} is {count} times in the committed log but was "
+                    f"sent {sends} times"
+                )
+            sessions = len(set(op.sessions)) if op is not None else 0
+            if applied_counts.get(request_id, 0) > sessions:
+                self.fail(
+                    f"request {request_id} applied {applied_counts[request_id]} times but "
+                    f"sent on {sessions} sessions"
+                )
+        for sn in self.sim.nodes:
+            node, service = sn.node, sn.service
+            if node is None or service is None:
+                continue
+            applied = node.log_agent.applied_position
+            expected, counts, _ = self.expected_store(applied)
+            if service.store != expected:
+                missing = [k for k in expected if service.store.get(k) != expected[k]]
+                extra = [k for k in service.store if k not in expected]
+                self.fail(
+                    f"n{sn.index}: store differs from the committed log applied to {applied}: "
+                    f"wrong/missing {missing[:5]}, extra {extra[:5]}"
+                )
+            if service.applications != counts:
+                wrong = {
+                    rid: (n, counts.get(rid, 0))
+                    for rid, n in service.applications.items()
+                    if n != counts.get(rid, 0)
+                }
+                self.fail(
+                    f"n{sn.index}: applications per request differ from the committed log "
+                    f"(request: (applied, expected)): {dict(list(wrong.items())[:5])}"
+                )
+            for op in history.acked:
+                if service.store.get(op.key) != op.value:
+                    self.fail(
+                        f"n{sn.index}: acknowledged write {op.request_id} ({op.key}) is "
+                        f"missing (applied to {applied}, committed {len(self.committed)})"
+                    )
+
+
+# ---------------------------------------------------------------------- the cluster
+
+
+@contextlib.contextmanager
+def deterministic_trio(seed: int) -> Iterator[None]:
+    """Trio's scheduler is randomised; make it a function of ``seed`` (private API)."""
+    import trio._core._run as trio_run
+
+    saved = trio_run._ALLOW_DETERMINISTIC_SCHEDULING
+    trio_run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
+    trio_run._r.seed(seed)
+    try:
+        yield
+    finally:
+        trio_run._ALLOW_DETERMINISTIC_SCHEDULING = saved  # type: ignore[misc]
+
+
+class _TraceLogHandler(logging.Handler):
+    def __init__(self, sim: SimCluster) -> None:
+        super().__init__(logging.DEBUG)
+        self.sim = sim
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            now = trio.current_time()
+        except RuntimeError:
+            now = math.nan
+        try:
+            text = record.getMessage()
+        except Exception:  # pragma: no cover - a bad log call must not end the run
+            text = str(record.msg)
+        self.sim.log_lines.append(f"{now:10.4f} log {record.levelname} {record.name}: {text}")
+
+
+def sim_clock(overshoot: float = 1e-9) -> trio.testing.MockClock:
+    """``MockClock(autojump_threshold=0)`` that jumps ``overshoot`` seconds past a deadline.
+
+    A real clock never wakes a sleeper exactly at its deadline; an exact jump lets code
+    that re-derives the deadline with different float arithmetic (``now - last >= d``
+    after sleeping until ``last + d``) see it as not yet reached, and spin.  The default
+    1 ns overshoot keeps such code as harmless as it is on a real clock; ``overshoot=0``
+    finds it (:class:`_LivelockDetector` reports the spin).  MockClock is final, so its
+    private ``_autojump`` hook (trio 0.35) is replaced on the instance.
+    """
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    if overshoot:
+
+        def autojump() -> None:
+            jump = trio.lowlevel.current_statistics().seconds_to_next_deadline
+            if 0 < jump < math.inf:
+                clock.jump(jump + overshoot)
+
+        clock._autojump = autojump  # type: ignore[method-assign]
+    return clock
+
+
+class _LivelockDetector(trio.abc.Instrument):
+    """Fail the run when tasks keep running while virtual time stands still.
+
+    Under autojump a task that spins (wakes at a deadline it thinks has not passed, and
+    waits again on that same deadline) stops the clock for good: the run would hang.
+    """
+
+    def __init__(self, sim: SimCluster, limit: int = 50_000) -> None:
+        self.sim = sim
+        self.limit = limit
+        self.at = -1.0
+        self.steps = 0
+        self.busiest: collections.Counter[str] = collections.Counter()
+        self.tripped = False
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        now = trio.current_time()
+        if now != self.at:
+            self.at = now
+            self.steps = 0
+            if self.busiest:
+                self.busiest.clear()
+            return
+        self.steps += 1
+        if self.steps > self.limit // 2:
+            self.busiest[task.name] += 1
+            if self.steps > self.limit and not self.tripped:
+                self.tripped = True
+                tasks = ", ".join(f"{n} x{c}" for n, c in self.busiest.most_common(3))
+                self.sim._fail(
+                    f"livelock: virtual time stuck at {now:.6f}s after {self.steps} task "
+                    f"steps; busiest tasks: {tasks}"
+                )
+
+
+Scenario = Callable[["SimCluster"], Awaitable[None]]
+
+
+class SimCluster:
+    """N nodes, K clients, a nemesis and the checker in one deterministic ``trio.run``."""
+
+    def __init__(
+        self,
+        seed: int,
+        nodes: int = 3,
+        tmp_path: Path | str | None = None,
+        *,
+        trace: bool = False,
+        keep_dirs: bool = True,
+        **config_overrides: Any,
+    ) -> None:
+        self.seed = seed
+        self.config = SimConfig.from_seed(seed, nodes, **config_overrides)
+        if tmp_path is None:
+            raise TypeError("tmp_path is required")
+        self.dir = Path(tmp_path) / f"sim-{seed}-{nodes}"
+        if self.dir.exists():
+            shutil.rmtree(self.dir)
+        self.keep_dirs = keep_dirs
+        self.print_trace = trace
+        rng = random.Random(seed)
+        self.net = SimNetwork(
+            random.Random(rng.getrandbits(64)),
+            latency=self.config.latency,
+            reset_probability=self.config.reset_probability,
+            keep_trace=trace,
+        )
+        self.nodes = [
+            SimNode(i, f"n{i}", self.dir / f"node-{i}", random.Random(rng.getrandbits(64)))
+            for i in range(nodes)
+        ]
+        self.workload_rng = random.Random(rng.getrandbits(64))
+        self.nemesis_rng = random.Random(rng.getrandbits(64))
+        self.history = History()
+        self.clients: list[SimClient] = []
+        self.checker = Checker(self)
+        self.trace: list[tuple[Any, ...]] = []
+        self.log_lines: list[str] = []
+        self._hash = hashlib.sha256()
+        self._nursery: trio.Nursery | None = None
+        self._client_scopes: list[trio.CancelScope] = []
+        self._failure: str | None = None
+        self.stats: dict[str, int] = {
+            "crashes": 0,
+            "torn": 0,
+            "restarts": 0,
+            "partitions": 0,
+            "pauses": 0,
+            "elections": 0,
+        }
+        self.members = members_string(nodes)
+        self.endpoints = ingress_endpoints(nodes)
+        self._next_client = 0
+
+    # ------------------------------------------------------------------ tracing
+
+    def event(self, who: str, kind: str, *detail: Any) -> None:
+        entry = (round(trio.current_time(), 9), who, kind, *detail)
+        self._hash.update(repr(entry).encode())
+        if self.print_trace:
+            self.trace.append(entry)
+
+    @property
+    def trace_hash(self) -> str:
+        h = self._hash.copy()
+        h.update(self.net.trace_hash.encode())
+        return h.hexdigest()
+
+    def format_trace(self, tail: int | None = None) -> str:
+        lines = [
+            f"{e[0]:10.4f} {e[1]} {e[2]} {' '.join(map(str, e[3:]))}".rstrip() for e in self.trace
+        ]
+        if tail is not None:
+            lines = lines[-tail:]
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ nodes
+
+    def _node_config(self, i: int) -> NodeConfig:
+        return NodeConfig(
+            member_id=i,
+            members=self.members,
+            dir=str(self.nodes[i].dir),
+            segment_size=self.config.segment_size,
+            **self.config.node,
+        )
+
+    async def _run_blocking(self, sn: SimNode, fn: Callable[..., Any], *args: Any) -> Any:
+        """Archive I/O inline (no threads), after a seeded disk latency."""
+        await trio.sleep(sn.rng.uniform(*self.config.disk_latency))
+        return fn(*args)
+
+    async def _node_task(
+        self, sn: SimNode, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        skew = self.config.clock_skew_ms[sn.index] if self.config.clock_skew_ms else 0
+        service = SimKV()
+        sn.incarnation += 1
+        node = Node(
+            self._node_config(sn.index),
+            service,
+            network=self.net.host(sn.host),
+            clock_ns=lambda: int(trio.current_time() * 1e9),
+            epoch_offset_ns=EPOCH_OFFSET_NS + skew * 1_000_000,
+            rng=random.Random(sn.rng.getrandbits(64)),
+            run_blocking=lambda fn, *args: self._run_blocking(sn, fn, *args),
+        )
+        sn.node, sn.service = node, service
+        sn.done = trio.Event()
+        sn.running = True
+        self.event(sn.host, "start", sn.incarnation)
+        started = False
+        try:
+            with trio.CancelScope() as scope:
+                sn.scope = scope
+                task_status.started()
+                started = True
+                await node.run(handle_signals=False)
+            if not scope.cancelled_caught:
+                self._fail(f"n{sn.index} stopped by itself")
+        except Exception as exc:
+            self.log_lines.append("".join(traceback.format_exception(exc)))
+            self._fail(f"n{sn.index} raised {_leaf(exc)}")
+            if not started:
+                task_status.started()
+        finally:
+            sn.running = False
+            sn.done.set()
+
+    async def start(self, i: int) -> None:
+        assert self._nursery is not None
+        await self._nursery.start(self._node_task, self.nodes[i])
+
+    async def crash(self, i: int, *, torn: bool = False) -> None:
+        """Kill node ``i`` like a process crash; with ``torn`` its last write tears."""
+        sn = self.nodes[i]
+        if not sn.running:
+            return
+        with contextlib.suppress(_Violation):
+            self.checker.check_node(sn)  # what it applied before dying still counts
+        self.net.crash(sn.host)
+        assert sn.scope is not None
+        assert sn.done is not None
+        sn.scope.cancel()
+        await sn.done.wait()
+        self.stats["crashes"] += 1
+        detail = ""
+        if torn:
+            detail = self._tear(sn)
+        self.event(sn.host, "crash", "torn" if torn else "", detail)
+
+    def _tear(self, sn: SimNode) -> str:
+        segments = list_segments(sn.dir / "archive")
+        if not segments:
+            return "no segment"
+        last = segments[-1]
+        rng = sn.rng
+        promised = rng.randint(16, 400)
+        partial = rng.randint(0, promised - 1)
+        header = struct.pack("<II", promised, rng.getrandbits(32))
+        written = rng.randint(1, 8) if rng.random() < 0.2 else 8
+        data = header[:written] + (rng.randbytes(partial) if written == 8 else b"")
+        if written == 8 and zlib.crc32(data[8:]) == struct.unpack("<I", header[4:])[0]:
+            data = data[:-1]  # never a valid record by accident
+        with open(last.path, "ab") as f:
+            f.write(data)
+        self.stats["torn"] += 1
+        return f"{len(data)} bytes at {last.end}"
+
+    async def restart(self, i: int) -> None:
+        sn = self.nodes[i]
+        if sn.running:
+            return
+        self.stats["restarts"] += 1
+        await self.start(i)
+
+    def pause(self, i: int, duration: float) -> None:
+        self.stats["pauses"] += 1
+        self.event(self.nodes[i].host, "pause", round(duration, 4))
+        self.net.clog(self.nodes[i].host, duration)
+
+    def partition(self, *groups: list[int]) -> None:
+        self.stats["partitions"] += 1
+        self.event("net", "partition", *groups)
+        self.net.partition(*([self.nodes[i].host for i in g] for g in groups))
+
+    def heal(self) -> None:
+        self.event("net", "heal")
+        self.net.heal()
+        for a in self.nodes:
+            for b in self.nodes:
+                self.net.set_latency(a.host, b.host, self.config.latency)
+
+    # ------------------------------------------------------------------ observation
+
+    def leader(self) -> int | None:
+        """The running leader with the highest term, if any."""
+        best: tuple[int, int] | None = None
+        for sn in self.nodes:
+            node = sn.node
+            cm = getattr(node, "cm", None) if sn.running else None
+            if (
+                cm is not None
+                and cm.role is Role.LEADER
+                and (best is None or cm.leadership_term_id > best[0])
+            ):
+                best = (cm.leadership_term_id, sn.index)
+        return None if best is None else best[1]
+
+    async def wait_for(self, what: str, predicate: Callable[[], bool], within: float) -> None:
+        """Poll node state (nothing signals it) until ``predicate``; else a liveness failure."""
+        with trio.move_on_after(within):
+            while not predicate():  # noqa: ASYNC110
+                await trio.sleep(CHECK_INTERVAL)
+            return
+        raise _Violation(f"liveness: {what} within {within}s")
+
+    async def wait_for_leader(self, within: float = 10.0) -> int:
+        await self.wait_for("no leader", lambda: self.leader() is not None, within)
+        leader = self.leader()
+        assert leader is not None
+        return leader
+
+    def node_states(self) -> str:
+        return "; ".join(sn.state() for sn in self.nodes)
+
+    # ------------------------------------------------------------------ clients
+
+    def new_client(self, **options: Any) -> SimClient:
+        index = self._next_client
+        self._next_client += 1
+        options.setdefault("window", self.config.client_window)
+        options.setdefault("request_timeout", self.config.request_timeout)
+        return SimClient(
+            index,
+            self.net,
+            self.endpoints,
+            random.Random(self.workload_rng.getrandbits(64)),
+            self.history,
+            trace=self.event,
+            **options,
+        )
+
+    async def write(self, within: float = 10.0) -> int:
+        """One write through a fresh client; returns its request id once acknowledged."""
+        assert self._nursery is not None
+        probe = self.new_client(max_ops=1, window=1)
+        scope = trio.CancelScope()
+        self._nursery.start_soon(self._run_client, probe, scope)
+        try:
+            await self.wait_for("a write was not acknowledged", lambda: probe.done, within)
+        finally:
+            scope.cancel()
+        (op,) = [op for op in self.history.ops.values() if op.client == probe.index]
+        return op.request_id
+
+    async def _run_client(self, client: SimClient, scope: trio.CancelScope) -> None:
+        with scope:
+            await client.run()
+
+    async def start_workload(self) -> None:
+        assert self._nursery is not None
+        for _ in range(self.config.clients):
+            client = self.new_client()
+            scope = trio.CancelScope()
+            self.clients.append(client)
+            self._client_scopes.append(scope)
+            self._nursery.start_soon(self._run_client, client, scope)
+
+    def stop_workload(self) -> None:
+        for scope in self._client_scopes:
+            scope.cancel()
+
+    # ------------------------------------------------------------------ nemesis
+
+    async def nemesis(self, duration: float) -> None:
+        """Inject the seed's faults for ``duration`` seconds of virtual time."""
+        assert self._nursery is not None
+        rng = self.nemesis_rng
+        config = self.config
+        end = trio.current_time() + duration
+        n = len(self.nodes)
+        while True:
+            await trio.sleep(rng.uniform(*config.fault_interval))
+            if trio.current_time() >= end:
+                return
+            kind = rng.choice(config.faults)
+            if rng.random() < 0.3:
+                self.heal()
+                continue
+            if kind == "partition" and n > 1:
+                order = list(range(n))
+                rng.shuffle(order)
+                cut = rng.randint(1, n - 1)
+                self.partition(order[:cut], order[cut:])
+            elif kind == "isolate-leader" and n > 1:
+                leader = self.leader()
+                if leader is None:
+                    leader = rng.randrange(n)
+                self.partition([leader], [i for i in range(n) if i != leader])
+            elif kind == "one-way" and n > 1:
+                a, b = rng.sample(range(n), 2)
+                self.event("net", "one-way", a, b)
+                self.net.one_way(self.nodes[a].host, self.nodes[b].host)
+            elif kind == "crash":
+                down = sum(not sn.running for sn in self.nodes)
+                if down >= config.max_crashed:
+                    continue
+                leader = self.leader()
+                running = [sn.index for sn in self.nodes if sn.running]
+                victim = leader if leader is not None and rng.random() < 0.5 else None
+                if victim is None:
+                    victim = rng.choice(running)
+                torn = rng.random() < config.torn_probability
+                await self.crash(victim, torn=torn)
+                self._nursery.start_soon(self._restart_later, victim, rng.uniform(0.2, 3.0))
+            elif kind == "pause":
+                self.pause(rng.randrange(n), rng.uniform(0.05, 2.0))
+            elif kind == "reset":
+                victim = rng.randrange(n)
+                self.event("net", "reset", victim)
+                self.net.reset(self.nodes[victim].host)
+            elif kind == "slow" and n > 1:
+                a, b = rng.sample(range(n), 2)
+                latency = rng.uniform(0.02, 0.3)
+                self.event("net", "slow", a, b, round(latency, 4))
+                self.net.set_latency(self.nodes[a].host, self.nodes[b].host, (latency, latency * 2))
+
+    async def _restart_later(self, i: int, delay: float) -> None:
+        await trio.sleep(delay)
+        await self.restart(i)
+
+    # ------------------------------------------------------------------ phases
+
+    async def safety_phase(self) -> None:
+        await self.start_workload()
+        await self.nemesis(self.config.safety_duration)
+
+    async def liveness_phase(self) -> None:
+        """Heal, restart everyone, require a leader, a write, and convergence."""
+        self.stop_workload()
+        self.heal()
+        for sn in self.nodes:
+            await self.restart(sn.index)
+        self.event("sim", "liveness")
+        timeout = self.config.liveness_timeout
+        await self.wait_for_leader(timeout)
+        await self.write(timeout)
+        await self.wait_for("members did not converge", self._converged, timeout)
+
+    def _converged(self) -> bool:
+        leader = self.leader()
+        if leader is None:
+            return False
+        target = self.nodes[leader].node
+        assert target is not None
+        commit = target.cm.commit_position
+        for sn in self.nodes:
+            node = sn.node
+            if not sn.running or node is None or getattr(node, "log_agent", None) is None:
+                return False
+            if node.cm.commit_position != commit or node.log_agent.applied_position != commit:
+                return False
+        return True
+
+    async def _checker_task(self) -> None:
+        while True:
+            await trio.sleep(CHECK_INTERVAL)
+            self.checker.check()
+            self._observe_leaders()
+
+    def _observe_leaders(self) -> None:
+        for term, leader in self.checker.leaders.items():
+            if term not in self._leaders_traced:
+                self._leaders_traced[term] = leader
+                self.stats["elections"] += 1
+                self.event(f"n{leader}", "leader", term)
+
+    def _fail(self, reason: str) -> None:
+        if self._failure is None:
+            self._failure = reason
+            self.event("sim", "FAIL", reason)
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _main(self, scenario: Scenario | None, liveness: bool) -> None:
+        self._leaders_traced: dict[int, int] = {}
+        self.event("sim", "config", self.config.describe())
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._checker_task)
+                for sn in self.nodes:
+                    await self.start(sn.index)
+                if scenario is None:
+                    await self.safety_phase()
+                else:
+                    await scenario(self)
+                if liveness:
+                    await self.liveness_phase()
+                self.checker.final(self.history)
+                nursery.cancel_scope.cancel()
+        except _Violation as exc:
+            self._fail(str(exc))
+        except BaseExceptionGroup as group:
+            violations, rest = group.split(_Violation)
+            if rest is not None:
+                raise
+            assert violations is not None
+            first = violations.exceptions[0]
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            self._fail(str(first))
+
+    # ------------------------------------------------------------------ running
+
+    def run(self, scenario: Scenario | None = None, *, liveness: bool = True) -> SimResult:
+        """Run the whole simulation; raise :class:`SimFailure` if an invariant broke."""
+        logger = logging.getLogger("cluster")
+        handler = _TraceLogHandler(self)
+        saved = (logger.level, logger.propagate)
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO if self.print_trace else logging.WARNING)
+        logger.propagate = False
+        clock = sim_clock(self.config.clock_overshoot)
+        try:
+            with deterministic_trio(self.seed):
+                trio.run(
+                    self._main,
+                    scenario,
+                    liveness,
+                    clock=clock,
+                    instruments=[_LivelockDetector(self)],
+                )
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(saved[0])
+            logger.propagate = saved[1]
+            if not self.keep_dirs:
+                shutil.rmtree(self.dir, ignore_errors=True)
+        if self._failure is not None:
+            tail = "\n".join(
+                [*self.log_lines[-12:], f"nodes: {self.node_states()}"]
+                + ([self.format_trace(40)] if self.print_trace else [])
+            )
+            raise SimFailure(self.seed, len(self.nodes), self._failure, tail)
+        return SimResult(
+            seed=self.seed,
+            nodes=len(self.nodes),
+            trace_hash=self.trace_hash,
+            virtual_time=clock.current_time(),
+            history=self.history.summary(),
+            committed=len(self.checker.committed),
+            terms=dict(self.checker.leaders),
+            stats=dict(self.stats) | {f"net_{k}": v for k, v in self.net.stats.items()},
+        )
+
+
+@dataclass
+class SimResult:
+    seed: int
+    nodes: int
+    trace_hash: str
+    virtual_time: float
+    history: str
+    committed: int
+    terms: dict[int, int]
+    stats: dict[str, int]
+
+    def summary(self) -> str:
+        return (
+            f"seed {self.seed} nodes {self.nodes}: ok, {self.virtual_time:.1f}s virtual, "
+            f"{self.history}, {self.committed} log bytes committed, "
+            f"{len(self.terms)} terms, {self.stats}"
+        )

@@ -1,0 +1,480 @@
+"""A simulated key-value client: the real sans-IO connect handshake over a SimNetwork.
+
+The real client library (``client._client``) runs on anyio sockets, which cannot ride
+the simulated network, so this small shell drives :class:`client._connect.AsyncConnect`
+(the production handshake state machine) over :class:`~cluster.transport.sim.SimHost`:
+
+* it listens for egress on its own sim host (members dial its response channel);
+* connects: ``SessionConnectRequest``, follows ``REDIRECT`` (no authentication here);
+* sends :class:`cluster.examples.kv.Put` requests with unique keys and values in
+  ``SessionMessageHeader`` envelopes, a few in flight at once;
+* follows ``NewLeaderEvent`` (ingress moves to the new leader, the session stays);
+* retries a request that got no response within ``request_timeout`` with the **same**
+  request id, key and value (the first attempt is *indeterminate*: it may or may not have
+  been applied); opens a new session when the old one is closed or unreachable.
+
+Every request is recorded in a shared :class:`History` with virtual timestamps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import trio
+
+from client._connect import AsyncConnect, ConnectIngress, ConnectState, Done, Fail, SendMessage
+from client._credentials import StaticCredentials
+from client._endpoints import Endpoint, parse_endpoints
+from cluster.examples.kv import Put, Response
+from cluster.protocol import EGRESS, FrameDecoder, ProtocolError, encode_frame
+from cluster.protocol.egress import NewLeaderEvent, SessionEvent
+from cluster.protocol.enums import EventCode
+from cluster.protocol.ingress import SessionKeepAlive, SessionMessageHeader
+from cluster.transport.sim import SimNetwork
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode_response = msgspec.msgpack.Decoder(Response).decode
+
+_NETWORK_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
+
+Trace = Callable[..., None]
+
+
+@dataclass
+class Op:
+    """One client write and what became of it."""
+
+    request_id: int
+    client: int
+    key: str
+    value: bytes
+    invoked_at: float
+    acked_at: float | None = None
+    sends: int = 0
+    timeouts: int = 0
+    last_sent_at: float = -1.0
+    sessions: list[int] = field(default_factory=list)
+
+    @property
+    def acked(self) -> bool:
+        return self.acked_at is not None
+
+
+@dataclass
+class History:
+    """Every operation of every client, by request id (insertion ordered)."""
+
+    ops: dict[int, Op] = field(default_factory=dict)
+    bad_responses: list[str] = field(default_factory=list)
+
+    @property
+    def acked(self) -> list[Op]:
+        return [op for op in self.ops.values() if op.acked]
+
+    def summary(self) -> str:
+        ops = list(self.ops.values())
+        acked = sum(op.acked for op in ops)
+        retried = sum(op.sends > 1 for op in ops)
+        return f"{len(ops)} writes, {acked} acknowledged, {retried} retried"
+
+
+class SessionLost(Exception):
+    pass
+
+
+class SimClient:
+    """One client session (re-opened as needed) issuing writes until stopped."""
+
+    def __init__(
+        self,
+        index: int,
+        net: SimNetwork,
+        endpoints: str,
+        rng: random.Random,
+        history: History,
+        *,
+        trace: Trace | None = None,
+        request_timeout: float = 2.0,
+        connect_timeout: float = 3.0,
+        keepalive_interval: float = 0.5,
+        window: int = 2,
+        think: tuple[float, float] = (0.0, 0.05),
+        max_ops: int | None = None,
+        leader_retry_time: float = 2.0,
+        max_silent_timeouts: int = 2,
+    ) -> None:
+        self.index = index
+        self.name = f"c{index}"
+        self.host = net.host(self.name)
+        self.endpoints: dict[int, Endpoint] = parse_endpoints(endpoints)
+        self.rng = rng
+        self.history = history
+        self._trace = trace
+        self.request_timeout = request_timeout
+        self.connect_timeout = connect_timeout
+        self.keepalive_interval = keepalive_interval
+        self.window = window
+        self.think = think
+        self.max_ops = max_ops
+        self.leader_retry_time = leader_retry_time
+        self.max_silent_timeouts = max_silent_timeouts
+        self.response_channel = ""
+        self._correlation_ids = itertools.count(index * 1_000_000 + 1)
+        self._op_numbers = itertools.count()
+        # session
+        self.session_id = -1
+        self.term = -1
+        self.leader_id = -1
+        self.sessions_opened = 0
+        self._session_lost = False
+        # ingress
+        self._ingress: trio.abc.Stream | None = None
+        self._ingress_member = -1
+        self._last_send = -1.0
+        self._last_heard = -1.0
+        self._silent_timeouts = 0
+        # connect handshake
+        self._ac: AsyncConnect | None = None
+        self._ac_actions: list[Any] = []
+        self._ac_wake = trio.Event()
+        # work
+        self.outstanding: dict[int, Op] = {}
+        self.stopping = False
+        self._wake = trio.Event()
+        self.ops_started = 0
+
+    # ------------------------------------------------------------------ plumbing
+
+    def trace(self, kind: str, *detail: Any) -> None:
+        if self._trace is not None:
+            self._trace(self.name, kind, *detail)
+
+    def stop(self) -> None:
+        """Issue no new writes (outstanding ones are still retried)."""
+        self.stopping = True
+        self._wake.set()
+
+    @property
+    def done(self) -> bool:
+        return (
+            self.max_ops is not None and self.ops_started >= self.max_ops and not self.outstanding
+        )
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(self.host.serve, self.name, 0, self._egress_handler)
+            self.response_channel = f"{self.name}:{port}"
+            task_status.started()
+            while not self.done:
+                if not await self._connect(nursery):
+                    await trio.sleep(self.rng.uniform(0.05, 0.3))
+                    continue
+                try:
+                    await self._work(nursery)
+                except SessionLost as exc:
+                    self.trace("session-lost", self.session_id, str(exc))
+                    self.session_id = -1
+                    await self._drop_ingress()
+            nursery.cancel_scope.cancel()
+
+    # ------------------------------------------------------------------ egress
+
+    async def _egress_handler(self, stream: trio.abc.Stream) -> None:
+        decoder = FrameDecoder()
+        try:
+            while data := await stream.receive_some():
+                for body in decoder.feed(data):
+                    self._on_egress(EGRESS.decode(body))
+        except (*_NETWORK_ERRORS, ProtocolError):
+            pass
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+
+    def _on_egress(self, message: Any) -> None:
+        ac = self._ac
+        if ac is not None and ac.state is not ConnectState.DONE:
+            actions = ac.on_egress_message(message)
+            if actions:
+                self._ac_actions.extend(actions)
+                self._ac_wake.set()
+                return
+        if getattr(message, "cluster_session_id", None) == self.session_id:
+            self._last_heard = trio.current_time()
+            self._silent_timeouts = 0
+        if type(message) is SessionMessageHeader:
+            self._on_response(message)
+        elif isinstance(message, NewLeaderEvent):
+            if message.cluster_session_id == self.session_id and self.session_id >= 0:
+                self.trace("new-leader", message.leadership_term_id, message.leader_member_id)
+                self.term = message.leadership_term_id
+                self.leader_id = message.leader_member_id
+                try:
+                    self.endpoints = parse_endpoints(message.ingress_endpoints)
+                except ValueError:
+                    pass
+                if self._ingress_member != self.leader_id:
+                    self._ingress_member = -1  # re-dial the new leader
+                self._wake.set()
+        elif isinstance(message, SessionEvent) and (
+            message.cluster_session_id == self.session_id
+            and self.session_id >= 0
+            and message.code in (EventCode.CLOSED, EventCode.ERROR)
+        ):
+            self.trace("session-event", message.code.name, message.detail)
+            self._session_lost = True
+            self._wake.set()
+
+    def _on_response(self, message: SessionMessageHeader) -> None:
+        try:
+            response = _decode_response(message.payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self.history.bad_responses.append(f"{self.name}: undecodable response: {exc}")
+            return
+        op = self.history.ops.get(response.request_id)
+        if op is None or op.client != self.index:
+            self.history.bad_responses.append(f"{self.name}: response to unknown {response}")
+            return
+        if not response.ok or response.error:
+            self.history.bad_responses.append(f"{self.name}: refused {response}")
+            return
+        if op.acked_at is None:
+            op.acked_at = trio.current_time()
+            self.trace("ack", op.request_id, message.cluster_session_id)
+        self.outstanding.pop(op.request_id, None)
+        self._wake.set()
+
+    # ------------------------------------------------------------------ ingress
+
+    async def _drop_ingress(self) -> None:
+        stream, self._ingress = self._ingress, None
+        self._ingress_member = -1
+        if stream is not None:
+            await trio.aclose_forcefully(stream)
+
+    async def _dial(self, member: int) -> trio.abc.Stream | None:
+        endpoint = self.endpoints.get(member)
+        if endpoint is None:
+            return None
+        try:
+            return await self.host.open_stream(endpoint.host, endpoint.port)
+        except OSError:
+            return None
+
+    async def _use_ingress(
+        self, nursery: trio.Nursery, member: int, stream: trio.abc.Stream
+    ) -> None:
+        await self._drop_ingress()
+        self._ingress = stream
+        self._ingress_member = member
+        nursery.start_soon(self._watch_ingress, stream)
+
+    async def _watch_ingress(self, stream: trio.abc.Stream) -> None:
+        """The node never writes on ingress: notice when it closes or breaks."""
+        try:
+            while await stream.receive_some():
+                pass
+        except _NETWORK_ERRORS:
+            pass
+        if self._ingress is stream:
+            self._ingress = None
+            self._ingress_member = -1
+            self._wake.set()
+            self._ac_wake.set()
+
+    async def _send(self, message: Any) -> bool:
+        stream = self._ingress
+        if stream is None:
+            return False
+        try:
+            await stream.send_all(encode_frame(message))
+        except _NETWORK_ERRORS:
+            if self._ingress is stream:
+                await self._drop_ingress()
+            return False
+        self._last_send = trio.current_time()
+        return True
+
+    # ------------------------------------------------------------------ connect
+
+    async def _connect(self, nursery: trio.Nursery) -> bool:
+        """One AsyncConnect attempt; True once the session is open."""
+        ac = AsyncConnect(
+            self.endpoints,
+            StaticCredentials(),
+            lambda: next(self._correlation_ids),
+            self.response_channel,
+        )
+        self._ac = ac
+        self._ac_actions = []
+        queue: deque[Any] = deque(ac.on_egress_bound())
+        with trio.move_on_after(self.connect_timeout):
+            while True:
+                if not queue:
+                    self._ac_wake = trio.Event()
+                    if not self._ac_actions:
+                        if (
+                            ac.state is ConnectState.POLL_RESPONSE
+                            and self._ingress is None
+                            and ac.member_id is not None
+                        ):
+                            queue.extend(ac.on_ingress_lost(ac.member_id))
+                            continue
+                        await self._ac_wake.wait()
+                    queue.extend(self._ac_actions)
+                    self._ac_actions.clear()
+                    continue
+                action = queue.popleft()
+                if isinstance(action, ConnectIngress):
+                    await self._drop_ingress()
+                    members = list(action.members)
+                    while True:
+                        self.rng.shuffle(members)
+                        for member in members:
+                            stream = await self._dial(member)
+                            if stream is not None:
+                                break
+                        else:
+                            await trio.sleep(self.rng.uniform(0.05, 0.2))
+                            continue
+                        break
+                    await self._use_ingress(nursery, member, stream)
+                    queue.extend(ac.on_ingress_connected(member))
+                elif isinstance(action, SendMessage):
+                    if await self._send(action.message):
+                        queue.extend(ac.on_sent())
+                    else:
+                        queue.extend(ac.on_ingress_lost(action.member_id))
+                elif isinstance(action, Done):
+                    result = action.result
+                    ac.on_concluded()
+                    self.session_id = result.cluster_session_id
+                    self.term = result.leadership_term_id
+                    self.leader_id = result.leader_member_id
+                    self.endpoints = dict(result.endpoints)
+                    self._session_lost = False
+                    self._silent_timeouts = 0
+                    self._last_heard = trio.current_time()
+                    self.sessions_opened += 1
+                    self._ac = None
+                    self.trace("session-open", self.session_id, self.term, self.leader_id)
+                    return True
+                elif isinstance(action, Fail):
+                    self.trace("connect-failed", str(action.error))
+                    self._ac = None
+                    await self._drop_ingress()
+                    return False
+        self.trace("connect-timeout", ac.state.name)
+        self._ac = None
+        await self._drop_ingress()
+        return False
+
+    # ------------------------------------------------------------------ work
+
+    def _new_op(self) -> Op:
+        n = next(self._op_numbers)
+        request_id = self.index * 1_000_000 + n
+        op = Op(
+            request_id=request_id,
+            client=self.index,
+            key=f"{self.name}-{n}",
+            value=f"v{request_id}-{self.rng.getrandbits(32):08x}".encode(),
+            invoked_at=trio.current_time(),
+        )
+        self.history.ops[request_id] = op
+        self.ops_started += 1
+        return op
+
+    async def _send_op(self, op: Op) -> bool:
+        payload = _encode(Put(op.request_id, op.key, op.value))
+        header = SessionMessageHeader(self.term, self.session_id, 0, payload)
+        if not await self._send(header):
+            op.last_sent_at = -1.0  # resend as soon as there is an ingress again
+            return False
+        op.last_sent_at = trio.current_time()
+        op.sends += 1
+        op.sessions.append(self.session_id)
+        return True
+
+    async def _ensure_ingress(self, nursery: trio.Nursery) -> None:
+        """Dial the leader until connected; SessionLost if it stays unreachable."""
+        if self._ingress is not None and self._ingress_member == self.leader_id:
+            return
+        deadline = trio.current_time() + self.leader_retry_time
+        while trio.current_time() < deadline:
+            if self._session_lost:
+                raise SessionLost("closed by the cluster")
+            leader = self.leader_id
+            stream = await self._dial(leader)
+            if stream is not None:
+                if leader == self.leader_id:
+                    await self._use_ingress(nursery, leader, stream)
+                    return
+                await trio.aclose_forcefully(stream)
+                continue
+            await trio.sleep(self.rng.uniform(0.05, 0.2))
+        raise SessionLost(f"leader {self.leader_id} unreachable")
+
+    async def _work(self, nursery: trio.Nursery) -> None:
+        next_op_at = trio.current_time()
+        while not self.done:
+            if self._session_lost:
+                raise SessionLost("closed by the cluster")
+            await self._ensure_ingress(nursery)
+            now = trio.current_time()
+            # retry what timed out, with the same request id, key and value
+            for op in list(self.outstanding.values()):
+                if op.last_sent_at < 0 or now >= op.last_sent_at + self.request_timeout:
+                    if op.last_sent_at >= 0:
+                        op.timeouts += 1
+                        self.trace("timeout", op.request_id)
+                        if self._last_heard < op.last_sent_at:
+                            self._silent_timeouts += 1
+                        if self._silent_timeouts >= self.max_silent_timeouts:
+                            # Nothing at all on egress: its connection may be gone for
+                            # good (a node does not re-dial a broken egress), so start over.
+                            raise SessionLost("no egress")
+                    if not await self._send_op(op):
+                        break
+            # new writes
+            while (
+                not self.stopping
+                and len(self.outstanding) < self.window
+                and (self.max_ops is None or self.ops_started < self.max_ops)
+                and trio.current_time() >= next_op_at
+            ):
+                op = self._new_op()
+                self.outstanding[op.request_id] = op
+                if not await self._send_op(op):
+                    break
+                next_op_at = trio.current_time() + self.rng.uniform(*self.think)
+            if (
+                self._ingress is not None
+                and trio.current_time() >= self._last_send + self.keepalive_interval
+            ):
+                await self._send(SessionKeepAlive(self.term, self.session_id))
+            if self.stopping and not self.outstanding:
+                self._wake = trio.Event()
+                with trio.move_on_after(self.keepalive_interval):
+                    await self._wake.wait()
+                continue
+            # sleep until something happens or a timer is due
+            wake_at = self._last_send + self.keepalive_interval
+            if self.outstanding:
+                wake_at = min(
+                    wake_at,
+                    min(op.last_sent_at for op in self.outstanding.values()) + self.request_timeout,
+                )
+            if not self.stopping and len(self.outstanding) < self.window:
+                wake_at = min(wake_at, next_op_at)
+            if self._ingress is None or self._ingress_member != self.leader_id:
+                continue
+            self._wake = trio.Event()
+            with trio.move_on_at(wake_at):
+                await self._wake.wait()
