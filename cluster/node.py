@@ -32,6 +32,7 @@ from typing import Any, cast
 import trio
 import trio.lowlevel
 
+from .agents.admin import AdminServer
 from .agents.consensus import PeerLinks
 from .agents.egress import EgressPublisher
 from .agents.ingress import IngressAgent, IngressInbox
@@ -587,6 +588,7 @@ class Node:
                 self.ingress_port = await nursery.start(self.ingress.run)
                 await nursery.start(self.egress.run)
                 await nursery.start(self.links.run)
+                await nursery.start(AdminServer(self).run)
                 self.cm.enter_election(self._now_ns(), "start-up", is_startup=True)
                 nursery.start_soon(self._consensus_agent, name="consensus")
                 nursery.start_soon(self.archive_agent.run, name="archive")

@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from .admin import AdminMessage
 from .consensus import ConsensusMessage
 from .egress import EgressMessage
 from .errors import ProtocolError
@@ -56,3 +57,4 @@ LOG: Codec[LogMessage] = Codec("log", LogMessage)
 CONSENSUS: Codec[ConsensusMessage] = Codec("consensus", ConsensusMessage)
 SERVICE: Codec[ServiceMessage] = Codec("service", ServiceMessage)
 SNAPSHOT: Codec[SnapshotRecord] = Codec("snapshot", SnapshotRecord)
+ADMIN: Codec[AdminMessage] = Codec("admin", AdminMessage)

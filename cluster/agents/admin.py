@@ -1,0 +1,380 @@
+"""Admin server: the member's admin port, what ``cluster-tool`` talks to.
+
+One task serves ``node.member.admin_port`` through the node's :class:`Network`; each
+connection reads framed :class:`~cluster.protocol.admin.AdminCommand`\\ s and answers each
+with an :class:`~cluster.protocol.admin.AdminReply` (one at a time, in order).  Bad bytes
+get a last ``AdminReply(correlation_id=-1, ok=False)`` and the connection is closed.
+
+Queries (their ``body`` is JSON):
+
+- ``describe``: role, terms, positions, election and module state, sessions, counters,
+  ingress statistics, the leader's view of its followers, member links, snapshots.
+- ``recording-log``: every recording-log entry.
+- ``errors``: the most recent WARNING-or-worse log records of this process (a bounded
+  ring on the ``cluster`` logger, attached while the server runs).
+
+Commands that change the cluster (``snapshot``, ``suspend``, ``resume``, ``shutdown``,
+``abort``, ``invalidate-latest-snapshot``) put a cluster action on the log through
+:meth:`ConsensusModule.request_cluster_action` (leader only; Aeron's refusals otherwise)
+or edit the recording log.  **They are refused unless the connection comes from a
+loopback address** (127.0.0.0/8 or ::1): the admin port has no authentication, so a
+member bound to a routable address still only lets its own host change it.  Streams that
+are not sockets (the in-memory simulator's) count as local.  Queries are open to anyone
+who can reach the port: firewall it like the consensus port.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import ipaddress
+import logging
+import math
+import os
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..archive.recording_log import CM_SERVICE_ID, ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM
+from ..protocol.admin import AdminCommand, AdminReply, encode_body
+from ..protocol.codec import ADMIN
+from ..protocol.enums import ClusterAction, Role
+from ..protocol.errors import ProtocolError
+from ..protocol.framing import FrameDecoder, encode_frame
+
+if TYPE_CHECKING:
+    from ..node import Node
+
+log = logging.getLogger("cluster.admin")
+
+RECENT_ERRORS = 200
+DEFAULT_SNAPSHOT_TIMEOUT = 30.0
+MUTATING = frozenset(
+    {"snapshot", "suspend", "resume", "shutdown", "abort", "invalidate-latest-snapshot"}
+)
+_ENTRY_TYPES = {ENTRY_TYPE_TERM: "TERM", ENTRY_TYPE_SNAPSHOT: "SNAPSHOT"}
+
+
+class RecentErrors(logging.Handler):
+    """The last ``capacity`` WARNING-or-worse records, for the ``errors`` command."""
+
+    def __init__(self, capacity: int = RECENT_ERRORS) -> None:
+        super().__init__(logging.WARNING)
+        self.records: collections.deque[dict[str, Any]] = collections.deque(maxlen=capacity)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+            if record.exc_info:
+                message += "\n" + logging.Formatter().formatException(record.exc_info)
+            self.records.append(
+                {
+                    "time": record.created,
+                    "level": record.levelname,
+                    "logger": record.name,
+                    "message": message,
+                }
+            )
+        except Exception:
+            self.handleError(record)
+
+
+def peer_is_local(stream: trio.abc.Stream) -> bool:
+    """True for a loopback peer (127.0.0.0/8, ::1) or a stream that is not a socket."""
+    if not isinstance(stream, trio.SocketStream):
+        return True
+    try:
+        address = stream.socket.getpeername()
+    except OSError:
+        return False
+    if not isinstance(address, tuple):  # AF_UNIX: same host
+        return True
+    try:
+        ip = ipaddress.ip_address(str(address[0]).partition("%")[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback
+
+
+def _ms_ago(now_ns: int, then_ns: int) -> int | None:
+    return (now_ns - then_ns) // 1_000_000 if then_ns else None
+
+
+Handler = Callable[[AdminCommand], Awaitable[AdminReply]]
+
+
+class AdminServer:
+    """Serves one node's admin port (see the module docstring)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.errors = RecentErrors()
+        self.started_ns = node._now_ns()
+        self.connections = 0
+        self.commands = 0
+        self._handlers: dict[str, Handler] = {
+            "describe": self._describe,
+            "recording-log": self._recording_log,
+            "errors": self._errors,
+            "snapshot": self._snapshot,
+            "suspend": self._suspend,
+            "resume": self._resume,
+            "shutdown": self._shutdown,
+            "abort": self._abort,
+            "invalidate-latest-snapshot": self._invalidate_latest_snapshot,
+        }
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        node = self.node
+        cluster_logger = logging.getLogger("cluster")
+        cluster_logger.addHandler(self.errors)
+        try:
+            await node.network.serve(
+                node.member.host, node.member.admin_port, self._serve, task_status=task_status
+            )
+        finally:
+            cluster_logger.removeHandler(self.errors)
+
+    async def _serve(self, stream: trio.abc.Stream) -> None:
+        self.connections += 1
+        local = peer_is_local(stream)
+        decoder = FrameDecoder(max(self.node.config.max_frame_size, 64 * 1024))
+        try:
+            while True:
+                data = await stream.receive_some(64 * 1024)
+                if not data:
+                    return
+                for body in decoder.feed(data):
+                    command = ADMIN.decode(body)
+                    if not isinstance(command, AdminCommand):
+                        raise ProtocolError(
+                            f"expected an AdminCommand, got {type(command).__name__}"
+                        )
+                    reply = await self.execute(command, local=local)
+                    await stream.send_all(encode_frame(reply))
+        except ProtocolError as exc:
+            log.warning("closing admin connection after bad frame: %s", exc)
+            with trio.move_on_after(1.0):
+                await stream.send_all(encode_frame(AdminReply(-1, False, str(exc))))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+
+    async def execute(self, command: AdminCommand, *, local: bool = True) -> AdminReply:
+        """Run one command; never raises (failures become ``ok=False`` replies)."""
+        self.commands += 1
+        handler = self._handlers.get(command.command)
+        cid = command.correlation_id
+        if handler is None:
+            known = ", ".join(sorted(self._handlers))
+            return AdminReply(cid, False, f"unknown command {command.command!r} (known: {known})")
+        if command.command in MUTATING and not local:
+            return AdminReply(
+                cid,
+                False,
+                f"{command.command} refused: only allowed from a loopback address "
+                "on the member's own host",
+            )
+        try:
+            return await handler(command)
+        except Exception as exc:
+            log.exception("admin command %s failed", command.command)
+            return AdminReply(cid, False, f"{command.command} failed: {exc!r}")
+
+    # ------------------------------------------------------------------ queries
+
+    def role_name(self) -> str:
+        cm = self.node.cm
+        if cm.role is Role.LEADER:
+            return "LEADER"
+        if cm.election is not None or cm.role is Role.CANDIDATE:
+            return "CANDIDATE"
+        return "FOLLOWER"
+
+    def describe(self) -> dict[str, Any]:
+        node = self.node
+        cm = node.cm
+        now = node._now_ns()
+        followers = []
+        if cm.role is Role.LEADER:
+            for f in sorted(cm.followers.values(), key=lambda f: f.member_id):
+                followers.append(
+                    {
+                        "member_id": f.member_id,
+                        "next_position": f.next_position,
+                        "match_position": f.match_position,
+                        "lag_bytes": (
+                            max(0, cm.archive_position - f.match_position)
+                            if f.match_position >= 0
+                            else None
+                        ),
+                        "last_heard_ms_ago": _ms_ago(now, f.last_heard_ns),
+                    }
+                )
+        links = [
+            {
+                "member_id": member_id,
+                "connected": link.is_connected,
+                "sent": link.sent_messages,
+                "dropped": link.dropped_messages,
+                "connects": link.connects,
+                "backlog": link.backlog,
+            }
+            for member_id, link in sorted(node.links.links.items())
+        ]
+        sessions = [
+            {
+                "cluster_session_id": s.cluster_session_id,
+                "state": s.state.name,
+                "response_channel": s.response_channel,
+                "last_activity_ms_ago": (now - s.time_of_last_activity_ns) // 1_000_000,
+                "close_reason": s.close_reason.name if s.close_reason is not None else None,
+            }
+            for s in sorted(cm.sessions.values(), key=lambda s: s.cluster_session_id)
+        ]
+        stats = node.ingress.stats
+        return {
+            "member_id": node.config.member_id,
+            "role": self.role_name(),
+            "leadership_term_id": cm.leadership_term_id,
+            "candidate_term_id": cm.candidate_term_id,
+            "leader_member_id": cm.leader_member_id,
+            "commit_position": cm.commit_position,
+            "append_position": cm.archive_position,
+            "published_position": cm.published_position,
+            "applied_position": cm.applied_position,
+            "election_state": cm.election_state.name,
+            "module_state": cm.module_state.name,
+            "sessions": sessions,
+            "pending_sessions": len(cm.pending_sessions),
+            "redirect_sessions": len(cm.redirect_sessions),
+            "redirects": cm.counters.redirected_sessions,
+            "counters": dataclasses.asdict(cm.counters),
+            "ingress": {
+                "connections": stats.connections,
+                "open_connections": stats.open_connections,
+                "frames": stats.frames,
+                "protocol_errors": stats.protocol_errors,
+                "last_error": stats.last_error,
+            },
+            "followers": followers,
+            "links": links,
+            "members": [
+                {
+                    "member_id": m.member_id,
+                    "host": m.host,
+                    "ingress_port": m.ingress_port,
+                    "consensus_port": m.consensus_port,
+                    "admin_port": m.admin_port,
+                }
+                for m in node.members
+            ],
+            "snapshots_taken": node.snapshots_taken,
+            "uptime_s": round((now - self.started_ns) / 1e9, 3),
+            "pid": os.getpid(),
+        }
+
+    async def _describe(self, command: AdminCommand) -> AdminReply:
+        return AdminReply(command.correlation_id, True, "", encode_body(self.describe()))
+
+    def recording_log(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "index": e.index,
+                "recording_id": e.recording_id,
+                "leadership_term_id": e.leadership_term_id,
+                "term_base_log_position": e.term_base_log_position,
+                "log_position": e.log_position,
+                "timestamp": e.timestamp,
+                "service_id": e.service_id,
+                "entry_type": e.entry_type,
+                "type": _ENTRY_TYPES.get(e.type, f"UNKNOWN({e.type})"),
+                "valid": e.is_valid,
+            }
+            for e in self.node.recording_log.entries
+        ]
+
+    async def _recording_log(self, command: AdminCommand) -> AdminReply:
+        return AdminReply(command.correlation_id, True, "", encode_body(self.recording_log()))
+
+    async def _errors(self, command: AdminCommand) -> AdminReply:
+        records = list(self.errors.records)
+        limit = command.args.get("limit")
+        if limit is not None:
+            try:
+                count = int(limit)
+            except ValueError:
+                return AdminReply(command.correlation_id, False, f"bad limit {limit!r}")
+            records = records[-count:] if count > 0 else []
+        return AdminReply(command.correlation_id, True, "", encode_body(records))
+
+    # ------------------------------------------------------------------ cluster actions
+
+    def _request(self, action: ClusterAction, *, terminate: bool = False) -> tuple[bool, str]:
+        node = self.node
+        ok, message = node.cm.request_cluster_action(action, node._now_ns(), terminate=terminate)
+        if ok:
+            log.info("%s (requested on the admin port)", message)
+            node._kick()
+        return ok, message
+
+    async def _snapshot(self, command: AdminCommand) -> AdminReply:
+        cid = command.correlation_id
+        try:
+            timeout = float(command.args.get("timeout", DEFAULT_SNAPSHOT_TIMEOUT))
+        except ValueError:
+            return AdminReply(cid, False, f"bad timeout {command.args['timeout']!r}")
+        if not timeout > 0 or math.isinf(timeout):
+            return AdminReply(cid, False, f"bad timeout {command.args['timeout']!r}")
+        node = self.node
+        before = node.snapshots_taken
+        ok, message = self._request(ClusterAction.SNAPSHOT)
+        if not ok:
+            return AdminReply(cid, False, message)
+        with trio.move_on_after(timeout):
+            # the node has no snapshot event to wait on: poll its counter
+            while node.snapshots_taken <= before:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        if node.snapshots_taken <= before:
+            return AdminReply(cid, False, f"SNAPSHOT requested but not taken within {timeout:g}s")
+        entry = node.recording_log.get_latest_snapshot(CM_SERVICE_ID)
+        body = (
+            {"log_position": entry.log_position, "leadership_term_id": entry.leadership_term_id}
+            if entry is not None
+            else {}
+        )
+        return AdminReply(cid, True, message, encode_body(body))
+
+    async def _simple_action(
+        self, command: AdminCommand, action: ClusterAction, *, terminate: bool = False
+    ) -> AdminReply:
+        ok, message = self._request(action, terminate=terminate)
+        return AdminReply(command.correlation_id, ok, message)
+
+    async def _suspend(self, command: AdminCommand) -> AdminReply:
+        return await self._simple_action(command, ClusterAction.SUSPEND)
+
+    async def _resume(self, command: AdminCommand) -> AdminReply:
+        return await self._simple_action(command, ClusterAction.RESUME)
+
+    async def _shutdown(self, command: AdminCommand) -> AdminReply:
+        return await self._simple_action(command, ClusterAction.SNAPSHOT, terminate=True)
+
+    async def _abort(self, command: AdminCommand) -> AdminReply:
+        return await self._simple_action(command, ClusterAction.ABORT)
+
+    async def _invalidate_latest_snapshot(self, command: AdminCommand) -> AdminReply:
+        invalidated = self.node.recording_log.invalidate_latest_snapshot()
+        if invalidated:
+            log.info("latest snapshot invalidated (requested on the admin port)")
+        return AdminReply(
+            command.correlation_id,
+            True,
+            f"invalidate latest snapshot: {'true' if invalidated else 'false'}",
+            encode_body({"invalidated": invalidated}),
+        )
