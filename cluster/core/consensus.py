@@ -625,7 +625,7 @@ class ConsensusModule:
                         self.storage.remove_terms_from(start)
                     self.terms.append(msg.data_term_id, msg.term_base_log_position)
                     self.storage.record_term(
-                        msg.data_term_id, msg.term_base_log_position, self.timestamp
+                        msg.data_term_id, msg.term_base_log_position, self.cluster_time(now_ns)
                     )
                 self.log_buffer += data
             self.verified_end = max(self.verified_end, start + len(data))
