@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -147,6 +148,7 @@ async def bench(args: argparse.Namespace, endpoints: str) -> dict[str, object]:
             "mean": round(h.mean / 1e3, 1),
             "samples": h.count,
         },
+        "distribution_us": [(p, v / 1e3) for p, v in h.distribution()],
     }
 
 
@@ -165,6 +167,16 @@ def main() -> int:
     p.add_argument("--endpoints", help="use a running cluster (ingress endpoints)")
     p.add_argument("--dir", help="data directory (default: a temporary one)")
     p.add_argument("--json", action="store_true", help="print JSON only")
+    p.add_argument(
+        "--out",
+        help="write the results as JSON to this file and a latency plot (PNG) next to it",
+    )
+    p.add_argument(
+        "--vs-pysyncobj",
+        action="store_true",
+        help="then run the equivalent 3-process PySyncObj benchmark (installed if needed) "
+        "and print both and their ratio",
+    )
     args = p.parse_args()
     if args.payload < STAMP.size:
         p.error(f"--payload must be at least {STAMP.size}")
@@ -187,21 +199,109 @@ def main() -> int:
             )
             with cluster:
                 result = trio.run(bench, args, cluster.ingress_endpoints)
+    results = [result]
+    if args.vs_pysyncobj:
+        peer = run_pysyncobj(args)
+        if peer is not None:
+            results.append(peer)
+    if args.out:
+        write_outputs(Path(args.out), results)
     if args.json:
-        print(json.dumps(result))
-    else:
-        lat = result["latency_us"]
-        assert isinstance(lat, dict)
-        print(
-            f"{result['nodes']} node(s), {args.clients} clients, {args.in_flight} in flight, "
-            f"{args.payload} B payload, fsync={args.fsync}\n"
-            f"committed: {result['messages_per_s']:,.0f} msg/s "
-            f"({result['payload_mb_per_s']} MB/s payload) over {result['duration_s']} s\n"
-            f"round trip: p50 {lat['p50']:.0f} us  p90 {lat['p90']:.0f} us  "
-            f"p99 {lat['p99']:.0f} us  p999 {lat['p999']:.0f} us  max {lat['max']:.0f} us "
-            f"({lat['samples']} samples)"
-        )
+        print(json.dumps(results if len(results) > 1 else result))
+        return 0
+    for r in results:
+        print_text(r, args)
+    if len(results) > 1:
+        ours, theirs = results
+        ratio = float(ours["messages_per_s"]) / max(float(theirs["messages_per_s"]), 1e-9)  # type: ignore[arg-type]
+        print(f"throughput ratio triarch/pysyncobj: {ratio:.2f}x")
     return 0
+
+
+def print_text(result: dict[str, object], args: argparse.Namespace) -> None:
+    lat = result["latency_us"]
+    assert isinstance(lat, dict)
+    name = result.get("system", "triarch")
+    print(
+        f"[{name}] {result['nodes']} node(s), {result.get('clients', 1)} clients, "
+        f"{result['in_flight']} in flight, {result['payload_bytes']} B payload, "
+        f"fsync={result['fsync']}\n"
+        f"  committed: {result['messages_per_s']:,.0f} msg/s "
+        f"({result.get('payload_mb_per_s', '-')} MB/s payload) over {result['duration_s']} s\n"
+        f"  round trip: p50 {lat['p50']:.0f} us  p90 {lat['p90']:.0f} us  "
+        f"p99 {lat['p99']:.0f} us  p999 {lat['p999']:.0f} us  max {lat['max']:.0f} us "
+        f"({lat['samples']} samples)"
+    )
+
+
+def ensure_package(module: str, requirement: str) -> bool:
+    """Import ``module``, pip-installing ``requirement`` into this environment if needed."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+        return True
+    except ImportError:
+        pass
+    print(f"installing {requirement} into the bench environment...", file=sys.stderr)
+    code = subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", requirement])
+    importlib.invalidate_caches()
+    return code == 0
+
+
+def run_pysyncobj(args: argparse.Namespace) -> dict[str, object] | None:
+    if not ensure_package("pysyncobj", "pysyncobj"):
+        print("could not install pysyncobj", file=sys.stderr)
+        return None
+    out = subprocess.run(
+        [
+            sys.executable, str(ROOT / "scripts" / "pysyncobj_bench.py"),
+            "--in-flight", str(args.in_flight), "--payload", str(args.payload),
+            "--duration", str(args.duration), "--warmup", str(args.warmup),
+        ],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        print(f"pysyncobj benchmark failed: {out.stderr[-1000:]}", file=sys.stderr)
+        return None
+    result: dict[str, object] = json.loads(lines[-1])
+    return result
+
+
+def write_outputs(path: Path, results: list[dict[str, object]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2))
+    if not ensure_package("matplotlib", "matplotlib"):
+        print("matplotlib unavailable: no plot", file=sys.stderr)
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in results:
+        points = r["distribution_us"]
+        assert isinstance(points, list)
+        xs = [min(1e5, 1 / max(1e-5, 1 - p / 100)) for p, _ in points]
+        ys = [v / 1000 for _, v in points]
+        label = f"{r.get('system', 'triarch')} ({float(r['messages_per_s']):,.0f} msg/s)"  # type: ignore[arg-type]
+        ax.plot(xs, ys, label=label)
+    ax.set_xscale("log")
+    ticks = [1, 2, 10, 100, 1000, 10000]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(["0%", "50%", "90%", "99%", "99.9%", "99.99%"])
+    ax.set_xlabel("percentile")
+    ax.set_ylabel("round-trip latency (ms)")
+    ax.set_title("Latency by percentile, committed echo round trip")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    png = path.with_suffix(".png")
+    fig.savefig(png, dpi=100)
+    print(f"wrote {path} and {png}", file=sys.stderr)
 
 
 if __name__ == "__main__":
