@@ -20,7 +20,6 @@ MAX_RECORD_LENGTH = 64 << 20
 """Upper bound on a record body; a larger length field is treated as corruption."""
 
 _crc32 = zlib.crc32
-_pack_into = RECORD_HEADER.pack_into
 _unpack_from = RECORD_HEADER.unpack_from
 
 
@@ -35,10 +34,8 @@ class RecordError(Exception):
 
 def append_record(buf: bytearray, body: bytes | bytearray | memoryview) -> int:
     """Append ``body`` as a record to ``buf``; return the record's total length."""
-    start = len(buf)
-    buf += b"\0" * RECORD_HEADER_LENGTH
+    buf += RECORD_HEADER.pack(len(body), _crc32(body))
     buf += body
-    _pack_into(buf, start, len(body), _crc32(body))
     return RECORD_HEADER_LENGTH + len(body)
 
 

@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..archive.record import RECORD_HEADER, RECORD_HEADER_LENGTH
+from ..archive.record import RECORD_HEADER
 from ..protocol import version as protocol_version
-from ..protocol.codec import encode_into
+from ..protocol.codec import encode as _encode
 from ..protocol.consensus import (
     APPEND_POSITION_VERIFIED,
     AppendPosition,
@@ -73,8 +73,7 @@ from .timers import TimerService
 
 log = logging.getLogger("cluster.consensus")
 
-_RECORD_ZERO = b"\0" * RECORD_HEADER_LENGTH
-_pack_record_header = RECORD_HEADER.pack_into
+_pack_record_header = RECORD_HEADER.pack
 _crc32 = zlib.crc32
 
 
@@ -285,13 +284,10 @@ class ConsensusModule:
 
     def _append(self, message: LogMessage) -> int:
         """Encode ``message`` as a log record; return the position after it."""
+        body = _encode(message)
         buf = self.log_buffer
-        start = len(buf)
-        buf += _RECORD_ZERO
-        encode_into(message, buf, start + RECORD_HEADER_LENGTH)
-        with memoryview(buf) as view, view[start + RECORD_HEADER_LENGTH :] as body:
-            crc = _crc32(body)
-        _pack_record_header(buf, start, len(buf) - start - RECORD_HEADER_LENGTH, crc)
+        buf += _pack_record_header(len(body), _crc32(body))
+        buf += body
         return self._log_buffer_base + len(buf)
 
     def take_log_batch(self) -> tuple[int, bytearray] | None:
