@@ -771,6 +771,19 @@ class SimCluster:
         assert leader is not None
         return leader
 
+    def role_of(self, i: int) -> Role | None:
+        sn = self.nodes[i]
+        cm = getattr(sn.node, "cm", None) if sn.running else None
+        return None if cm is None else cm.role
+
+    def term_of(self, i: int) -> int:
+        sn = self.nodes[i]
+        cm = getattr(sn.node, "cm", None) if sn.running else None
+        return -1 if cm is None else int(cm.leadership_term_id)
+
+    async def sleep(self, seconds: float) -> None:
+        await trio.sleep(seconds)
+
     def node_states(self) -> str:
         return "; ".join(sn.state() for sn in self.nodes)
 
@@ -803,6 +816,13 @@ class SimCluster:
             scope.cancel()
         (op,) = [op for op in self.history.ops.values() if op.client == probe.index]
         return op.request_id
+
+    def spawn_client(self, client: SimClient) -> trio.CancelScope:
+        """Run ``client`` until the returned scope is cancelled (or the run ends)."""
+        assert self._nursery is not None
+        scope = trio.CancelScope()
+        self._nursery.start_soon(self._run_client, client, scope)
+        return scope
 
     async def _run_client(self, client: SimClient, scope: trio.CancelScope) -> None:
         with scope:
