@@ -47,7 +47,7 @@ class Replicator:
         cm = self.cm
         link = self.link
         connects = link.connects
-        last_send = -1e18
+        next_heartbeat = -1e18  # one number for both the test and the wait: no FP drift
         while True:
             follower = cm.followers.get(self.member_id)
             if follower is None:
@@ -73,14 +73,14 @@ class Replicator:
                     continue
                 link.send(cm.append_request(self.member_id, start, data))
                 follower.next_position = stop
-                last_send = trio.current_time()
+                next_heartbeat = trio.current_time() + self.heartbeat_interval
                 await trio.lowlevel.checkpoint()
                 continue
             now = trio.current_time()
-            if now - last_send >= self.heartbeat_interval:
+            if now >= next_heartbeat:
                 link.send(cm.append_request(self.member_id, start, b""))
-                last_send = now
-            with trio.move_on_at(last_send + self.heartbeat_interval):
+                next_heartbeat = now + self.heartbeat_interval
+            with trio.move_on_at(next_heartbeat):
                 if link.backlog >= MAX_LINK_BACKLOG:
                     await trio.sleep(0.001)
                 else:

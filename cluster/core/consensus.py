@@ -74,6 +74,9 @@ from .timers import TimerService
 log = logging.getLogger("cluster.consensus")
 
 _pack_record_header = RECORD_HEADER.pack
+
+EGRESS_RETRY_NS = 1_000_000_000
+"""How often a leader re-dials the lost egress of an open session."""
 _crc32 = zlib.crc32
 
 
@@ -932,6 +935,7 @@ class ConsensusModule:
         session = self._find_by_egress(egress_id)
         if session is not None:
             session.egress_connected = True
+            session.egress_retry_ns = None
 
     def on_egress_failed(self, egress_id: int) -> None:
         """The egress connection could not be made or broke."""
@@ -940,6 +944,11 @@ class ConsensusModule:
         if session is None:
             return
         session.egress_connected = False
+        if session.state is State.OPEN and self.is_ready_leader:
+            # The client may still be there (a reset connection): dial it again soon;
+            # if it is gone, the session times out as usual.
+            session.egress_retry_ns = 0
+            return
         if session.state is not State.OPEN:
             # nobody to tell: drop a session that never opened
             for group in (self.pending_sessions, self.redirect_sessions, self.rejected_sessions):
@@ -1183,6 +1192,9 @@ class ConsensusModule:
         work = 0
         timeout = self.config.session_timeout_ns
         for session in list(self.sessions.values()):
+            if session.egress_retry_ns is not None and now_ns >= session.egress_retry_ns:
+                session.egress_retry_ns = now_ns + EGRESS_RETRY_NS  # until it connects
+                self.egress.connect(session.egress_id, session.response_channel)
             if session.state is State.CLOSING:
                 self._close_session(
                     session, session.close_reason or CloseReason.SERVICE_ACTION, now_ns

@@ -46,6 +46,7 @@ class ClusterSession:
         "correlation_id",
         "egress_connected",
         "egress_id",
+        "egress_retry_ns",
         "encoded_principal",
         "has_new_leader_event_pending",
         "has_open_event_pending",
@@ -80,6 +81,7 @@ class ClusterSession:
         self.opened_log_position = -1
         self.encoded_principal = b""
         self.egress_connected = False
+        self.egress_retry_ns: int | None = None  # re-dial a lost egress at this time
         self.has_open_event_pending = False
         self.has_new_leader_event_pending = False
         self.rejection: tuple[int, str] | None = None  # (EventCode, detail) for a rejected session
