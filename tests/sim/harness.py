@@ -127,7 +127,7 @@ class SimConfig:
     disk_latency: tuple[float, float] = (0.0001, 0.001)
     segment_size: int = 64 << 10
     clock_skew_ms: tuple[int, ...] = ()
-    clock_overshoot: float = 1e-9
+    clock_overshoot: float = 0.0
     node: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -253,6 +253,7 @@ class Checker:
         self.leaders: dict[int, int] = {}  # term -> leader member id
         self.committed = bytearray()  # the longest committed log seen
         self.records: dict[int, Any] = {}  # end position -> decoded record of `committed`
+        self.sessions_opened: dict[int, int] = {}  # session id -> position of its open event
         self._parsed = 0
         self.verified: dict[int, int] = {}  # node -> its log matches `committed` up to here
         self.journal_seen: dict[tuple[int, int], int] = {}  # (node, incarnation) -> entries
@@ -271,8 +272,16 @@ class Checker:
         self.committed += data
         for offset, body in iter_records(self.committed, self._parsed):
             end = offset + 8 + len(body)
-            self.records[end] = LOG.decode(body)
+            record = self.records[end] = LOG.decode(body)
             self._parsed = end
+            if isinstance(record, SessionOpenEvent):
+                first = self.sessions_opened.setdefault(record.cluster_session_id, end)
+                if first != end:
+                    self.fail(
+                        f"cluster session id {record.cluster_session_id} reused: opened at "
+                        f"log position {first} and again at {end} (term "
+                        f"{record.leadership_term_id})"
+                    )
 
     def check_node(self, sn: SimNode) -> None:
         node = sn.node
@@ -486,15 +495,15 @@ class _TraceLogHandler(logging.Handler):
         self.sim.log_lines.append(f"{now:10.4f} log {record.levelname} {record.name}: {text}")
 
 
-def sim_clock(overshoot: float = 1e-9) -> trio.testing.MockClock:
-    """``MockClock(autojump_threshold=0)`` that jumps ``overshoot`` seconds past a deadline.
+def sim_clock(overshoot: float = 0.0) -> trio.testing.MockClock:
+    """``MockClock(autojump_threshold=0)``, optionally jumping ``overshoot`` s past deadlines.
 
-    A real clock never wakes a sleeper exactly at its deadline; an exact jump lets code
-    that re-derives the deadline with different float arithmetic (``now - last >= d``
-    after sleeping until ``last + d``) see it as not yet reached, and spin.  The default
-    1 ns overshoot keeps such code as harmless as it is on a real clock; ``overshoot=0``
-    finds it (:class:`_LivelockDetector` reports the spin).  MockClock is final, so its
-    private ``_autojump`` hook (trio 0.35) is replaced on the instance.
+    Autojump lands exactly on a deadline, which a real clock never does: code that
+    re-derives the deadline with different float arithmetic (``now - last >= d`` after
+    sleeping until ``last + d``) may see it as not yet reached and spin, stopping virtual
+    time (:class:`_LivelockDetector` then fails the run).  Exact jumps (the default) find
+    such code; an overshoot of 1e-9 s behaves like a real clock.  MockClock is final, so
+    its private ``_autojump`` hook (trio 0.35) is replaced on the instance.
     """
     clock = trio.testing.MockClock(autojump_threshold=0)
     if overshoot:

@@ -56,17 +56,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--safety", type=float, help="safety phase duration (virtual s)")
     parser.add_argument("--quiet", action="store_true", help="print failures only")
     parser.add_argument(
-        "--exact-clock",
-        action="store_true",
-        help="autojump exactly to deadlines (no 1 ns overshoot): finds deadline spins",
+        "--clock-overshoot",
+        type=float,
+        metavar="SECONDS",
+        help="autojump this far past each deadline (default 0: exactly onto it)",
     )
     args = parser.parse_args(argv)
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
     overrides: dict[str, float] = {}
     if args.safety is not None:
         overrides["safety_duration"] = args.safety
-    if args.exact_clock:
-        overrides["clock_overshoot"] = 0.0
+    if args.clock_overshoot is not None:
+        overrides["clock_overshoot"] = args.clock_overshoot
     failed: list[int] = []
     began = time.perf_counter()
     for seed in seeds:
