@@ -176,6 +176,9 @@ class LogAgent:
         cm = self.cm
         applied = buf.applied
         stop = min(cm.commit_position, buf.end)
+        if cm.pending_truncate is not None:
+            # bytes past a truncation the archive agent has not done yet are stale
+            stop = min(stop, cm.pending_truncate)
         # A leader's own entries of this term are already in its session table; entries
         # of earlier terms (and everything on a follower) are mirrored into it.
         mirror_end = cm.term_base_position if cm.role is Role.LEADER else cm.commit_position

@@ -595,26 +595,32 @@ class ConsensusModule:
             self._send_append_position(msg.leader_member_id, end, False)  # gap: send from end
             return
         if self.terms.term_at(start) != msg.prev_term_id:
-            point = max(self.commit_position, self.terms.term_start_containing(start))
-            if point >= start:
-                log.error(
-                    "member %d: log mismatch at %d at or below commit %d (leader %d term %d)",
-                    self.config.member_id,
-                    start,
-                    self.commit_position,
-                    msg.leader_member_id,
-                    msg.leadership_term_id,
-                )
-                point = start
-            self._truncate(point)
-            self._send_append_position(msg.leader_member_id, self.published_position, False)
+            # Our entry ending at `start` is from another term: ask the leader to go back
+            # to where that term of ours began.  Nothing is truncated yet: only entries
+            # that really differ are, once the leader sends them (below).
+            hint = self.terms.term_start_containing(start)
+            self._send_append_position(msg.leader_member_id, min(hint, start), False)
             return
         data = msg.data
+        end_of_data = start + len(data)
         if data:
             if start < self.commit_position:
                 skip = min(len(data), self.commit_position - start)  # identical, committed
                 data = data[skip:]
                 start += skip
+            if data and start < self.published_position:
+                # Entries we hold from the same term at the same positions are the same
+                # entries (log matching): skip them, truncate only from the first one
+                # that differs.
+                our_term, _ = self.terms.term_for_data_at(start)
+                if our_term == msg.data_term_id:
+                    same_until = min(
+                        self.published_position,
+                        end_of_data,
+                        self.terms.next_base_after(start) or self.published_position,
+                    )
+                    data = data[same_until - start :]
+                    start = same_until
             if data:
                 if start < self.published_position:
                     self._truncate(start)
@@ -627,7 +633,7 @@ class ConsensusModule:
                         msg.data_term_id, msg.term_base_log_position, self.cluster_time(now_ns)
                     )
                 self.log_buffer += data
-            self.verified_end = max(self.verified_end, start + len(data))
+            self.verified_end = max(self.verified_end, end_of_data)
         else:
             self.verified_end = max(self.verified_end, start)
         self._advance_follower_commit(msg.commit_position)
@@ -757,7 +763,10 @@ class ConsensusModule:
     # ------------------------------------------------------------------ ingress
 
     def on_session_connect(self, request: SessionConnectRequest, now_ns: int) -> None:
-        if self.role is Role.LEADER:
+        # Only a ready leader assigns session ids: before its log of earlier terms is
+        # applied it does not know every id in use.  Until then, redirect (to itself,
+        # once ready).
+        if self.is_ready_leader:
             session_id = self.next_session_id
             self.next_session_id += 1
             egress_id = session_id
@@ -775,7 +784,7 @@ class ConsensusModule:
         )
         session.state = State.CONNECTING
         self.egress.connect(egress_id, request.response_channel)
-        if self.role is not Role.LEADER:
+        if not self.is_ready_leader:
             self.redirect_sessions.append(session)
             return
         if not protocol_version.is_compatible(request.version):
@@ -1059,7 +1068,11 @@ class ConsensusModule:
         if self.redirect_sessions:
             remaining = []
             for session in self.redirect_sessions:
-                if not session.egress_connected or self.leader_member_id < 0:
+                if (
+                    not session.egress_connected
+                    or self.leader_member_id < 0
+                    or self.election is not None
+                ):
                     if now_ns - session.time_of_last_activity_ns > self.config.session_timeout_ns:
                         self.egress.close(session.egress_id)  # no leader emerged in time
                         work += 1
