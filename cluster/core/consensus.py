@@ -252,6 +252,7 @@ class ConsensusModule:
         self._next_commit_heartbeat_ns = 0
         # follower state
         self.verified_end = -1
+        self.leader_commit_position = -1
         self.last_leader_heard_ns = 0
         self._last_reported: tuple[int, int] = (-1, -1)
         self._next_append_report_ns = 0
@@ -321,6 +322,8 @@ class ConsensusModule:
         self.archive_position = min(self.archive_position, position)
         if self.pending_truncate is not None and self.pending_truncate >= position:
             self.pending_truncate = None
+            if self.role is not Role.LEADER:
+                self._advance_follower_commit(self.leader_commit_position)
 
     def on_applied(self, position: int) -> None:
         """The service has applied the log up to ``position``."""
@@ -570,6 +573,7 @@ class ConsensusModule:
             self._step_down()
         if self.leadership_term_id != term or self.leader_member_id != leader:
             self.verified_end = -1
+            self.leader_commit_position = -1
             for session in self.sessions.values():
                 session.restored_from_snapshot = False  # the leader has them live
             log.info("member %d follows leader %d in term %d", self.config.member_id, leader, term)
@@ -652,7 +656,13 @@ class ConsensusModule:
             self._accept_leader(msg.leadership_term_id, msg.leader_member_id, now_ns)
 
     def _advance_follower_commit(self, leader_commit: int) -> None:
-        position = min(leader_commit, self.verified_end, self.published_position)
+        if leader_commit > self.leader_commit_position:
+            self.leader_commit_position = leader_commit
+        position = min(self.leader_commit_position, self.verified_end, self.published_position)
+        if self.pending_truncate is not None:
+            # until the archive has dropped the old bytes, positions past the truncation
+            # point name bytes that are still the old ones there
+            position = min(position, self.pending_truncate)
         if position > self.commit_position:
             self.commit_position = position
 
@@ -736,7 +746,10 @@ class ConsensusModule:
                 follower.next_position = msg.log_position
             self._update_leader_commit(now_ns)
         else:
-            follower.next_position = msg.log_position
+            # A hint (a gap, a disagreeing term, or a follower not yet verified): only
+            # ever move back.  Moving forward to an unverified position would undo the
+            # search for where the logs agree and can livelock it.
+            follower.next_position = min(follower.next_position, msg.log_position)
 
     def append_request(self, member_id: int, start: int, data: bytes) -> AppendRequest:
         """Build the AppendRequest that ships ``data`` (the log from ``start``) to a follower.
