@@ -1,0 +1,516 @@
+"""What the console knows about the cluster, built from successive ``describe`` polls.
+
+No Textual here: :class:`ClusterModel` takes :class:`~tui.source.MemberPoll`\\ s (and the
+``errors`` records) and keeps the rows the screen shows, and returns the
+:class:`Event`\\ s worth a line in the events log.  Things a single ``describe`` cannot say
+are derived across polls:
+
+- **leader and elections**: the reachable member that says LEADER with the highest
+  term; a change of leader or term is an event, and so is a member's ``elections``
+  counter moving (it started an election);
+- **closed sessions**: a session that disappears from the leader's ``describe`` is kept
+  as CLOSED (dimmed) for ``closed_retention`` seconds.  The node removes a session when
+  it closes and does not report why; when the leader's ``timed_out_sessions`` counter
+  moved in the same poll the console says TIMEOUT (most idle sessions first),
+  otherwise ``gone`` (closed by the client or the service);
+- **redirects**: the nodes count redirected sessions (``redirected_sessions``) but do
+  not say which client was redirected, so the recent-redirects list is made of counter
+  deltas: when, which member, how many, and the leader they were sent to;
+- **throughput**: committed bytes/s from the leader's commit position, and the
+  leader's ingress messages/s (every ingress frame, keepalives included), over windows
+  of at least ``rate_window`` seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from cluster.config import MemberEndpoints
+
+from .source import MemberPoll
+
+__all__ = ["ClusterModel", "Event", "MemberRow", "RedirectRow", "SessionRow", "Severity"]
+
+Severity = Literal["information", "warning", "error"]
+
+ERRORS_PER_FETCH = 5  # at most this many new error records per member and fetch become events
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One line of the events log."""
+
+    at: float  # wall-clock seconds
+    kind: str  # election, leader, member, snapshot, session, redirect, error, action
+    text: str
+    severity: Severity = "information"
+
+
+@dataclass(slots=True)
+class MemberRow:
+    member_id: int
+    endpoint: str
+    up: bool = False
+    known: bool = False  # polled at least once
+    role: str = "-"
+    term: int | None = None
+    commit: int | None = None
+    append: int | None = None
+    lag: int | None = None
+    election: str = "-"
+    module: str = "-"
+    sessions: int | None = None
+    heartbeat_ms: int | None = None  # leader's last word from this follower
+    redirects: int = 0
+    error: str = ""
+    last_up: float | None = None  # monotonic time of the last good poll
+    changed_at: float | None = None  # monotonic time of the last up/down change
+    pid: int | None = None
+
+
+@dataclass(slots=True)
+class SessionRow:
+    session_id: int
+    state: str
+    response_channel: str = ""
+    last_activity_ms: int | None = None
+    close_reason: str | None = None
+    closed_at: float | None = None  # monotonic
+    seen_at: float = 0.0  # monotonic time of the last describe that listed it
+
+    @property
+    def closed(self) -> bool:
+        return self.closed_at is not None
+
+
+@dataclass(frozen=True, slots=True)
+class RedirectRow:
+    at: float  # wall-clock seconds
+    member_id: int
+    count: int
+    leader_id: int | None
+
+
+@dataclass(slots=True)
+class _Baseline:
+    """The previous poll's counters of one member process (reset when the pid changes)."""
+
+    pid: Any
+    counters: dict[str, int]
+    ingress: dict[str, int]
+    snapshots: int
+    module: str
+    role: str
+
+
+@dataclass(slots=True)
+class _RateWindow:
+    at: float
+    commit: int
+    frames: int | None
+    member_id: int
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _counters(body: dict[str, Any], key: str) -> dict[str, int]:
+    raw = body.get(key)
+    if not isinstance(raw, dict):
+        return {}
+    return {k: v for k, v in raw.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+@dataclass
+class ClusterModel:
+    """The console's state (see the module docstring)."""
+
+    endpoints: Sequence[MemberEndpoints]
+    closed_retention: float = 60.0
+    history: int = 60
+    rate_window: float = 1.0
+    wall_clock: Callable[[], float] = time.time
+    members: dict[int, MemberRow] = field(init=False)
+    sessions: dict[int, SessionRow] = field(init=False, default_factory=dict)
+    redirects: deque[RedirectRow] = field(init=False)
+    bytes_per_s: deque[float] = field(init=False)
+    messages_per_s: deque[float] = field(init=False)
+    leader_id: int | None = field(init=False, default=None)
+    leader_term: int | None = field(init=False, default=None)
+    polls: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.members = {
+            m.member_id: MemberRow(m.member_id, f"{m.host}:{m.admin_port}") for m in self.endpoints
+        }
+        self.redirects = deque(maxlen=20)
+        self.bytes_per_s = deque(maxlen=self.history)
+        self.messages_per_s = deque(maxlen=self.history)
+        self._baselines: dict[int, _Baseline] = {}
+        self._describes: dict[int, dict[str, Any]] = {}
+        self._leader_seen = False
+        self._last_leader = "none"
+        self._timeouts_pending = 0
+        self._window: _RateWindow | None = None
+        self._error_marks: dict[int, tuple[Any, float]] = {}
+
+    # ------------------------------------------------------------------ derived views
+
+    @property
+    def up_count(self) -> int:
+        return sum(1 for m in self.members.values() if m.up)
+
+    @property
+    def leader_commit(self) -> int | None:
+        if self.leader_id is None:
+            return None
+        return self.members[self.leader_id].commit
+
+    @property
+    def bytes_rate(self) -> float | None:
+        return self.bytes_per_s[-1] if self.bytes_per_s else None
+
+    @property
+    def messages_rate(self) -> float | None:
+        return self.messages_per_s[-1] if self.messages_per_s else None
+
+    # ------------------------------------------------------------------ polls
+
+    def event(self, kind: str, text: str, severity: Severity = "information") -> Event:
+        return Event(self.wall_clock(), kind, text, severity)
+
+    def apply(self, poll: MemberPoll) -> list[Event]:
+        """Take one member's poll; return the events it reveals."""
+        row = self.members.get(poll.member_id)
+        if row is None:
+            return []
+        self.polls += 1
+        events: list[Event] = []
+        body = poll.describe
+        if body is None:
+            events += self._member_down(row, poll)
+        else:
+            events += self._member_up(row, poll, body)
+        events += self._elect(poll.at)
+        if body is not None and poll.member_id == self.leader_id:
+            events += self._sessions_from_leader(body, poll.at)
+            self._sample_rates(poll.member_id, body, poll.at)
+        return events
+
+    def _member_down(self, row: MemberRow, poll: MemberPoll) -> list[Event]:
+        events: list[Event] = []
+        if row.up or not row.known:
+            verb = "down" if row.up else "unreachable"
+            events.append(
+                self.event("member", f"member {row.member_id} {verb}: {poll.error}", "warning")
+            )
+            row.changed_at = poll.at
+        row.known = True
+        row.up = False
+        row.error = poll.error
+        row.role = "-"
+        row.heartbeat_ms = None
+        row.lag = None
+        self._describes.pop(row.member_id, None)
+        return events
+
+    def _member_up(self, row: MemberRow, poll: MemberPoll, body: dict[str, Any]) -> list[Event]:
+        events: list[Event] = []
+        mid = row.member_id
+        role = str(body.get("role", "?"))
+        term = _int(body.get("leadership_term_id"))
+        if not row.up:
+            how = "back up" if row.known else "up"
+            events.append(self.event("member", f"member {mid} {how}: {role}, term {term}"))
+            row.changed_at = poll.at
+        row.known = True
+        row.up = True
+        row.error = ""
+        row.last_up = poll.at
+        row.role = role
+        row.term = term
+        row.commit = _int(body.get("commit_position"))
+        row.append = _int(body.get("append_position"))
+        row.election = str(body.get("election_state", "-"))
+        row.module = str(body.get("module_state", "-"))
+        sessions = body.get("sessions")
+        row.sessions = len(sessions) if isinstance(sessions, list) else None
+        if role != "LEADER" and self.leader_id == mid:
+            row.lag = None
+        if role == "LEADER":
+            row.lag = 0
+            row.heartbeat_ms = None
+            self._apply_followers(body)
+        self._describes[mid] = body
+        events += self._counter_events(row, body)
+        return events
+
+    def _apply_followers(self, leader_body: dict[str, Any]) -> None:
+        followers = leader_body.get("followers")
+        if not isinstance(followers, list):
+            return
+        for f in followers:
+            if not isinstance(f, dict):
+                continue
+            follower_id = _int(f.get("member_id"))
+            follower = self.members.get(follower_id) if follower_id is not None else None
+            if follower is None:
+                continue
+            follower.lag = _int(f.get("lag_bytes"))
+            follower.heartbeat_ms = _int(f.get("last_heard_ms_ago"))
+
+    def _counter_events(self, row: MemberRow, body: dict[str, Any]) -> list[Event]:
+        mid = row.member_id
+        pid = body.get("pid")
+        counters = _counters(body, "counters")
+        ingress = _counters(body, "ingress")
+        snapshots = _int(body.get("snapshots_taken")) or 0
+        module = row.module
+        previous = self._baselines.get(mid)
+        self._baselines[mid] = _Baseline(pid, counters, ingress, snapshots, module, row.role)
+        row.redirects = counters.get("redirected_sessions", 0)
+        row.pid = pid if isinstance(pid, int) else None
+        if previous is None:
+            return []
+        events: list[Event] = []
+        if previous.pid != pid:
+            events.append(self.event("member", f"member {mid} restarted (pid {pid})", "warning"))
+            return events
+
+        def delta(name: str, source: dict[str, int] | None = None) -> int:
+            now = (counters if source is None else source).get(name, 0)
+            before = (previous.counters if source is None else previous.ingress).get(name, 0)
+            return max(0, now - before)
+
+        if delta("elections"):
+            state = body.get("election_state", "?")
+            events.append(self.event("election", f"member {mid} started an election ({state})"))
+        if snapshots > previous.snapshots:
+            events.append(
+                self.event(
+                    "snapshot",
+                    f"member {mid} took a snapshot at log position {row.commit} "
+                    f"({snapshots} since it started)",
+                )
+            )
+        if module != previous.module:
+            severity: Severity = "information" if module == "ACTIVE" else "warning"
+            events.append(
+                self.event("member", f"member {mid} {previous.module} -> {module}", severity)
+            )
+        if redirected := delta("redirected_sessions"):
+            leader = _int(body.get("leader_member_id"))
+            leader = leader if leader is not None and leader >= 0 else None
+            self.redirects.appendleft(RedirectRow(self.wall_clock(), mid, redirected, leader))
+            to = f"leader {leader}" if leader is not None else "no known leader"
+            plural = "s" if redirected > 1 else ""
+            events.append(
+                self.event(
+                    "redirect", f"member {mid} redirected {redirected} client{plural} to {to}"
+                )
+            )
+        if timed_out := delta("timed_out_sessions"):
+            self._timeouts_pending += timed_out
+        if rejected := delta("rejected_sessions"):
+            events.append(
+                self.event("session", f"member {mid} rejected {rejected} session(s)", "warning")
+            )
+        if failures := delta("egress_failures"):
+            events.append(
+                self.event("error", f"member {mid}: {failures} egress send failure(s)", "warning")
+            )
+        if truncations := delta("truncations"):
+            events.append(
+                self.event(
+                    "error", f"member {mid} truncated its log {truncations} time(s)", "warning"
+                )
+            )
+        if bad := delta("protocol_errors", ingress):
+            last = body.get("ingress", {}).get("last_error", "")
+            detail = f": {last}" if last else ""
+            events.append(
+                self.event(
+                    "error", f"member {mid}: {bad} ingress protocol error(s){detail}", "error"
+                )
+            )
+        return events
+
+    def _elect(self, now: float) -> list[Event]:
+        leaders = [
+            (row.term if row.term is not None else -1, row.member_id)
+            for row in self.members.values()
+            if row.up and row.role == "LEADER"
+        ]
+        leader = max(leaders)[1] if leaders else None
+        term = self.members[leader].term if leader is not None else None
+        events: list[Event] = []
+        if leader != self.leader_id:
+            if leader is None:
+                events.append(
+                    self.event(
+                        "leader",
+                        f"no leader (member {self.leader_id} no longer leads): election",
+                        "warning",
+                    )
+                )
+            elif not self._leader_seen:
+                events.append(self.event("leader", f"leader is member {leader}, term {term}"))
+            else:
+                was = self._last_leader
+                events.append(
+                    self.event(
+                        "leader", f"new leader: member {leader}, term {term} (was {was})", "warning"
+                    )
+                )
+            self._window = None
+        elif leader is not None and term != self.leader_term:
+            events.append(self.event("leader", f"member {leader} leads again, term {term}"))
+        if leader is not None:
+            self._leader_seen = True
+            self._last_leader = f"member {leader}, term {term}"
+        self.leader_id = leader
+        self.leader_term = term
+        if leader is not None:
+            for row in self.members.values():
+                if row.member_id != leader and (not row.up or row.role == "LEADER"):
+                    row.lag = None
+        return events
+
+    # ------------------------------------------------------------------ sessions
+
+    def _sessions_from_leader(self, body: dict[str, Any], now: float) -> list[Event]:
+        listed = body.get("sessions")
+        if not isinstance(listed, list):
+            return []
+        events: list[Event] = []
+        current: dict[int, dict[str, Any]] = {}
+        for s in listed:
+            if isinstance(s, dict) and (sid := _int(s.get("cluster_session_id"))) is not None:
+                current[sid] = s
+        for sid, s in current.items():
+            row = self.sessions.get(sid)
+            state = str(s.get("state", "?"))
+            channel = str(s.get("response_channel", ""))
+            if row is None or row.closed:
+                if row is None:
+                    events.append(self.event("session", f"session {sid} opened ({channel})"))
+                else:
+                    events.append(self.event("session", f"session {sid} listed again"))
+                row = SessionRow(sid, state)
+                self.sessions[sid] = row
+            row.state = state
+            row.response_channel = channel
+            row.last_activity_ms = _int(s.get("last_activity_ms_ago"))
+            row.close_reason = s.get("close_reason") or None
+            row.seen_at = now
+        vanished = [
+            row for sid, row in self.sessions.items() if not row.closed and sid not in current
+        ]
+        vanished.sort(key=lambda r: -(r.last_activity_ms or 0))
+        for row in vanished:
+            row.closed_at = now
+            row.state = "CLOSED"
+            if row.close_reason is None and self._timeouts_pending > 0:
+                self._timeouts_pending -= 1
+                row.close_reason = "TIMEOUT"
+            if row.close_reason == "TIMEOUT":
+                idle = row.last_activity_ms
+                after = f" after {idle / 1000:.1f}s idle" if idle is not None else ""
+                events.append(
+                    self.event("session", f"session {row.session_id} timed out{after}", "warning")
+                )
+            else:
+                if row.close_reason is None:
+                    row.close_reason = "gone"
+                events.append(
+                    self.event("session", f"session {row.session_id} closed ({row.close_reason})")
+                )
+        if self._timeouts_pending:
+            plural = "s" if self._timeouts_pending > 1 else ""
+            events.append(
+                self.event(
+                    "session",
+                    f"{self._timeouts_pending} session{plural} timed out before opening",
+                    "warning",
+                )
+            )
+        self._timeouts_pending = 0
+        return events
+
+    def expire(self, now: float) -> list[int]:
+        """Forget sessions closed more than ``closed_retention`` seconds ago."""
+        gone = [
+            sid
+            for sid, row in self.sessions.items()
+            if row.closed_at is not None and now - row.closed_at > self.closed_retention
+        ]
+        for sid in gone:
+            del self.sessions[sid]
+        return gone
+
+    # ------------------------------------------------------------------ throughput
+
+    def _sample_rates(self, member_id: int, body: dict[str, Any], now: float) -> None:
+        commit = _int(body.get("commit_position"))
+        if commit is None:
+            return
+        frames = _counters(body, "ingress").get("frames")
+        window = self._window
+        if window is None or commit < window.commit:
+            self._window = _RateWindow(now, commit, frames, member_id)
+            return
+        elapsed = now - window.at
+        if elapsed < self.rate_window:
+            return
+        self.bytes_per_s.append((commit - window.commit) / elapsed)
+        if frames is not None and window.frames is not None and window.member_id == member_id:
+            self.messages_per_s.append(max(0, frames - window.frames) / elapsed)
+        self._window = _RateWindow(now, commit, frames, member_id)
+
+    # ------------------------------------------------------------------ errors
+
+    def apply_errors(self, member_id: int, records: Iterable[dict[str, Any]]) -> list[Event]:
+        """Take a member's ``errors`` records; new ones (after the first fetch) are events."""
+        row = self.members.get(member_id)
+        if row is None:
+            return []
+        items = [r for r in records if isinstance(r.get("time"), int | float)]
+        newest = max((float(r["time"]) for r in items), default=0.0)
+        mark = self._error_marks.get(member_id)
+        if mark is None or mark[0] != row.pid:
+            self._error_marks[member_id] = (row.pid, newest)
+            if mark is None and items:
+                return [
+                    self.event(
+                        "error",
+                        f"member {member_id} logged {len(items)} warning(s)/error(s) before "
+                        "the console started (cluster-tool errors shows them)",
+                    )
+                ]
+            if mark is None:
+                return []
+            since = 0.0  # restarted: everything it logged is new
+        else:
+            since = mark[1]
+        fresh = sorted((r for r in items if float(r["time"]) > since), key=lambda r: r["time"])
+        self._error_marks[member_id] = (row.pid, max(newest, since))
+        events: list[Event] = []
+        if len(fresh) > ERRORS_PER_FETCH:
+            skipped = len(fresh) - ERRORS_PER_FETCH
+            events.append(
+                self.event("error", f"member {member_id}: {skipped} more warning(s) not shown")
+            )
+            fresh = fresh[-ERRORS_PER_FETCH:]
+        for r in fresh:
+            level = str(r.get("level", "WARNING"))
+            message = str(r.get("message", "")).splitlines()[0] if r.get("message") else ""
+            severity: Severity = "warning" if level == "WARNING" else "error"
+            events.append(
+                Event(float(r["time"]), "error", f"member {member_id} {level}: {message}", severity)
+            )
+        return events
