@@ -249,7 +249,7 @@ async def test_snapshot_then_full_restart_restores_state_and_timers(tmp_path: Pa
                     timers = [t for n in c.nodes.values() for t in n.cm.timers.snapshot()]
                     assert len(timers) == 3  # restored from the snapshot on every member
                 with trio.fail_after(8):  # the timer restored from the snapshot fires
-                    while await kv.get("expires") is not None:
+                    while await kv.get("expires") is not None:  # noqa: ASYNC110
                         await trio.sleep(0.2)
             assert leader.cm.role is Role.LEADER
 
