@@ -17,8 +17,11 @@ The live console (``cluster-tui``) joins this job when issue #7 lands.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -108,6 +111,12 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--in-flight", type=int, default=500, help="requests in flight per client")
     p.add_argument("--dir", help="data directory (default: a temporary one)")
+    p.add_argument(
+        "--no-console",
+        dest="console",
+        action="store_false",
+        help="do not open the live console (cluster-tui) at the end",
+    )
     args = p.parse_args()
     keys = args.keys - args.keys % args.clients
     more = 2_000
@@ -158,11 +167,44 @@ def main() -> int:
                 f"read back all {total} keys after the restart in {elapsed:.2f}s: "
                 f"{missing_after} missing or wrong"
             )
+            if args.console and sys.stdin.isatty() and sys.stdout.isatty():
+                run_console(cluster)
+            else:
+                say(
+                    "(the live console, cluster-tui, opens here when run in a terminal; "
+                    "--no-console skips it)"
+                )
         finally:
             cluster.stop_all()
     ok = missing == 0 and missing_after == 0
     say("demo OK" if ok else "demo FAILED")
     return 0 if ok else 1
+
+
+def run_console(cluster: LocalCluster) -> None:
+    """Keep a light KV load running and open cluster-tui on the cluster until `q`."""
+    stop = threading.Event()
+
+    async def load() -> None:
+        async with client.connect(cluster.ingress_endpoints) as c, KeyValueClient(c) as kv:
+            i = 0
+            while not stop.is_set():
+                await kv.put(f"live-{i % 1000}", str(i).encode())
+                i += 1
+                await trio.sleep(0.002)
+
+    def load_thread() -> None:
+        with contextlib.suppress(Exception):
+            trio.run(load)
+
+    thread = threading.Thread(target=load_thread, daemon=True)
+    thread.start()
+    say("opening the console: s = snapshot, p/r = suspend/resume, q = quit")
+    try:
+        subprocess.call([sys.executable, "-m", "tui", "--members", cluster.members])
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
 def say(text: str) -> None:
