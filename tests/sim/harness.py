@@ -35,6 +35,7 @@ import contextlib
 import hashlib
 import logging
 import math
+import os
 import random
 import shutil
 import struct
@@ -72,19 +73,22 @@ CHECK_INTERVAL = 0.010
 _decode_put = msgspec.msgpack.Decoder(Put).decode
 
 
-def replay_command(seed: int, nodes: int) -> str:
-    return f".venv/bin/python -m tests.sim.run --seed {seed} --nodes {nodes}"
+def replay_command(seed: int, nodes: int, flags: str = "") -> str:
+    return f".venv/bin/python -m tests.sim.run --seed {seed} --nodes {nodes}{flags}"
 
 
 class SimFailure(AssertionError):
     """An invariant broke (or the cluster did not recover) in a simulated run."""
 
-    def __init__(self, seed: int, nodes: int, reason: str, trace_tail: str = "") -> None:
+    def __init__(
+        self, seed: int, nodes: int, reason: str, trace_tail: str = "", replay: str = ""
+    ) -> None:
         self.seed = seed
         self.nodes = nodes
         self.reason = reason
         self.trace_tail = trace_tail
-        message = f"SIM SEED {seed} failed: {reason}; replay with: {replay_command(seed, nodes)}"
+        self.replay = replay or replay_command(seed, nodes)
+        message = f"SIM SEED {seed} failed: {reason}; replay with: {self.replay}"
         if trace_tail:
             message += f"\nlast events:\n{trace_tail}"
         super().__init__(message)
@@ -104,7 +108,7 @@ def _leaf(exc: BaseException) -> str:
 # ---------------------------------------------------------------------- configuration
 
 
-FAULTS = ("partition", "isolate-leader", "one-way", "crash", "pause", "reset", "slow")
+FAULTS = ("partition", "isolate-leader", "one-way", "crash", "pause", "reset", "slow", "snapshot")
 
 
 @dataclass
@@ -317,9 +321,15 @@ class Checker:
                 theirs = self.committed[verified:common]
                 if mine != theirs:
                     at = verified + next(k for k in range(len(mine)) if mine[k] != theirs[k])
+                    pending = getattr(cm, "pending_truncate", None)
                     self.fail(
                         f"n{i}: committed log differs from the committed log seen at "
-                        f"position {at} (its commit {cm.commit_position}, term {term})"
+                        f"position {at} (its commit {cm.commit_position}, term {term}"
+                        + (
+                            f", while a truncation to {pending} is pending)"
+                            if pending is not None
+                            else ")"
+                        )
                     )
             if commit > len(self.committed):
                 self._extend_committed(data[len(self.committed) - verified :])
@@ -379,10 +389,12 @@ class Checker:
 
     # -- end of run ------------------------------------------------------------------
 
-    def expected_store(self, upto: int) -> tuple[dict[str, bytes], dict[int, int], dict[int, int]]:
+    def expected_store(
+        self, upto: int, count_from: int = 0
+    ) -> tuple[dict[str, bytes], dict[int, int], dict[int, int]]:
         """Apply the committed log up to ``upto`` as the KV service does (with its
-        per-session dedupe): the store, applications per request id, and how often each
-        request id is in the log."""
+        per-session dedupe): the store, applications per request id of the entries after
+        ``count_from``, and how often each request id is in the log."""
         store: dict[str, bytes] = {}
         applied: dict[int, int] = {}
         in_log: dict[int, int] = {}
@@ -407,7 +419,8 @@ class Checker:
                 if len(recent) > DEDUPE_WINDOW:
                     del recent[next(iter(recent))]
                 store[put.key] = put.value
-                applied[rid] = applied.get(rid, 0) + 1
+                if end > count_from:
+                    applied[rid] = applied.get(rid, 0) + 1
         return store, applied, in_log
 
     def final(self, history: History) -> None:
@@ -435,7 +448,9 @@ class Checker:
             if node is None or service is None:
                 continue
             applied = node.log_agent.applied_position
-            expected, counts, _ = self.expected_store(applied)
+            # a member restarted from a snapshot saw only the messages after it
+            first = service.journal[0][0] - 1 if service.journal else applied
+            expected, counts, _ = self.expected_store(applied, first)
             if service.store != expected:
                 missing = [k for k in expected if service.store.get(k) != expected[k]]
                 extra = [k for k in service.store if k not in expected]
@@ -445,9 +460,9 @@ class Checker:
                 )
             if service.applications != counts:
                 wrong = {
-                    rid: (n, counts.get(rid, 0))
-                    for rid, n in service.applications.items()
-                    if n != counts.get(rid, 0)
+                    rid: (service.applications.get(rid, 0), counts.get(rid, 0))
+                    for rid in service.applications | counts
+                    if service.applications.get(rid, 0) != counts.get(rid, 0)
                 }
                 self.fail(
                     f"n{sn.index}: applications per request differ from the committed log "
@@ -606,6 +621,7 @@ class SimCluster:
             "partitions": 0,
             "pauses": 0,
             "elections": 0,
+            "snapshot_requests": 0,
         }
         self.members = members_string(nodes)
         self.endpoints = ingress_endpoints(nodes)
@@ -700,6 +716,7 @@ class SimCluster:
         self.net.crash(sn.host)
         assert sn.scope is not None
         assert sn.done is not None
+        sn.running = False  # the checker must not read it while it unwinds
         sn.scope.cancel()
         await sn.done.wait()
         self.stats["crashes"] += 1
@@ -899,6 +916,9 @@ class SimCluster:
                 victim = rng.randrange(n)
                 self.event("net", "reset", victim)
                 self.net.reset(self.nodes[victim].host)
+            elif kind == "snapshot" and self.clients:
+                self.stats["snapshot_requests"] += 1
+                rng.choice(self.clients).request_snapshot()
             elif kind == "slow" and n > 1:
                 a, b = rng.sample(range(n), 2)
                 latency = rng.uniform(0.02, 0.3)
@@ -993,6 +1013,18 @@ class SimCluster:
 
     # ------------------------------------------------------------------ running
 
+    def _replay(self, scenario: Scenario | None) -> str:
+        if scenario is not None:  # a scenario lives in a test: rerun that test
+            test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+            return f".venv/bin/pytest '{test}'" if test else f"{scenario.__qualname__}"
+        default = SimConfig.from_seed(self.seed, len(self.nodes))
+        flags = ""
+        if self.config.safety_duration != default.safety_duration:
+            flags += f" --safety {self.config.safety_duration}"
+        if self.config.clock_overshoot != default.clock_overshoot:
+            flags += f" --clock-overshoot {self.config.clock_overshoot}"
+        return replay_command(self.seed, len(self.nodes), flags)
+
     def run(self, scenario: Scenario | None = None, *, liveness: bool = True) -> SimResult:
         """Run the whole simulation; raise :class:`SimFailure` if an invariant broke."""
         logger = logging.getLogger("cluster")
@@ -1022,7 +1054,9 @@ class SimCluster:
                 [*self.log_lines[-12:], f"nodes: {self.node_states()}"]
                 + ([self.format_trace(40)] if self.print_trace else [])
             )
-            raise SimFailure(self.seed, len(self.nodes), self._failure, tail)
+            raise SimFailure(
+                self.seed, len(self.nodes), self._failure, tail, self._replay(scenario)
+            )
         return SimResult(
             seed=self.seed,
             nodes=len(self.nodes),

@@ -33,9 +33,9 @@ from client._credentials import StaticCredentials
 from client._endpoints import Endpoint, parse_endpoints
 from cluster.examples.kv import Put, Response
 from cluster.protocol import EGRESS, FrameDecoder, ProtocolError, encode_frame
-from cluster.protocol.egress import NewLeaderEvent, SessionEvent
-from cluster.protocol.enums import EventCode
-from cluster.protocol.ingress import SessionKeepAlive, SessionMessageHeader
+from cluster.protocol.egress import AdminResponse, NewLeaderEvent, SessionEvent
+from cluster.protocol.enums import AdminRequestType, EventCode
+from cluster.protocol.ingress import AdminRequest, SessionKeepAlive, SessionMessageHeader
 from cluster.transport.sim import SimNetwork
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -146,6 +146,8 @@ class SimClient:
         # work
         self.outstanding: dict[int, Op] = {}
         self.stopping = False
+        self.snapshot_requested = False
+        self.admin_responses: list[str] = []
         self._wake = trio.Event()
         self.ops_started = 0
 
@@ -154,6 +156,11 @@ class SimClient:
     def trace(self, kind: str, *detail: Any) -> None:
         if self._trace is not None:
             self._trace(self.name, kind, *detail)
+
+    def request_snapshot(self) -> None:
+        """Send an AdminRequest SNAPSHOT on the session as soon as it is open."""
+        self.snapshot_requested = True
+        self._wake.set()
 
     def stop(self) -> None:
         """Issue no new writes (outstanding ones are still retried)."""
@@ -222,6 +229,10 @@ class SimClient:
                 if self._ingress_member != self.leader_id:
                     self._ingress_member = -1  # re-dial the new leader
                 self._wake.set()
+        elif isinstance(message, AdminResponse):
+            if message.cluster_session_id == self.session_id:
+                self.admin_responses.append(message.response_code.name)
+                self.trace("admin-response", message.response_code.name, message.message)
         elif isinstance(message, SessionEvent) and (
             message.cluster_session_id == self.session_id
             and self.session_id >= 0
@@ -427,6 +438,16 @@ class SimClient:
             if self._session_lost:
                 raise SessionLost("closed by the cluster")
             await self._ensure_ingress(nursery)
+            if self.snapshot_requested:
+                request = AdminRequest(
+                    self.term,
+                    self.session_id,
+                    next(self._correlation_ids),
+                    AdminRequestType.SNAPSHOT,
+                )
+                if await self._send(request):
+                    self.snapshot_requested = False
+                    self.trace("snapshot-request", self.term)
             now = trio.current_time()
             # retry what timed out, with the same request id, key and value
             for op in list(self.outstanding.values()):

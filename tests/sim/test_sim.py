@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,38 +22,21 @@ import trio.lowlevel
 from cluster.protocol.enums import Role
 
 from .harness import Scenario, SimCluster, SimFailure, SimResult
+from .run import Pool
 
 ROOT = Path(__file__).resolve().parents[2]
 
 SWEEP_SAFETY = 6.0  # virtual seconds of faults per sweep seed: many short seeds
-SWEEP_3 = range(1000, 1000 + int(os.environ.get("SIM_SEEDS_3", "150")))
-SWEEP_5 = range(5000, 5000 + int(os.environ.get("SIM_SEEDS_5", "50")))
+SWEEP_3 = range(1000, 1000 + int(os.environ.get("SIM_SEEDS_3", "200")))
+SWEEP_5 = range(5000, 5000 + int(os.environ.get("SIM_SEEDS_5", "80")))
+SWEEP_WORKERS = int(os.environ.get("SIM_WORKERS", "0")) or os.cpu_count() or 1
 SMOKE = range(1, 6)
 
-KNOWN_BUGS: list[tuple[str, str]] = [
-    (
-        r"truncation to \d+ below the applied position",
-        "node bug A: one AppendRequest truncates a follower's uncommitted tail, appends the "
-        "leader's entries and advances its commit position, but the truncation is only "
-        "pending (the archive agent does it later): the log agent applies the stale bytes "
-        "still in the node's LogBuffer, then the archive agent raises",
-    ),
-    (
-        r"log truncated to \d+ below its committed position",
-        "node bug B: a restarted member truncates back to its saved commit position (saved "
-        "at most once a second), dropping entries that were committed; it should truncate "
-        "only from where its log disagrees with the leader's",
-    ),
-    (
-        r"cluster session id \d+ reused|applied \d+ times but sent on",
-        "node bug C: a new leader allocates session ids at SessionConnectRequest time, "
-        "before it has applied (mirrored) the SessionOpenEvents of earlier terms, so it "
-        "reissues ids of sessions still open in the log",
-    ),
-]
-"""(regex over the failure, reason): open node bugs, reported with a replay seed.  A seed
-failing this way is an expected failure (it passes once the bug is fixed); any other
-failure fails the test."""
+KNOWN_BUGS: list[tuple[str, str]] = []
+"""(regex over the failure reason, why): open node bugs, reported with a replay seed.  A
+seed failing this way is an expected failure (it passes once the bug is fixed); any other
+failure fails the test.  Empty: every bug found so far is fixed and has a regression test
+below (or a sweep seed that used to fail)."""
 
 
 def _sim(
@@ -76,6 +60,31 @@ def _run(seed: int, nodes: int, tmp_path: Path, **overrides: object) -> SimResul
     return _sim(seed, nodes, tmp_path, keep_dirs=False, **overrides)[1]
 
 
+@pytest.fixture(scope="session")
+def sweep(request: pytest.FixtureRequest) -> Iterator[Pool]:
+    """Every selected sweep seed, run ahead in worker processes (one per core)."""
+    jobs = [
+        (item.callspec.params["seed"], SWEEP_TESTS[item.originalname])
+        for item in request.session.items
+        if isinstance(item, pytest.Function) and item.originalname in SWEEP_TESTS
+    ]
+    pool = Pool(jobs, SWEEP_WORKERS, {"safety_duration": SWEEP_SAFETY})
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def _check_sweep(pool: Pool, seed: int, nodes: int) -> None:
+    result = pool.result(seed, nodes)
+    if result.ok:
+        return
+    for pattern, reason in KNOWN_BUGS:
+        if re.search(pattern, result.reason):
+            pytest.xfail(f"{reason}: {result.reason}")
+    pytest.fail(result.text, pytrace=False)
+
+
 # ---------------------------------------------------------------------- sweeps
 
 
@@ -86,14 +95,17 @@ def test_smoke_3_nodes(seed: int, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", SWEEP_3)
-def test_sweep_3_nodes(seed: int, tmp_path: Path) -> None:
-    _run(seed, 3, tmp_path, safety_duration=SWEEP_SAFETY)
+def test_sweep_3_nodes(seed: int, sweep: Pool) -> None:
+    _check_sweep(sweep, seed, 3)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", SWEEP_5)
-def test_sweep_5_nodes(seed: int, tmp_path: Path) -> None:
-    _run(seed, 5, tmp_path, safety_duration=SWEEP_SAFETY)
+def test_sweep_5_nodes(seed: int, sweep: Pool) -> None:
+    _check_sweep(sweep, seed, 5)
+
+
+SWEEP_TESTS = {"test_sweep_3_nodes": 3, "test_sweep_5_nodes": 5}
 
 
 # ---------------------------------------------------------------------- determinism
@@ -232,12 +244,36 @@ def test_failure_names_the_seed_and_how_to_replay_it(tmp_path: Path) -> None:
         SimCluster(5, 3, tmp_path).run(scenario, liveness=False)
     message = str(info.value)
     assert message.startswith("SIM SEED 5 failed: two leaders in term 99")
-    assert "replay with: .venv/bin/python -m tests.sim.run --seed 5 --nodes 3" in message
+    assert "replay with: .venv/bin/pytest 'tests/sim/test_sim.py::test_failure_names" in message
+    with pytest.raises(SimFailure) as info:
+        SimCluster(5, 3, tmp_path, safety_duration=0.5, liveness_timeout=0.001).run()
+    assert str(info.value).startswith("SIM SEED 5 failed: liveness: ")
+    assert "replay with: .venv/bin/python -m tests.sim.run --seed 5 --nodes 3 --safety 0.5" in (
+        str(info.value)
+    )
+
+
+def test_livelock_is_reported_not_hung(tmp_path: Path) -> None:
+    async def scenario(sim: SimCluster) -> None:
+        await sim.wait_for_leader()
+        while True:  # a task that never lets virtual time move
+            await trio.lowlevel.checkpoint()
+
+    with pytest.raises(SimFailure, match="livelock: virtual time stuck"):
+        SimCluster(6, 3, tmp_path).run(scenario, liveness=False)
+
+
+# ---------------------------------------------------------------------- fixed node bugs
 
 
 def test_restarted_old_leader_keeps_committed_entries(tmp_path: Path) -> None:
     """The leader is cut off and crashes with an uncommitted tail, its saved commit
-    position behind the real one; it restarts after a new leader took over."""
+    position behind the real one; it restarts after a new leader took over.
+
+    Was: one AppendRequest truncated the tail, appended and advanced the commit position
+    while the truncation was still pending, so the log agent applied stale bytes (bug A);
+    and the member truncated back to its saved commit position, dropping committed
+    entries (bug B)."""
 
     async def scenario(sim: SimCluster) -> None:
         await sim.start_workload()
@@ -252,12 +288,16 @@ def test_restarted_old_leader_keeps_committed_entries(tmp_path: Path) -> None:
         await sim.restart(old)
         await sim.sleep(2.0)
 
-    _sim(2, 3, tmp_path, scenario, clients=3, client_window=4)
+    _sim(1, 3, tmp_path, scenario, clients=3, client_window=4)
 
 
 def test_new_leader_never_reuses_session_ids(tmp_path: Path) -> None:
     """Every member restarts before saving the commit position that covers the open
-    sessions; new clients connect during the election."""
+    sessions; new clients connect during the election.
+
+    Was: a new leader allocated session ids at SessionConnectRequest time, before it had
+    mirrored the earlier terms' SessionOpenEvents, and reissued ids of open sessions
+    (bug C: a retried request was then applied twice)."""
 
     async def scenario(sim: SimCluster) -> None:
         await sim.start_workload()
@@ -272,20 +312,7 @@ def test_new_leader_never_reuses_session_ids(tmp_path: Path) -> None:
         await sim.wait_for_leader()
         await sim.sleep(2.0)
 
-    _sim(1, 3, tmp_path, scenario, clients=3, client_window=4)
-
-
-def test_livelock_is_reported_not_hung(tmp_path: Path) -> None:
-    async def scenario(sim: SimCluster) -> None:
-        await sim.wait_for_leader()
-        while True:  # a task that never lets virtual time move
-            await trio.lowlevel.checkpoint()
-
-    with pytest.raises(SimFailure, match="livelock: virtual time stuck"):
-        SimCluster(6, 3, tmp_path).run(scenario, liveness=False)
-
-
-# ---------------------------------------------------------------------- fixed node bugs
+    _sim(2, 3, tmp_path, scenario, clients=3, client_window=4)
 
 
 def test_session_survives_an_egress_connection_reset(tmp_path: Path) -> None:
