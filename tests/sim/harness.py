@@ -13,7 +13,8 @@ replays exactly::
     .venv/bin/python -m tests.sim.run --seed 1234 --nodes 3
 
 A run is a **safety phase** (faults from the seed: delays, resets, partitions, the leader
-cut off from the majority, crash/restart with torn writes, pauses) followed by a
+cut off from the majority, one-way links, crash/restart with torn writes, pauses,
+snapshot requests) followed by a
 **liveness phase** (heal, restart everyone, require a leader and an acknowledged write
 within a bound, then all members converged).  :class:`Checker` tests the invariants every
 10 ms of virtual time and at the end:
@@ -25,7 +26,11 @@ within a bound, then all members converged).  :class:`Checker` tests the invaria
    message is the committed record at its position, each position applied once per
    incarnation, and each member's store equals the committed log applied;
 4. every acknowledged write is in every member's store after the run; no request is in
-   the committed log (or applied) more often than the client sent it.
+   the committed log (or applied) more often than the client sent it;
+5. a cluster session id is opened once in the committed log, never reused.
+
+A task that keeps running while virtual time stands still (a spin on a deadline) fails
+the run as a livelock instead of hanging it.
 """
 
 from __future__ import annotations
