@@ -5,9 +5,12 @@
     python3 scripts/dev.py test     # lint, type check and the whole test suite (CI runs this)
     python3 scripts/dev.py bench    # scripts/bench.py with its arguments
 
-The first run creates ``.venv`` and installs the project with its ``dev`` extra; later
-runs reinstall only when ``pyproject.toml`` changes.  Extra arguments after ``test`` go
-to pytest (e.g. ``-m "not slow"`` to skip the real-process tests).
+The first run creates ``.venv`` and installs the project with its ``dev`` and ``spark``
+extras; later runs reinstall only when ``pyproject.toml`` changes.  ``test`` also makes
+sure a Java runtime is there for the Spark pipeline tests (``python -m
+cluster.pipeline.java``: installs ``default-jre-headless`` with apt-get when run as root).
+Extra arguments after ``test`` go to pytest (e.g. ``-m "not slow"`` to skip the
+real-process tests).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / "python"
 
 
-def ensure_env(extras: str = "dev") -> Path:
+def ensure_env(extras: str = "dev,spark") -> Path:
     if sys.version_info < (3, 11):  # noqa: UP036 (run by any python3)
         sys.exit(f"Python 3.11 or newer is needed, this is {sys.version.split()[0]}")
     if not PY.exists():
@@ -52,6 +55,8 @@ def run(*cmd: str) -> int:
 def cmd_test(args: list[str]) -> int:
     py = str(ensure_env())
     failed = []
+    if run(py, "-m", "cluster.pipeline.java") != 0:
+        failed.append("java (needed by the Spark pipeline tests)")
     for name, cmd in (
         ("ruff check", (py, "-m", "ruff", "check", ".")),
         ("ruff format", (py, "-m", "ruff", "format", "--check", ".")),

@@ -1,0 +1,417 @@
+"""``cluster-pipeline`` on the archives of a real 3-member run (KV load, a leader SIGKILL).
+
+The archives are produced once per session (:mod:`cluster_run`: three client sessions,
+the leader killed while the second one writes, the killed member restarted, a key with a
+TTL so that a timer fires), then the job runs in local Spark (``local[2]``) on them, on
+a copy where one record of one member was altered (CRC kept valid), and on a copy with a
+truncated segment and a corrupt record.  One slow test runs the job on a standalone Spark
+master and worker started on 127.0.0.1 with the scripts shipped inside pyspark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+import itertools
+
+import pyarrow.parquet as pq
+from cluster_run import RunRecord, produce
+
+from cluster.archive import encode_record, iter_records, read_log
+from cluster.local import free_ports, wait_for_port
+from cluster.pipeline.__main__ import main as pipeline_main
+from cluster.pipeline.java import ensure_java
+from cluster.pipeline.job import CorruptArchiveError, Options, Result, build_session, run
+from cluster.pipeline.source import PROBLEM, read_segment
+from cluster.protocol import codec
+from cluster.protocol.ingress import SessionMessageHeader
+
+MEMBERS = ("node-0", "node-1", "node-2")
+MASTER = "local[2]"
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
+"""The tests' JVMs live for a minute: the C2 compiler would cost more than it saves."""
+
+
+# ---------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def cluster_run(tmp_path_factory: pytest.TempPathFactory) -> RunRecord:
+    """Archives of a 3-member run with load and a failover (made once per session)."""
+    return produce(tmp_path_factory.mktemp("pipeline") / "cluster", per_phase=300)
+
+
+@pytest.fixture(scope="session")
+def archives(cluster_run: RunRecord) -> Path:
+    return Path(cluster_run.directory)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    ensure_java()
+    session = build_session(MASTER, {"spark.driver.extraJavaOptions": QUICK_JIT})
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(scope="session")
+def good(archives: Path, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Result:
+    """The job on the untouched archives."""
+    out = tmp_path_factory.mktemp("pipeline-out") / "good"
+    return run(Options([archives], out, master=MASTER), spark)
+
+
+def copy_archives(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.log"))
+    for member in MEMBERS:  # recording.log matches *.log: copy it back
+        shutil.copy2(source / member / "recording.log", target / member / "recording.log")
+    return target
+
+
+def segments(directory: Path, member: str) -> list[Path]:
+    return sorted((directory / member / "archive").glob("log-*.seg"))
+
+
+def table(out: Path, name: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = pq.read_table(out / name).to_pylist()
+    return rows
+
+
+def canonical_messages(archives: Path) -> Counter[int]:
+    """Client messages per session in node-0's log, read with the project's reader."""
+    counts: Counter[int] = Counter()
+    for _, body in read_log(archives / "node-0" / "archive"):
+        message = codec.LOG.decode(body)
+        if isinstance(message, SessionMessageHeader):
+            counts[message.cluster_session_id] += 1
+    return counts
+
+
+# ---------------------------------------------------------------------- good archives
+
+
+def test_row_counts_match_what_the_clients_sent(
+    good: Result, cluster_run: RunRecord, archives: Path
+) -> None:
+    report = good.report
+    entries = table(good.out, "log_entries")
+    per_member = Counter(row["member"] for row in entries)
+    expected_entries = {m: sum(1 for _ in read_log(archives / m / "archive")) for m in MEMBERS}
+    assert dict(per_member) == expected_entries
+    assert len(set(expected_entries.values())) == 1  # the members hold the same log
+    assert all(row["committed"] for row in entries)  # the run waited for commit saves
+
+    sent = {s.cluster_session_id: s for s in cluster_run.sessions}
+    assert len(sent) == 3
+    sessions = {row["cluster_session_id"]: row for row in table(good.out, "sessions")}
+    assert set(sessions) == set(sent)
+    for session_id, client in sent.items():
+        row = sessions[session_id]
+        if client.phase == "across":
+            # Resends after the failover may or may not have reached the log.
+            assert client.acked <= row["message_count"] <= client.offers
+        else:
+            assert row["message_count"] == client.offers == client.requests == client.acked
+        assert row["close_reason"] == "CLIENT_ACTION"
+        assert row["opened"] is not None
+        assert row["closed"] is not None
+        assert row["duration_ms"] >= 0
+    assert {k: v for k, v in canonical_messages(archives).items()} == {
+        k: row["message_count"] for k, row in sessions.items()
+    }
+    assert report["log"]["messages"] == sum(r["message_count"] for r in sessions.values())
+    listed = {
+        s["cluster_session_id"]: s["messages"] for s in report["sessions"]["messages_per_session"]
+    }
+    assert listed == {k: row["message_count"] for k, row in sessions.items()}
+    assert report["sessions"]["close_reasons"] == {"CLIENT_ACTION": 3}
+
+
+def test_terms_timers_and_throughput(good: Result, cluster_run: RunRecord) -> None:
+    terms = {row["term"]: row for row in table(good.out, "terms")}
+    assert terms[cluster_run.term_before]["leader"] == cluster_run.killed_leader
+    assert terms[cluster_run.term_after]["leader"] == cluster_run.new_leader
+    assert cluster_run.new_leader != cluster_run.killed_leader
+    ordered = [terms[t] for t in sorted(terms)]
+    for row, following in itertools.pairwise(ordered):
+        assert row["end_position"] == following["base_position"]
+    for row in ordered:
+        assert row["recording_log_members"] == list(MEMBERS)
+    by_term = {t["term"]: t for t in good.report["messages_per_term"]}
+    assert sum(t["messages"] for t in by_term.values()) == good.report["log"]["messages"]
+    assert by_term[cluster_run.term_after]["messages"] > 0
+
+    timers = table(good.out, "timers")
+    assert len(timers) >= 1  # the key put with a TTL expired through a cluster timer
+    assert all(t["time"] is not None for t in timers)
+
+    throughput = good.report["throughput"]
+    assert throughput["series"]
+    assert sum(s["messages"] for s in throughput["series"]) == good.report["log"]["messages"]
+    plot = Path(good.report["plot"])
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot.parent == good.out
+
+
+def test_good_archives_are_consistent(good: Result) -> None:
+    report = good.report
+    assert report["consistent"] is True
+    assert report["divergences"] == []
+    assert report["skipped"] == []
+    consistency = report["consistency"]
+    assert consistency["checked_to"] == min(a["commit_position"] for a in report["archives"])
+    assert consistency["checked_to"] > 0
+    assert consistency["positions_checked"] == report["archives"][0]["entries"]
+    on_disk = json.loads((good.out / "report.json").read_text())
+    assert on_disk["consistent"] is True
+    assert on_disk["log"] == report["log"]
+    assert all(a["segments"] >= 2 for a in report["archives"])  # several partitions each
+
+
+# ---------------------------------------------------------------------- an altered copy
+
+
+def alter_one_message(segment: Path) -> int:
+    """Change one payload byte of a client message in the middle of ``segment`` and fix
+    the record's CRC (a real divergence, not corruption); return its log position."""
+    data = bytearray(segment.read_bytes())
+    base = int(segment.stem.split("-")[1])
+    records = [
+        (offset, bytes(body))
+        for offset, body in iter_records(data)
+        if isinstance(codec.LOG.decode(body), SessionMessageHeader)
+    ]
+    offset, body = records[len(records) // 2]
+    message = codec.LOG.decode(body)
+    assert isinstance(message, SessionMessageHeader)
+    payload = bytearray(message.payload)
+    payload[-1] ^= 0x01
+    altered = codec.encode(
+        SessionMessageHeader(
+            message.leadership_term_id,
+            message.cluster_session_id,
+            message.timestamp,
+            bytes(payload),
+        )
+    )
+    framed = encode_record(altered)
+    assert len(framed) == len(body) + 8
+    data[offset : offset + len(framed)] = framed
+    segment.write_bytes(bytes(data))
+    assert sum(1 for _ in iter_records(data)) == sum(1 for _ in iter_records(segment.read_bytes()))
+    return base + offset
+
+
+def test_altered_copy_is_inconsistent(
+    archives: Path, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copy = copy_archives(archives, tmp_path / "altered")
+    position = alter_one_message(segments(copy, "node-1")[1])
+    out = tmp_path / "out"
+    code = pipeline_main(["--archives", str(copy), "--out", str(out), "--master", MASTER])
+    printed = capsys.readouterr().out
+    assert code == 1  # report written, members inconsistent
+    assert "NOT CONSISTENT" in printed
+    report = json.loads((out / "report.json").read_text())
+    assert report["consistent"] is False
+    assert report["consistency"]["divergent_positions"] == 1
+    [divergence] = report["divergences"]
+    assert divergence["member"] == "node-1"
+    assert divergence["position"] == position
+    assert "body bytes differ" in divergence["what"]
+    assert "node-0, node-2" in divergence["what"]
+    assert report["skipped"] == []  # not corruption: every CRC is valid
+    assert f"node-1 @ {position}" in printed
+
+
+# ---------------------------------------------------------------------- damaged copies
+
+
+def damage(copy: Path) -> tuple[Path, int, Path, int]:
+    """Truncate node-1's first segment inside a record; flip a body byte of a record of
+    node-2's last segment (its CRC then fails).  Return (file, position) of each."""
+    first = segments(copy, "node-1")[0]
+    data = first.read_bytes()
+    offsets = [offset for offset, _ in iter_records(data)]
+    cut = offsets[len(offsets) // 2] + 5
+    first.write_bytes(data[:cut])
+    truncated_at = int(first.stem.split("-")[1]) + offsets[len(offsets) // 2]
+
+    last = segments(copy, "node-2")[-1]
+    raw = bytearray(last.read_bytes())
+    offsets = [offset for offset, _ in iter_records(raw)]
+    victim = offsets[len(offsets) // 3]
+    raw[victim + 8 + 2] ^= 0xFF
+    last.write_bytes(bytes(raw))
+    return first, truncated_at, last, int(last.stem.split("-")[1]) + victim
+
+
+def test_damaged_segments_fail_with_file_and_position(
+    archives: Path, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copy = copy_archives(archives, tmp_path / "damaged")
+    truncated, truncated_at, corrupt, corrupt_at = damage(copy)
+    out = tmp_path / "out"
+    with pytest.raises(CorruptArchiveError) as caught:
+        run(Options([copy], out, master=MASTER), spark)
+    message = str(caught.value)
+    assert f"{truncated}: truncated at log position {truncated_at}" in message
+    assert f"{corrupt}: corrupt record at log position {corrupt_at}" in message
+    assert "crc mismatch" in message
+    # the gap between node-1's truncated first segment and its second one
+    assert f"segment {truncated.name} ends at log position" in message
+    assert not (out / "report.json").exists()
+    assert not (out / "log_entries").exists()
+
+    code = pipeline_main(["--archives", str(copy), "--out", str(out), "--master", MASTER])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert str(truncated) in err
+    assert str(corrupt) in err
+
+
+def test_skip_corrupt_skips_and_lists(
+    archives: Path, good: Result, spark: Any, tmp_path: Path
+) -> None:
+    copy = copy_archives(archives, tmp_path / "damaged")
+    truncated, truncated_at, corrupt, corrupt_at = damage(copy)
+    result = run(
+        Options([copy], tmp_path / "out", master=MASTER, skip_corrupt=True, max_divergences=5000),
+        spark,
+    )
+    report = result.report
+    skipped = {(s["file"], s["position"]) for s in report["skipped"]}
+    assert (str(truncated), truncated_at) in skipped
+    assert (str(corrupt), corrupt_at) in skipped
+    assert all(s["skipped_bytes"] > 0 and s["reason"] for s in report["skipped"])
+    # node-1 and node-2 lost committed entries: the audit cannot call them consistent
+    assert report["consistent"] is False
+    assert {d["member"] for d in report["divergences"]} == {"node-1", "node-2"}
+    assert all(d["what"].startswith("unreadable") for d in report["divergences"])
+    # node-0 is intact and supplies the cluster-level tables
+    assert report["log"] == good.report["log"]
+    assert table(result.out, "sessions") == table(good.out, "sessions")
+    entries = Counter(row["member"] for row in table(result.out, "log_entries"))
+    assert entries["node-0"] > entries["node-1"]
+    assert entries["node-0"] > entries["node-2"]
+    assert PROBLEM not in {row["type"] for row in table(result.out, "log_entries")}
+
+
+def test_reader_flags_zero_fill_and_undecodable_records(tmp_path: Path) -> None:
+    """No Spark: the partition reader turns damage into problem rows."""
+    good_body = codec.encode(SessionMessageHeader(0, 1, 5, b"x"))
+    path = tmp_path / "log-00000000000000000000.seg"
+    path.write_bytes(encode_record(good_body) + encode_record(b"\xc1") + encode_record(good_body))
+    rows = [r for b in read_segment("m", str(path), 0, path.stat().st_size) for r in b.to_pylist()]
+    assert [r["type"] for r in rows] == ["SessionMessageHeader", PROBLEM, "SessionMessageHeader"]
+    assert "undecodable log message" in rows[1]["detail"]
+
+    path.write_bytes(encode_record(good_body) + b"\0" * 64)  # a crash after extending the file
+    rows = [r for b in read_segment("m", str(path), 0, path.stat().st_size) for r in b.to_pylist()]
+    assert [r["type"] for r in rows] == ["SessionMessageHeader", PROBLEM]
+    assert rows[1]["position"] == len(encode_record(good_body))
+    assert rows[1]["length"] == 64
+    assert "empty record" in rows[1]["detail"]
+
+
+# ---------------------------------------------------------------------- standalone Spark
+
+
+def _spark_daemon(spark_home: Path, env: dict[str, str], *args: str) -> None:
+    subprocess.run(
+        ["bash", str(spark_home / "sbin" / "spark-daemon.sh"), *args],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+
+
+@pytest.mark.slow
+def test_standalone_master_and_worker(archives: Path, good: Result, tmp_path: Path) -> None:
+    """A Spark master and worker on 127.0.0.1 (pyspark's own sbin scripts), and the
+    ``cluster-pipeline`` console script run against them with ``--master spark://``."""
+    import pyspark
+
+    spark_home = Path(pyspark.__file__).resolve().parent
+    master_port, master_ui, worker_port, worker_ui = free_ports(4)
+    quick_jit = QUICK_JIT
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(spark_home),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_LOG_DIR": str(tmp_path / "logs"),
+        "SPARK_PID_DIR": str(tmp_path / "pids"),
+        "SPARK_WORKER_DIR": str(tmp_path / "work"),
+        "SPARK_IDENT_STRING": f"triarch-test-{os.getpid()}",
+        "SPARK_DAEMON_JAVA_OPTS": quick_jit,
+        "PYSPARK_PYTHON": sys.executable,
+    }
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    master = f"spark://127.0.0.1:{master_port}"
+    started: list[str] = []
+    begin = time.monotonic()
+    try:
+        start_master = spark_home / "sbin" / "start-master.sh"
+        if start_master.exists():  # full Spark distributions ship it; the wheel does not
+            subprocess.run(
+                ["bash", str(start_master), "--host", "127.0.0.1", "--port", str(master_port),
+                 "--webui-port", str(master_ui)],
+                env=env, check=True, capture_output=True, timeout=60,
+            )  # fmt: skip
+        else:  # what start-master.sh runs
+            _spark_daemon(spark_home, env, "start", MASTER_CLASS, "1", "--host", "127.0.0.1",
+                          "--port", str(master_port), "--webui-port", str(master_ui))  # fmt: skip
+        started.append(MASTER_CLASS)
+        # The worker retries until the master listens; the job waits for the worker.
+        _spark_daemon(spark_home, env, "start", WORKER_CLASS, "1", "--host", "127.0.0.1",
+                      "--port", str(worker_port), "--webui-port", str(worker_ui),
+                      "--cores", "2", "--memory", "2g", master)  # fmt: skip
+        started.append(WORKER_CLASS)
+        assert wait_for_port("127.0.0.1", master_port, 60), "the Spark master did not start"
+        daemons = time.monotonic() - begin
+        out = tmp_path / "out"
+        command = [
+            str(Path(sys.executable).parent / "cluster-pipeline"),
+            "--archives", str(archives), "--out", str(out), "--master", master,
+            "--conf", "spark.executor.memory=1g",
+            "--conf", f"spark.driver.extraJavaOptions={quick_jit}",
+            "--conf", f"spark.executor.extraJavaOptions={quick_jit}",
+        ]  # fmt: skip
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "CONSISTENT" in result.stdout
+        report = json.loads((out / "report.json").read_text())
+        assert report["master"] == master
+        assert report["consistent"] is True
+        assert report["log"] == good.report["log"]
+        assert table(out, "sessions") == table(good.out, "sessions")
+        print(
+            f"\n[pipeline] standalone: master+worker up in {daemons:.1f}s, job "
+            f"{time.monotonic() - begin - daemons:.1f}s (in the job: {report['timings']})"
+        )
+    finally:
+        for daemon in reversed(started):
+            with contextlib.suppress(subprocess.SubprocessError):
+                _spark_daemon(spark_home, env, "stop", daemon, "1")
