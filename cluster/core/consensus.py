@@ -1092,18 +1092,7 @@ class ConsensusModule:
                     else:
                         remaining.append(session)  # redirect once a leader is known
                     continue
-                self.egress.send(
-                    session.egress_id,
-                    SessionEvent(
-                        cluster_session_id=session.cluster_session_id,
-                        correlation_id=session.correlation_id,
-                        leadership_term_id=self.leadership_term_id,
-                        leader_member_id=self.leader_member_id,
-                        code=EventCode.REDIRECT,
-                        version=protocol_version.PROTOCOL_VERSION,
-                        detail=self.config.ingress_endpoints,
-                    ),
-                )
+                self._send_session_event(session, EventCode.REDIRECT, self.config.ingress_endpoints)
                 self.egress.close(session.egress_id)
                 self.counters.redirected_sessions += 1
                 work += 1
@@ -1119,20 +1108,23 @@ class ConsensusModule:
             self.rejected_sessions = remaining
         return work
 
-    def _reject(self, session: ClusterSession) -> None:
-        code, detail = session.rejection or (EventCode.ERROR, "rejected")
-        self.egress.send(
+    def _send_session_event(self, session: ClusterSession, code: EventCode, detail: str) -> bool:
+        return self.egress.send(
             session.egress_id,
             SessionEvent(
                 cluster_session_id=session.cluster_session_id,
                 correlation_id=session.correlation_id,
                 leadership_term_id=self.leadership_term_id,
                 leader_member_id=self.leader_member_id,
-                code=EventCode(code),
+                code=code,
                 version=protocol_version.PROTOCOL_VERSION,
                 detail=detail,
             ),
         )
+
+    def _reject(self, session: ClusterSession) -> None:
+        code, detail = session.rejection or (EventCode.ERROR, "rejected")
+        self._send_session_event(session, EventCode(code), detail)
         self.egress.close(session.egress_id)
         session.state = State.CLOSED
         self.counters.rejected_sessions += 1
@@ -1199,18 +1191,7 @@ class ConsensusModule:
     def _send_open_event(self, session: ClusterSession) -> None:
         if session.state is not State.OPEN:
             return
-        sent = self.egress.send(
-            session.egress_id,
-            SessionEvent(
-                cluster_session_id=session.cluster_session_id,
-                correlation_id=session.correlation_id,
-                leadership_term_id=self.leadership_term_id,
-                leader_member_id=self.leader_member_id,
-                code=EventCode.OK,
-                version=protocol_version.PROTOCOL_VERSION,
-                detail="",
-            ),
-        )
+        sent = self._send_session_event(session, EventCode.OK, "")
         if sent:
             session.has_open_event_pending = False
 
@@ -1264,18 +1245,7 @@ class ConsensusModule:
         session.close_reason = reason
         session.state = State.CLOSED
         del self.sessions[session.cluster_session_id]
-        self.egress.send(
-            session.egress_id,
-            SessionEvent(
-                cluster_session_id=session.cluster_session_id,
-                correlation_id=session.correlation_id,
-                leadership_term_id=self.leadership_term_id,
-                leader_member_id=self.leader_member_id,
-                code=EventCode.CLOSED,
-                version=protocol_version.PROTOCOL_VERSION,
-                detail=reason.name,
-            ),
-        )
+        self._send_session_event(session, EventCode.CLOSED, reason.name)
         self.egress.close(session.egress_id)
 
     # ------------------------------------------------- log replay (followers, recovery)
