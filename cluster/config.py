@@ -13,11 +13,12 @@ import argparse
 import dataclasses
 import os
 import re
+import sys
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .archive.segments import FsyncPolicy
 from .protocol.framing import DEFAULT_MAX_FRAME_SIZE
@@ -83,6 +84,25 @@ def parse_size(text: str | int) -> int:
         raise ValueError(f"not a size: {text!r} (use e.g. 4096, 64KiB, 1MiB)")
     value, unit = m.groups()
     return int(value) * _SIZE_MULT[(unit or "b").lower()]
+
+
+class UsageParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors print the usage line and exit with code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def duration_seconds(text: str) -> float:
+    """argparse ``type=`` for a positive duration (``2s``, ``250ms``), in seconds."""
+    try:
+        seconds = parse_duration_ns(text) / 1e9
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return seconds
 
 
 def parse_bool(text: str | bool) -> bool:

@@ -29,11 +29,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any
 
 import trio
 
-from .config import MemberEndpoints, parse_duration_ns, parse_members
+from .config import MemberEndpoints, UsageParser, duration_seconds, parse_members
 from .protocol.admin import AdminCommand, AdminReply, decode_body
 from .protocol.codec import ADMIN
 from .protocol.errors import ProtocolError
@@ -390,24 +390,8 @@ async def run(opts: Options, command: str) -> int:
 # ---------------------------------------------------------------------- CLI
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _duration(text: str) -> float:
-    try:
-        seconds = parse_duration_ns(text) / 1e9
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return seconds
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = UsageParser(
         prog="cluster-tool",
         description="Query and control a Triarch cluster through its members' admin ports.",
         epilog=(
@@ -424,11 +408,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument(
-        "--timeout", type=_duration, default=2.0, help="per-member reply timeout (default 2s)"
+        "--timeout",
+        type=duration_seconds,
+        default=2.0,
+        help="per-member reply timeout (default 2s)",
     )
     parser.add_argument(
         "--snapshot-timeout",
-        type=_duration,
+        type=duration_seconds,
         default=30.0,
         help="how long snapshot waits for the snapshot to be taken (default 30s)",
     )

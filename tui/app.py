@@ -32,7 +32,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar
 
 from rich.text import Text
 from textual import on, work
@@ -42,7 +42,7 @@ from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.widgets import DataTable, Footer, Header, Label, RichLog, Sparkline, Static
 
-from cluster.config import parse_duration_ns, parse_members
+from cluster.config import UsageParser, duration_seconds, parse_members
 
 from .messages import ActionDone, ClusterPolled
 from .model import ClusterModel, Event, MemberRow, SessionRow, Severity
@@ -529,24 +529,8 @@ class ClusterConsole(App[None]):
 # ---------------------------------------------------------------------- CLI
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _duration(text: str) -> float:
-    try:
-        seconds = parse_duration_ns(text) / 1e9
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return seconds
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = UsageParser(
         prog="cluster-tui",
         description="Live operator console of a Triarch cluster (members' admin ports).",
         epilog="keys: s snapshot, p suspend, r resume (with a confirmation), q quit",
@@ -557,14 +541,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="0=host:ingress:consensus:admin,1=... (default: $CLUSTER_MEMBERS)",
     )
     parser.add_argument(
-        "--interval", type=_duration, default=0.25, help="polling interval (default 250ms)"
+        "--interval", type=duration_seconds, default=0.25, help="polling interval (default 250ms)"
     )
     parser.add_argument(
-        "--timeout", type=_duration, default=1.0, help="per-member reply timeout (default 1s)"
+        "--timeout",
+        type=duration_seconds,
+        default=1.0,
+        help="per-member reply timeout (default 1s)",
     )
     parser.add_argument(
         "--closed-retention",
-        type=_duration,
+        type=duration_seconds,
         default=60.0,
         help="how long closed sessions stay listed (default 60s)",
     )
