@@ -27,7 +27,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import trio
 import trio.lowlevel
@@ -58,14 +58,6 @@ from .core.snapshot import (
 from .core.terms import TermHistory
 from .protocol.consensus import ConsensusMessage
 from .protocol.enums import CLUSTER_ACTION_FLAG_TERMINATE, ClusterAction, Role
-from .protocol.ingress import (
-    AdminRequest,
-    ChallengeResponse,
-    SessionCloseRequest,
-    SessionConnectRequest,
-    SessionKeepAlive,
-    SessionMessageHeader,
-)
 from .protocol.log import ClusterActionRequest
 from .service import ClusteredService
 from .transport.base import Network
@@ -496,26 +488,13 @@ class Node:
     async def _consensus_agent(self) -> None:
         inbox = self.inbox
         cm = self.cm
-        on_ingress = cm.on_ingress_message
+        on_message = cm.on_message
         while True:
             await inbox.wake.wait()
             batch = inbox.take()
             now = self._now_ns()
             for message in batch:
-                if type(message) is SessionMessageHeader:
-                    on_ingress(message, now)
-                elif isinstance(message, SessionKeepAlive):
-                    cm.on_keepalive(message, now)
-                elif isinstance(message, SessionConnectRequest):
-                    cm.on_session_connect(message, now)
-                elif isinstance(message, SessionCloseRequest):
-                    cm.on_session_close_request(message, now)
-                elif isinstance(message, ChallengeResponse):
-                    cm.on_challenge_response(message, now)
-                elif isinstance(message, AdminRequest):
-                    cm.on_admin_request(message, now)
-                else:
-                    cm.on_consensus_message(cast(ConsensusMessage, message), now)
+                on_message(message, now)
             cm.consensus_work(now)
             self._kick()
             await trio.lowlevel.checkpoint()

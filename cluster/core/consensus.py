@@ -21,7 +21,7 @@ import random
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ..archive.record import RECORD_HEADER
 from ..protocol import version as protocol_version
@@ -51,6 +51,7 @@ from ..protocol.enums import (
 from ..protocol.ingress import (
     AdminRequest,
     ChallengeResponse,
+    IngressMessage,
     SessionCloseRequest,
     SessionConnectRequest,
     SessionKeepAlive,
@@ -855,9 +856,22 @@ class ConsensusModule:
         self._append(header)
         return True
 
-    def on_ingress_messages(self, headers: Iterable[SessionMessageHeader], now_ns: int) -> None:
-        for header in headers:
-            self.on_ingress_message(header, now_ns)
+    def on_message(self, message: IngressMessage | ConsensusMessage, now_ns: int) -> None:
+        """Dispatch one message from a client or a member (application messages first)."""
+        if type(message) is SessionMessageHeader:
+            self.on_ingress_message(message, now_ns)
+        elif isinstance(message, SessionKeepAlive):
+            self.on_keepalive(message, now_ns)
+        elif isinstance(message, SessionConnectRequest):
+            self.on_session_connect(message, now_ns)
+        elif isinstance(message, SessionCloseRequest):
+            self.on_session_close_request(message, now_ns)
+        elif isinstance(message, ChallengeResponse):
+            self.on_challenge_response(message, now_ns)
+        elif isinstance(message, AdminRequest):
+            self.on_admin_request(message, now_ns)
+        else:
+            self.on_consensus_message(cast(ConsensusMessage, message), now_ns)
 
     def on_keepalive(self, msg: SessionKeepAlive, now_ns: int) -> None:
         if not self.is_ready_leader:
