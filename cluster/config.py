@@ -142,6 +142,16 @@ def _log_level(text: Any) -> str:
     return level
 
 
+def _choice(*choices: str) -> Callable[[Any], str]:
+    def check(text: Any) -> str:
+        value = str(text).strip().lower()
+        if value not in choices:
+            raise ValueError(f"not one of {', '.join(choices)}: {text!r}")
+        return value
+
+    return check
+
+
 @dataclass(frozen=True, slots=True)
 class MemberEndpoints:
     member_id: int
@@ -298,6 +308,13 @@ SETTINGS: tuple[Setting, ...] = (
         "archive fsync policy: batch (fdatasync each batch before it counts as appended) or none",
         lambda v: v.value,
     ),
+    Setting(
+        "archive-io",
+        "inline",
+        _choice("inline", "thread"),
+        "how log writes run: inline (on the event loop; no thread hand-off, lowest latency) "
+        "or thread (a worker thread; the node keeps serving while a slow disk syncs)",
+    ),
     Setting("segment-size", 64 << 20, _positive(parse_size), "archive segment file size"),
     Setting("log-level", "INFO", _log_level, "logging level"),
 )
@@ -321,6 +338,7 @@ class NodeConfig:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_egress_backlog: int = 8 << 20
     fsync: FsyncPolicy = FsyncPolicy.BATCH
+    archive_io: str = "inline"
     segment_size: int = 64 << 20
     log_level: str = "INFO"
 

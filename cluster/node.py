@@ -74,6 +74,12 @@ async def _run_in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     return await trio.to_thread.run_sync(fn, *args)
 
 
+async def _run_inline(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run ``fn`` right here, blocking the event loop (no thread hand-off: a hand-off
+    costs about as much as an fdatasync on a fast disk)."""
+    return fn(*args)
+
+
 def load_object(spec: str, what: str) -> Any:
     """Import ``module:Name`` and return the object, with a clear error if it fails."""
     module_name, sep, attr = spec.partition(":")
@@ -105,8 +111,9 @@ class Node:
         run_blocking: RunBlocking | None = None,
     ) -> None:
         """``network``, ``clock_ns`` (monotonic ns), ``epoch_offset_ns`` (added to the clock to
-        get epoch time), ``rng`` and ``run_blocking`` (how archive I/O runs: a worker thread
-        by default) are the seams the deterministic simulator replaces."""
+        get epoch time), ``rng`` and ``run_blocking`` (how archive reads, snapshots and,
+        with ``archive_io = "thread"``, log writes run: a worker thread by default) are
+        the seams the deterministic simulator replaces."""
         self.config = config
         self.service = service
         self.network = network or TcpNetwork()
@@ -116,6 +123,10 @@ class Node:
         )
         self.rng = rng or random.Random()
         self.run_blocking: RunBlocking = run_blocking or _run_in_thread
+        self.inline_log_writes = config.archive_io == "inline"
+        self.run_log_write: RunBlocking = (
+            _run_inline if self.inline_log_writes else self.run_blocking
+        )
         self.member = config.this_member
         self.members = config.member_list
         self.authenticator = authenticator
@@ -175,6 +186,7 @@ class Node:
             self.member,
             [m for m in self.members if m.member_id != cfg.member_id],
             self._deliver_consensus,
+            delivered=self._consensus_delivered,
             max_frame_size=max(cfg.max_frame_size, 2 << 20),
         )
         terms = TermHistory(
@@ -223,11 +235,12 @@ class Node:
             self.cm,
             self.log_buffer,
             self._on_appended,
-            self.run_blocking,
+            self.run_log_write,
             lock=self.archive_lock,
             on_taken=self._on_log_taken,
             on_truncated=self._on_truncated,
             clock_ns=self._now_ns,
+            inline=self.inline_log_writes,
         )
         self.log_agent = LogAgent(self.cm, self.container, self.log_buffer, self._after_apply)
         self.ingress = IngressAgent(
@@ -238,6 +251,9 @@ class Node:
             max_frame_size=cfg.max_frame_size,
         )
         self._leadership_scope: trio.CancelScope | None = None
+        self.replicators: dict[int, Replicator] = {}
+        self._in_duty_cycle = False
+        self.inbox.process = self._process_inbox
         self._watchdog_scope: trio.CancelScope | None = None
         self._last_saved_commit = self.node_state.commit_position
         self._next_state_save = 0.0
@@ -396,17 +412,25 @@ class Node:
         self.cm.on_egress_failed(egress_id)
 
     def _on_appended(self) -> None:
-        self.log_agent.kick()
+        self._kick()
 
     def _on_log_taken(self) -> None:
-        self.log_taken.set()
-        self.log_taken = trio.Event()
+        """New bytes in the log buffer, about to be written: replicate them first."""
+        wake = False
+        for replicator in self.replicators.values():
+            if not replicator.pump():
+                wake = True
+        self.links.flush()
+        if wake:
+            self.log_taken.set()
+            self.log_taken = trio.Event()
 
     async def wait_for_log(self) -> None:
         await self.log_taken.wait()
 
     def _on_truncated(self) -> None:
-        self._on_log_taken()
+        self.log_taken.set()
+        self.log_taken = trio.Event()
 
     def _after_apply(self) -> None:
         self.cm.on_applied(self.log_agent.applied_position)
@@ -414,19 +438,52 @@ class Node:
         self._kick()
 
     def _kick(self) -> None:
-        """After the consensus module changed: wake whoever has work."""
+        """After the consensus module changed: write the new log, apply what is
+        committed, send what is queued.
+
+        All of it happens right here, in the caller's task (Aeron's shared duty cycle):
+        a task switch per hop costs more than the work.  Only what has to wait (a write
+        behind another, a truncation, a retry after a failed write) goes to the archive
+        agent's task."""
         cm = self.cm
         if self._watchdog_scope is not None:
             self._watchdog_scope.deadline = self._leader_deadline()
-        if cm.log_buffer or cm.pending_truncate is not None:
+        if (cm.log_buffer and not self.archive_agent.write_now()) or (
+            cm.pending_truncate is not None
+        ):
             self.archive_agent.kick()
         if cm.commit_position > self.log_agent.applied_position:
-            self.log_agent.kick()
+            self.log_agent.apply_all()
+        self.links.flush()
+        self.egress.flush()
 
     def _deliver_consensus(self, message: ConsensusMessage) -> None:
+        self.inbox.messages.append(message)
+
+    def _consensus_delivered(self) -> None:
+        if self.inbox.messages:
+            self.inbox.notify()
+
+    def _process_inbox(self) -> None:
+        """The consensus duty cycle: handle every decoded ingress and member message.
+
+        Runs in the task that decoded them (an ingress or member-link reader) or, when
+        that would re-enter, in the consensus agent's task."""
         inbox = self.inbox
-        inbox.messages.append(message)
-        inbox.wake.set()
+        if self._in_duty_cycle:
+            inbox.wake.set()
+            return
+        self._in_duty_cycle = True
+        try:
+            batch = inbox.take()
+            now = self._now_ns()
+            on_message = self.cm.on_message
+            for message in batch:
+                on_message(message, now)
+            self.cm.consensus_work(now)
+            self._kick()
+        finally:
+            self._in_duty_cycle = False
 
     def _on_role_change(self, role: Role) -> None:
         if role is Role.LEADER:
@@ -470,33 +527,34 @@ class Node:
                 self._leadership_scope.cancel()
             self._leadership_scope = scope
             interval = self.config.leader_heartbeat_interval / 1e9
-            async with trio.open_nursery() as nursery:
-                for member_id, link in self.links.links.items():
-                    replicator = Replicator(
-                        self.cm,
-                        member_id,
-                        link,
-                        self.read_log,
-                        lambda: self.log_buffer.end,
-                        self.wait_for_log,
-                        interval,
-                    )
-                    nursery.start_soon(replicator.run, name=f"replicate-{member_id}")
+            replicators = {
+                member_id: Replicator(
+                    self.cm,
+                    member_id,
+                    link,
+                    self.read_log,
+                    self.log_buffer,
+                    self.wait_for_log,
+                    interval,
+                )
+                for member_id, link in self.links.links.items()
+            }
+            self.replicators = replicators
+            try:
+                async with trio.open_nursery() as nursery:
+                    for member_id, replicator in replicators.items():
+                        nursery.start_soon(replicator.run, name=f"replicate-{member_id}")
+            finally:
+                if self.replicators is replicators:
+                    self.replicators = {}
 
     # ------------------------------------------------------------------ agents
 
     async def _consensus_agent(self) -> None:
         inbox = self.inbox
-        cm = self.cm
-        on_message = cm.on_message
         while True:
             await inbox.wake.wait()
-            batch = inbox.take()
-            now = self._now_ns()
-            for message in batch:
-                on_message(message, now)
-            cm.consensus_work(now)
-            self._kick()
+            self._process_inbox()
             await trio.lowlevel.checkpoint()
 
     async def _slow_tick_agent(self) -> None:

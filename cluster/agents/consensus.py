@@ -70,6 +70,7 @@ class PeerLinks:
         peers: list[MemberEndpoints],
         deliver: Callable[[ConsensusMessage], None],
         *,
+        delivered: Callable[[], None] | None = None,
         max_frame_size: int,
         max_backlog: int = 64 << 20,
     ) -> None:
@@ -77,6 +78,7 @@ class PeerLinks:
         self.me = me
         self.links = {p.member_id: PeerLink(p, max_backlog) for p in peers}
         self.deliver = deliver
+        self.delivered = delivered
         self.max_frame_size = max_frame_size
         self.protocol_errors = 0
         self.inbound: dict[int, int] = {}
@@ -84,6 +86,13 @@ class PeerLinks:
     def send(self, member_id: int, message: ConsensusMessage) -> bool:
         link = self.links.get(member_id)
         return link.send(message) if link is not None else False
+
+    def flush(self) -> None:
+        """Send what is queued on every link now, from the caller's task."""
+        for link in self.links.values():
+            writer = link.writer
+            if writer is not None and writer.backlog:
+                writer.flush()
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -124,23 +133,30 @@ class PeerLinks:
         decoder = FrameDecoder(self.max_frame_size)
         peer = -1
         deliver = self.deliver
+        delivered = self.delivered
         try:
             while True:
                 data = await stream.receive_some(256 * 1024)
                 if not data:
                     return
-                for body in decoder.feed(data):
-                    message = _decode(body)
-                    if peer < 0:
-                        if not isinstance(message, MemberHello):
-                            raise ProtocolError("member link did not start with MemberHello")
-                        peer = message.member_id
-                        self.inbound[peer] = self.inbound.get(peer, 0) + 1
-                        continue
-                    deliver(message)
-        except ProtocolError as exc:
-            self.protocol_errors += 1
-            log.warning("closing member link from %s: %s", peer, exc)
+                try:
+                    for body in decoder.feed(data):
+                        message = _decode(body)
+                        if peer < 0:
+                            if not isinstance(message, MemberHello):
+                                raise ProtocolError("member link did not start with MemberHello")
+                            peer = message.member_id
+                            self.inbound[peer] = self.inbound.get(peer, 0) + 1
+                            continue
+                        deliver(message)
+                except ProtocolError as exc:
+                    self.protocol_errors += 1
+                    log.warning("closing member link from %s: %s", peer, exc)
+                    if delivered is not None:
+                        delivered()  # messages decoded before the bad one still count
+                    return
+                if delivered is not None:
+                    delivered()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:

@@ -61,6 +61,7 @@ class EgressPublisher:
         self.dropped_messages = 0
         self._active = 0
         self._idle = trio.Event()
+        self._dirty: list[FrameWriter] = []
 
     # ---- EgressPort -----------------------------------------------------------------
 
@@ -77,10 +78,24 @@ class EgressPublisher:
 
     def send(self, egress_id: int, message: Any) -> bool:
         egress = self._egress.get(egress_id)
-        if egress is None or not egress.writer.write_message(message):
+        if egress is None:
+            self.dropped_messages += 1
+            return False
+        writer = egress.writer
+        if not writer.backlog:
+            self._dirty.append(writer)
+        if not writer.write_message(message):
             self.dropped_messages += 1
             return False
         return True
+
+    def flush(self) -> None:
+        """Send what was queued since the last flush, from the caller's task."""
+        dirty = self._dirty
+        if dirty:
+            self._dirty = []
+            for writer in dirty:
+                writer.flush()
 
     def close(self, egress_id: int) -> None:
         egress = self._egress.pop(egress_id, None)

@@ -1,13 +1,15 @@
 """Ingress agent: accepts client connections and decodes their frames.
 
 Each connection gets a reader task that decodes every frame that arrived in one receive
-and hands the whole batch to the consensus agent (no task switch per message).  Bad
+and hands the whole batch to the node's duty cycle, which handles it right in the
+reader's task (no task switch).  Bad
 bytes close that connection and are counted; the node lives on.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -41,6 +43,16 @@ class IngressInbox:
     messages: list[IngressMessage | ConsensusMessage] = field(default_factory=list)
     wake: trio.Event = field(default_factory=trio.Event)
     drained: trio.Event = field(default_factory=trio.Event)
+    #: handles the messages in the caller's task (the node's duty cycle); without it the
+    #: consensus agent is woken to take them
+    process: Callable[[], None] | None = None
+
+    def notify(self) -> None:
+        """Messages were added: have them handled now."""
+        if self.process is not None:
+            self.process()
+        else:
+            self.wake.set()
 
     def take(self) -> list[IngressMessage | ConsensusMessage]:
         batch, self.messages = self.messages, []
@@ -81,21 +93,23 @@ class IngressAgent:
                 data = await stream.receive_some(256 * 1024)
                 if not data:
                     return
-                frames = decoder.feed(data)
+                messages = inbox.messages
+                try:
+                    frames = decoder.feed(data)
+                    for body in frames:
+                        messages.append(_decode(body))
+                except ProtocolError as exc:
+                    inbox.notify()  # frames decoded before the bad one still count
+                    stats.protocol_errors += 1
+                    stats.last_error = str(exc)
+                    log.warning("closing ingress connection after bad frame: %s", exc)
+                    return
                 if not frames:
                     continue
-                messages = inbox.messages
-                for body in frames:
-                    messages.append(_decode(body))
                 stats.frames += len(frames)
-                inbox.wake.set()
+                inbox.notify()
                 while len(inbox.messages) >= inbox.limit:
                     await inbox.drained.wait()
-        except ProtocolError as exc:
-            inbox.wake.set()  # frames decoded before the bad one still count
-            stats.protocol_errors += 1
-            stats.last_error = str(exc)
-            log.warning("closing ingress connection after bad frame: %s", exc)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:

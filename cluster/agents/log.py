@@ -70,8 +70,10 @@ class ArchiveAgent:
         on_truncated: Callable[[], None],
         clock_ns: Callable[[], int],
         retry_interval: float = 1.0,
+        inline: bool = False,
     ) -> None:
         self.run_blocking = run_blocking
+        self.inline = inline
         self.lock = lock
         self.on_taken = on_taken
         self.on_truncated = on_truncated
@@ -87,34 +89,80 @@ class ArchiveAgent:
         self.write_errors = 0
         self.last_error = ""
         self.idle = trio.Event()
+        # a batch taken from the consensus module and not yet durably appended: while
+        # it is set, nothing else may be written (order)
+        self._writing: bytearray | None = None
 
     def kick(self) -> None:
         self.wake.set()
 
+    def write_now(self) -> bool:
+        """Write what the consensus module has encoded, right here in the caller's task
+        (``inline`` mode: no task switch, no thread hand-off).
+
+        Returns False if the agent's task has to do it: not inline, a write or a
+        truncation under way, or the archive busy (a catch-up read, a snapshot)."""
+        cm = self.cm
+        if (
+            not self.inline
+            or self._writing is not None
+            or cm.pending_truncate is not None
+            or self.lock.locked()
+        ):
+            return False
+        data = self._take()
+        if data is None:
+            return True
+        try:
+            position = self.archive.append(data)
+        except ArchiveWriteError as exc:
+            self._write_failed(exc, data)
+            self.kick()  # the task retries
+            return True
+        self._appended(position, data)
+        return True
+
+    def _take(self) -> bytearray | None:
+        """Take the next batch from the consensus module into the log buffer, and let
+        replication send it before it is written."""
+        batch = self.cm.take_log_batch()
+        if batch is None:
+            return None
+        start, data = batch
+        if start != self.log_buffer.end:
+            raise RuntimeError(f"log gap: batch at {start}, buffer ends {self.log_buffer.end}")
+        self.log_buffer.data += data
+        self._writing = data
+        self.on_taken()
+        return data
+
+    def _appended(self, position: int, data: bytearray) -> None:
+        self._writing = None
+        self.batches += 1
+        self.bytes_appended += len(data)
+        cm = self.cm
+        cm.on_archive_position(position, self.clock_ns())
+        self.log_buffer.release(cm.archive_position)
+        self.on_appended()
+
     async def run(self) -> None:
         cm = self.cm
         while True:
-            if not cm.log_buffer and cm.pending_truncate is None:
+            if self._writing is None and not cm.log_buffer and cm.pending_truncate is None:
                 self.idle.set()
                 await self.wake.wait()
             self.wake = trio.Event()
             self.idle = trio.Event()
-            if cm.pending_truncate is not None:
-                await self._truncate(cm.pending_truncate)
-            batch = cm.take_log_batch()
-            if batch is None:
-                continue
-            start, data = batch
-            if start != self.log_buffer.end:
-                raise RuntimeError(f"log gap: batch at {start}, buffer ends {self.log_buffer.end}")
-            self.log_buffer.data += data
-            self.on_taken()
-            position = await self._append(data)
-            self.batches += 1
-            self.bytes_appended += len(data)
-            cm.on_archive_position(position, self.clock_ns())
-            self.log_buffer.release(cm.archive_position)
-            self.on_appended()
+            data = self._writing  # a failed inline write, to retry
+            if data is None:
+                if cm.pending_truncate is not None:
+                    await self._truncate(cm.pending_truncate)
+                data = self._take()
+                if data is None:
+                    continue
+            else:
+                await trio.sleep(self.retry_interval)
+            self._appended(await self._append(data), data)
 
     async def _truncate(self, position: int) -> None:
         buf = self.log_buffer
@@ -132,19 +180,22 @@ class ArchiveAgent:
                 async with self.lock:
                     return int(await self.run_blocking(self.archive.append, data))
             except ArchiveWriteError as exc:
-                self.write_errors += 1
-                self.last_error = str(exc)
-                log.error(
-                    "archive write failed (%s); %d bytes held, retrying in %.1fs",
-                    exc,
-                    len(data),
-                    self.retry_interval,
-                )
+                self._write_failed(exc, data)
                 await trio.sleep(self.retry_interval)
+
+    def _write_failed(self, exc: ArchiveWriteError, data: bytearray) -> None:
+        self.write_errors += 1
+        self.last_error = str(exc)
+        log.error(
+            "archive write failed (%s); %d bytes held, retrying in %.1fs",
+            exc,
+            len(data),
+            self.retry_interval,
+        )
 
     async def wait_idle(self) -> None:
         """Wait until everything encoded so far is durably appended."""
-        while self.cm.log_buffer or not self.idle.is_set():
+        while self.cm.log_buffer or self._writing is not None or not self.idle.is_set():
             self.kick()
             await self.idle.wait()
             await trio.lowlevel.checkpoint()
@@ -163,6 +214,7 @@ class LogAgent:
         self.log_buffer = log_buffer
         self.after_apply = after_apply
         self.wake = trio.Event()
+        self._applying = False
 
     @property
     def applied_position(self) -> int:
@@ -194,9 +246,20 @@ class LogAgent:
             buf.release(cm.archive_position)
         return consumed
 
+    def apply_all(self) -> None:
+        """Apply everything committed, from the caller's task (a call from inside
+        ``after_apply`` returns at once: the loop already running picks the work up)."""
+        if self._applying:
+            return
+        self._applying = True
+        try:
+            while self.apply_committed():
+                self.after_apply()
+        finally:
+            self._applying = False
+
     async def run(self) -> None:
         while True:
             await self.wake.wait()
             self.wake = trio.Event()
-            while self.apply_committed():
-                self.after_apply()
+            self.apply_all()

@@ -3,9 +3,11 @@
 A replicator sends ``AppendRequest`` chunks of the leader's log (byte ranges, unchanged,
 never crossing a term boundary) from the follower's ``next_position``: from the
 in-memory log buffer when the follower is close behind, from the archive when it is
-catching up.  It sends whatever is new in one chunk per wake-up (batching), keeps the
-link's backlog bounded, and probes with an empty request every heartbeat interval so a
-follower that lost data or diverged reports where it really is.
+catching up.  It sends whatever is new in one chunk per wake-up (batching); the archive
+agent calls :meth:`Replicator.pump` before each write so a follower close behind gets
+the new bytes without a task switch and appends them while the leader syncs its own
+copy.  It keeps the link's backlog bounded, and probes with an empty request every
+heartbeat interval so a follower that lost data or diverged reports where it really is.
 
 All replicators of a term run inside the leadership cancel scope: an election cancels
 them together.
@@ -19,6 +21,7 @@ import trio
 
 from ..core.consensus import ConsensusModule
 from .consensus import PeerLink
+from .log import LogBuffer
 
 MAX_CHUNK = 1 << 20
 MAX_LINK_BACKLOG = 4 << 20
@@ -31,7 +34,7 @@ class Replicator:
         member_id: int,
         link: PeerLink,
         read_log: Callable[[int, int], Awaitable[bytes]],
-        log_end: Callable[[], int],
+        log_buffer: LogBuffer,
         wait_for_log: Callable[[], Awaitable[None]],
         heartbeat_interval: float,
     ) -> None:
@@ -39,15 +42,52 @@ class Replicator:
         self.member_id = member_id
         self.link = link
         self.read_log = read_log
-        self.log_end = log_end
+        self.log_buffer = log_buffer
         self.wait_for_log = wait_for_log
         self.heartbeat_interval = heartbeat_interval
+        self.connects = link.connects
+        # one number for both the test and the wait: no FP drift
+        self.next_heartbeat = -1e18
+
+    def _sync_connection(self) -> None:
+        link = self.link
+        if link.connects != self.connects:
+            # data sent on a broken connection may be lost: resend from what the
+            # follower has confirmed
+            self.connects = link.connects
+            follower = self.cm.followers.get(self.member_id)
+            if follower is not None and follower.match_position >= 0:
+                follower.next_position = follower.match_position
+
+    def pump(self) -> bool:
+        """Send what is new in the in-memory log now, from the caller's task (the archive
+        agent, before its write: followers append while the leader syncs).
+
+        Returns False if the replicator's own task has to do the work (a follower
+        catching up from the archive, a full or broken link)."""
+        cm = self.cm
+        link = self.link
+        follower = cm.followers.get(self.member_id)
+        if follower is None or not link.is_connected or link.backlog >= MAX_LINK_BACKLOG:
+            return False
+        self._sync_connection()
+        buf = self.log_buffer
+        start = follower.next_position
+        end = buf.end
+        if start >= end:
+            return True
+        if start < buf.base:
+            return False
+        stop = cm.replication_stop(start, min(end, start + MAX_CHUNK))
+        data = bytes(buf.data[start - buf.base : stop - buf.base])
+        link.send(cm.append_request(self.member_id, start, data))
+        follower.next_position = stop
+        self.next_heartbeat = trio.current_time() + self.heartbeat_interval
+        return True
 
     async def run(self) -> None:
         cm = self.cm
         link = self.link
-        connects = link.connects
-        next_heartbeat = -1e18  # one number for both the test and the wait: no FP drift
         while True:
             follower = cm.followers.get(self.member_id)
             if follower is None:
@@ -55,13 +95,8 @@ class Replicator:
             if not link.is_connected:
                 await link.connected.wait()
                 continue
-            if link.connects != connects:
-                # data sent on a broken connection may be lost: resend from what the
-                # follower has confirmed
-                connects = link.connects
-                if follower.match_position >= 0:
-                    follower.next_position = follower.match_position
-            end = self.log_end()
+            self._sync_connection()
+            end = self.log_buffer.end
             start = follower.next_position
             if start < end and link.backlog < MAX_LINK_BACKLOG:
                 stop = cm.replication_stop(start, min(end, start + MAX_CHUNK))
@@ -73,14 +108,14 @@ class Replicator:
                     continue
                 link.send(cm.append_request(self.member_id, start, data))
                 follower.next_position = stop
-                next_heartbeat = trio.current_time() + self.heartbeat_interval
+                self.next_heartbeat = trio.current_time() + self.heartbeat_interval
                 await trio.lowlevel.checkpoint()
                 continue
             now = trio.current_time()
-            if now >= next_heartbeat:
+            if now >= self.next_heartbeat:
                 link.send(cm.append_request(self.member_id, start, b""))
-                next_heartbeat = now + self.heartbeat_interval
-            with trio.move_on_at(next_heartbeat):
+                self.next_heartbeat = now + self.heartbeat_interval
+            with trio.move_on_at(self.next_heartbeat):
                 if link.backlog >= MAX_LINK_BACKLOG:
                     await trio.sleep(0.001)
                 else:

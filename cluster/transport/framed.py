@@ -1,10 +1,11 @@
 """Batched frame writing and frame reading over any ``trio.abc.Stream``.
 
-:class:`FrameWriter` gathers frames from many producers into one buffer; its
-:meth:`~FrameWriter.run` task sends whatever has accumulated with one ``send_all`` per
-wake-up, so a burst of messages costs one syscall.  The buffer is bounded: ``write``
-returns False instead of growing past ``max_backlog`` (the caller decides what back
-pressure means).
+:class:`FrameWriter` gathers frames from many producers into one buffer, and sends it in
+one syscall either from the producer's own task (:meth:`~FrameWriter.flush`, at the end
+of a duty cycle: no task switch) or from its :meth:`~FrameWriter.run` task, which sends
+whatever has accumulated with one ``send_all`` per wake-up (when the socket is full, or
+nobody flushed).  The buffer is bounded: ``write`` returns False instead of growing past
+``max_backlog`` (the caller decides what back pressure means).
 """
 
 from __future__ import annotations
@@ -15,19 +16,22 @@ import trio
 
 from ..protocol.codec import encode_into
 from ..protocol.framing import LENGTH, FrameDecoder
+from .base import SendNowait, nowait_sender
 
 HEADER_ZERO = b"\0\0\0\0"
 RECEIVE_SIZE = 256 * 1024
 
 
 class FrameWriter:
-    __slots__ = ("_buf", "_closing", "_wake", "max_backlog")
+    __slots__ = ("_buf", "_closing", "_send_nowait", "_sending", "_wake", "max_backlog")
 
     def __init__(self, max_backlog: int = 8 << 20) -> None:
         self.max_backlog = max_backlog
         self._buf = bytearray()
         self._wake = trio.Event()
         self._closing = False
+        self._send_nowait: SendNowait | None = None
+        self._sending = False
 
     @property
     def backlog(self) -> int:
@@ -53,6 +57,23 @@ class FrameWriter:
         self._wake.set()
         return True
 
+    def flush(self) -> None:
+        """Send what is queued now, from the caller's task, if the stream can take it
+        without waiting; whatever is left (a full socket buffer, an error) stays queued
+        for the writer task."""
+        send = self._send_nowait
+        buf = self._buf
+        if send is None or self._sending or not buf:
+            return
+        try:
+            sent = send(buf)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            return  # the writer task's send_all meets the error and reports it
+        if sent >= len(buf):
+            self._buf = bytearray()
+        elif sent:
+            del buf[:sent]
+
     def close(self) -> None:
         """Flush what is queued, then close the stream (from :meth:`run`)."""
         self._closing = True
@@ -67,16 +88,22 @@ class FrameWriter:
 
         Frames may be queued before the stream exists; they go out first.
         """
+        self._send_nowait = nowait_sender(stream)
         try:
             while True:
                 await self._wake.wait()
                 self._wake = trio.Event()
                 if self._buf:
                     data, self._buf = self._buf, bytearray()
-                    await stream.send_all(data)
+                    self._sending = True
+                    try:
+                        await stream.send_all(data)
+                    finally:
+                        self._sending = False
                 if self._closing and not self._buf:
                     return
         finally:
+            self._send_nowait = None
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
 

@@ -149,19 +149,29 @@ class SimStream(trio.abc.Stream):
         self._sending = True
         try:
             await trio.lowlevel.checkpoint_if_cancelled()
-            self._check()
-            net = self._net
-            if net.reset_probability and net.rng.random() < net.reset_probability:
-                net._break(self._conn, "connection reset")
-                self._check()
-            if self._peer()._closed:
-                net._break(self._conn, "connection reset by peer")
-                self._check()
-            if data:
-                net._send(self._conn, self._out, bytes(data))
+            self._send_now(data)
             await trio.lowlevel.cancel_shielded_checkpoint()
         finally:
             self._sending = False
+
+    def send_nowait(self, data: bytearray) -> int:
+        """Send all of ``data`` now (the simulated network never fills up)."""
+        if self._sending:
+            raise trio.BusyResourceError("another task is sending on this stream")
+        self._send_now(data)
+        return len(data)
+
+    def _send_now(self, data: bytes | bytearray | memoryview) -> None:
+        self._check()
+        net = self._net
+        if net.reset_probability and net.rng.random() < net.reset_probability:
+            net._break(self._conn, "connection reset")
+            self._check()
+        if self._peer()._closed:
+            net._break(self._conn, "connection reset by peer")
+            self._check()
+        if data:
+            net._send(self._conn, self._out, bytes(data))
 
     async def wait_send_all_might_not_block(self) -> None:
         await trio.lowlevel.checkpoint()

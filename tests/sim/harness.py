@@ -162,6 +162,9 @@ class SimConfig:
                 "election_timeout": 300_000_000,
                 "startup_canvass_timeout": 1_000_000_000,
                 "fsync": FsyncPolicy.NONE,  # simulated crashes are process crashes
+                # inline: log writes in the duty cycle, the disk instant; thread: through
+                # the run_blocking seam, after a seeded disk latency
+                "archive_io": rng.choice(["inline", "thread"]),
             },
         )
         node_fields = {f.name for f in fields(NodeConfig)}

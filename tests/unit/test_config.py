@@ -306,6 +306,7 @@ def test_every_setting_settable_from_each_layer(tmp_path: Path) -> None:
         "max-frame-size": ("2MiB", 2 << 20),
         "max-egress-backlog": ("1MiB", 1 << 20),
         "fsync": ("none", FsyncPolicy.NONE),
+        "archive-io": ("Thread", "thread"),
         "segment-size": ("1MiB", 1 << 20),
         "log-level": ("warning", "WARNING"),
     }
@@ -444,3 +445,9 @@ def test_bad_log_level_and_negative_member_id() -> None:
         load_config(["--log-level", "bogus"], {})
     with pytest.raises(ConfigError, match="must not be negative"):
         load_config(["--members=-1=a:1:2:3", "--member-id=-1"], {})
+
+
+def test_archive_io_choice_is_checked() -> None:
+    assert load_config([]).archive_io == "inline"
+    with pytest.raises(ConfigError, match="archive-io"):
+        load_config(["--archive-io", "async"])
