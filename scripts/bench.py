@@ -53,8 +53,9 @@ async def run_client(
 ) -> None:
     """One session: keep ``window`` messages in flight (closed loop) or send at ``rate``.
 
-    In closed loop the sender offers everything its credit allows without yielding in
-    between, so messages leave in bursts as a busy application's would.
+    In closed loop the sender offers everything its credit allows in one ``offer_many``
+    and the receiver takes whatever has arrived with ``receive_many``, so messages move
+    in bursts as a busy application's would.
     """
     padding = b"x" * max(0, payload_size - STAMP.size)
     credit = window
@@ -64,15 +65,16 @@ async def run_client(
         async def receiver() -> None:
             nonlocal credit, credit_returned
             hist = stats.histogram
+            unpack = STAMP.unpack_from
             while True:
-                payload = await c.receive()
+                payloads = await c.receive_many()
                 now = time.perf_counter_ns()
-                _, sent_at = STAMP.unpack_from(payload)
-                stats.received += 1
+                n = len(payloads)
+                stats.received += n
                 if stats.measuring:
-                    stats.measured += 1
-                    hist.record(now - sent_at)
-                credit += 1
+                    stats.measured += n
+                    hist.record_all([now - unpack(p)[1] for p in payloads])
+                credit += n
                 credit_returned.set()
 
         async with trio.open_nursery() as nursery:
@@ -96,9 +98,9 @@ async def run_client(
                 else:
                     intended = time.perf_counter_ns()
                     burst = credit
-                for _ in range(burst):
-                    seq += 1
-                    await c.offer(STAMP.pack(seq, intended) + padding)
+                pack = STAMP.pack
+                await c.offer_many([pack(seq + i, intended) + padding for i in range(1, burst + 1)])
+                seq += burst
                 credit -= burst
                 stats.sent += burst
             # let in-flight messages come back before closing

@@ -106,6 +106,25 @@ async def test_echo_reply_carries_log_timestamp(tmp_path: Path) -> None:
                 del before
 
 
+async def test_offer_many_and_receive_many_keep_order(tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        async with running_node(make_config(tmp_path), EchoService()) as node:
+            async with client.connect(endpoints(node)) as c:
+                sent = [b"m%d" % i for i in range(3000)]
+                assert await c.offer_many(sent[:1000]) == 1000
+                assert await c.offer_many(iter(sent[1000:])) == 2000
+                got: list[bytes] = []
+                while len(got) < len(sent):
+                    batch = await c.receive_many(max_messages=700)
+                    assert 1 <= len(batch) <= 700
+                    got += batch
+                assert got == sent
+                with pytest.raises(ValueError, match="max_messages"):
+                    await c.receive_many(0)
+            with pytest.raises(SessionClosedError):
+                await c.offer_many([b"late"])
+
+
 async def test_bad_frames_do_not_stop_the_node(tmp_path: Path) -> None:
     with trio.fail_after(20):
         async with running_node(make_config(tmp_path), EchoService()) as node:

@@ -22,6 +22,23 @@ def test_percentiles_within_relative_error(values: list[int]) -> None:
     assert h.max == ordered[-1]
 
 
+@given(st.lists(st.integers(min_value=0, max_value=10**12), max_size=200), st.integers(2, 12))
+def test_record_all_is_record_for_each(values: list[int], bits: int) -> None:
+    one, many = Histogram(bits), Histogram(bits)
+    for v in values:
+        one.record(v)
+    many.record_all(values)
+    assert (many.count, many.total, many.min, many.max) == (one.count, one.total, one.min, one.max)
+    assert many.distribution() == one.distribution()
+
+
+def test_record_all_keeps_what_came_before_a_bad_value() -> None:
+    h = Histogram()
+    with pytest.raises(ValueError, match="negative"):
+        h.record_all([5, 7, -1, 9])
+    assert (h.count, h.min, h.max, h.total) == (2, 5, 7, 12)
+
+
 def test_merge_and_distribution() -> None:
     a, b = Histogram(), Histogram()
     a.record_all(range(1000))
