@@ -9,6 +9,7 @@ magnitude, in constant memory.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 
 class Histogram:
@@ -94,6 +95,25 @@ class Histogram:
             self.max = max(self.max, other.max)
         self.count += other.count
         self.total += other.total
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-able copy (to merge histograms recorded in other processes)."""
+        return {
+            "bits": self.bits,
+            "counts": sorted(self._counts.items()),
+            "count": self.count,
+            "total": self.total,
+            "min": self.min,
+            "max": self.max,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Histogram:
+        h = cls(int(data["bits"]))
+        h._counts = {int(i): int(c) for i, c in data["counts"]}
+        h.count, h.total = int(data["count"]), int(data["total"])
+        h.min, h.max = int(data["min"]), int(data["max"])
+        return h
 
     def percentile(self, p: float) -> int:
         """Value at percentile ``p`` (0-100): the bucket's highest equivalent value."""

@@ -4,9 +4,10 @@
 PySyncObj has no client/server split: the application calls a ``@replicated`` method
 on its local SyncObj, which forwards to the leader; the callback runs once the entry is
 committed and applied.  So the fairest equivalent of "clients keeping N messages in
-flight against the echo service" is: one process drives ``--in-flight`` outstanding
-``echo(payload)`` calls on its SyncObj (the other two are plain members), and latency is
-call-to-callback.  PySyncObj has no fsync: it never writes its log to disk here.
+flight against the echo service" is what PySyncObj's own benchmark does: every member
+drives load, here each keeping its share of ``--in-flight`` outstanding
+``echo(payload)`` calls, and latency is call-to-callback.  Throughput is the sum over
+members.  PySyncObj has no fsync: it never writes its log to disk here.
 
 Run by ``scripts/bench.py --vs-pysyncobj`` (which installs PySyncObj if needed); it
 prints one JSON line with the same fields as ours.
@@ -22,6 +23,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -31,11 +33,17 @@ from cluster.metrics import Histogram  # noqa: E402
 
 
 def run_member(index: int, addresses: list[str], args: argparse.Namespace) -> int:
+    """One PySyncObj member that also drives its share of the load and prints its
+    counts and latency histogram as one JSON line."""
     from pysyncobj import SyncObj, SyncObjConf, replicated  # type: ignore[import-not-found]
 
     class Echo(SyncObj):  # type: ignore[misc]
         def __init__(self) -> None:
-            conf = SyncObjConf(dynamicMembershipChange=False, commandsWaitLeader=True)
+            conf = SyncObjConf(
+                dynamicMembershipChange=False,
+                commandsWaitLeader=True,
+                appendEntriesUseBatch=batching(args, len(addresses)),
+            )
             me = addresses[index]
             partners = [a for a in addresses if a != me]
             super().__init__(me, partners, conf)
@@ -48,12 +56,11 @@ def run_member(index: int, addresses: list[str], args: argparse.Namespace) -> in
     deadline = time.monotonic() + 30
     while node._getLeader() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    if index != 0:
-        time.sleep(args.warmup + args.duration + 10)
-        return 0
     hist = Histogram()
     lock = threading.Lock()
-    credit = threading.Semaphore(args.in_flight)
+    # the in-flight budget split over the members (a member with none only replicates)
+    window = args.in_flight // len(addresses) + (index < args.in_flight % len(addresses))
+    credit = threading.Semaphore(window)
     state = {"measuring": False, "done": 0}
     payload = b"x" * args.payload
 
@@ -65,10 +72,11 @@ def run_member(index: int, addresses: list[str], args: argparse.Namespace) -> in
                 state["done"] += 1
         credit.release()
 
-    stop = time.monotonic() + args.warmup + args.duration
-    measure_at = time.monotonic() + args.warmup
+    start = time.monotonic()
+    stop = start + args.warmup + args.duration
+    measure_at = start + args.warmup
     measured_from = 0.0
-    while time.monotonic() < stop:
+    while window and time.monotonic() < stop:
         if not state["measuring"] and time.monotonic() >= measure_at:
             with lock:
                 state["measuring"] = True
@@ -77,19 +85,46 @@ def run_member(index: int, addresses: list[str], args: argparse.Namespace) -> in
             continue
         started = time.perf_counter_ns()
         node.echo(payload, callback=lambda r, e, s=started: callback(r, e, s))
+    if not window:
+        time.sleep(max(0.0, stop - time.monotonic()))
+        measured_from = measure_at
     elapsed = time.monotonic() - measured_from
     with lock:
         state["measuring"] = False
-        done = state["done"]
-    result = {
+        result = {"done": state["done"], "elapsed": elapsed, "histogram": hist.to_dict()}
+    print(json.dumps(result), flush=True)
+    time.sleep(2)  # let the other members finish before this one leaves
+    node.destroy()
+    return 0
+
+
+def batching(args: argparse.Namespace, nodes: int) -> bool:
+    """PySyncObj's append batching: its throughput mode (commands wait for the next
+    append period, 100 ms by default); without it every command wakes the event loop
+    at once (its low-latency mode).  ``auto`` picks the better one for the load."""
+    if args.batch == "auto":
+        return bool(args.in_flight > nodes)
+    return bool(args.batch == "on")
+
+
+def combine(parts: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, object]:
+    hist = Histogram()
+    for part in parts:
+        hist.merge(Histogram.from_dict(part["histogram"]))
+    done = sum(int(part["done"]) for part in parts)
+    elapsed = max(float(part["elapsed"]) for part in parts)
+    return {
         "system": "pysyncobj",
-        "nodes": len(addresses),
+        "nodes": len(parts),
+        "clients": len(parts),
         "in_flight": args.in_flight,
         "payload_bytes": args.payload,
         "fsync": "none",
+        "append_batching": batching(args, len(parts)),
         "duration_s": round(elapsed, 3),
         "committed_messages": done,
         "messages_per_s": round(done / elapsed, 1) if elapsed else 0.0,
+        "payload_mb_per_s": round(done * args.payload / elapsed / 1e6, 2) if elapsed else 0.0,
         "latency_us": {
             "p50": hist.percentile(50) / 1e3,
             "p90": hist.percentile(90) / 1e3,
@@ -101,9 +136,6 @@ def run_member(index: int, addresses: list[str], args: argparse.Namespace) -> in
         },
         "distribution_us": [(p, v / 1e3) for p, v in hist.distribution()],
     }
-    print(json.dumps(result), flush=True)
-    node.destroy()
-    return 0
 
 
 def main() -> int:
@@ -113,6 +145,12 @@ def main() -> int:
     p.add_argument("--payload", type=int, default=32)
     p.add_argument("--duration", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument(
+        "--batch",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="PySyncObj append batching (auto: off for at most one call in flight per member)",
+    )
     p.add_argument("--member", type=int, help=argparse.SUPPRESS)
     p.add_argument("--addresses", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -122,33 +160,36 @@ def main() -> int:
     common = [
         "--in-flight", str(args.in_flight), "--payload", str(args.payload),
         "--duration", str(args.duration), "--warmup", str(args.warmup),
-        "--addresses", ",".join(addresses),
+        "--batch", args.batch, "--addresses", ",".join(addresses),
     ]  # fmt: skip
-    others = [
+    members = [
         subprocess.Popen(
             [sys.executable, __file__, "--member", str(i), *common],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for i in range(1, args.nodes)
-    ]
-    try:
-        driver = subprocess.run(
-            [sys.executable, __file__, "--member", "0", *common],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=args.warmup + args.duration + 90,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
+        for i in range(args.nodes)
+    ]
+    parts: list[dict[str, Any]] = []
+    errors: list[str] = []
+    try:
+        for proc in members:
+            out, err = proc.communicate(timeout=args.warmup + args.duration + 90)
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            if proc.returncode != 0 or not lines:
+                errors.append(err[-2000:])
+            else:
+                parts.append(json.loads(lines[-1]))
     finally:
-        for proc in others:
+        for proc in members:
             proc.kill()
             proc.wait()
-    lines = [line for line in driver.stdout.splitlines() if line.startswith("{")]
-    if driver.returncode != 0 or not lines:
-        print(driver.stderr[-2000:], file=sys.stderr)
+    if errors:
+        print("\n".join(errors), file=sys.stderr)
         return 1
-    print(lines[-1])
+    print(json.dumps(combine(parts, args)))
     return 0
 
 

@@ -32,6 +32,16 @@ def test_record_all_is_record_for_each(values: list[int], bits: int) -> None:
     assert many.distribution() == one.distribution()
 
 
+def test_round_trip_through_json() -> None:
+    import json
+
+    h = Histogram(6)
+    h.record_all([1, 5, 900, 10**9])
+    copy = Histogram.from_dict(json.loads(json.dumps(h.to_dict())))
+    assert copy.distribution() == h.distribution()
+    assert (copy.count, copy.total, copy.min, copy.max, copy.bits) == (4, h.total, 1, 10**9, 6)
+
+
 def test_record_all_keeps_what_came_before_a_bad_value() -> None:
     h = Histogram()
     with pytest.raises(ValueError, match="negative"):
