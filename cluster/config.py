@@ -310,10 +310,11 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "archive-io",
-        "inline",
-        _choice("inline", "thread"),
-        "how log writes run: inline (on the event loop; no thread hand-off, lowest latency) "
-        "or thread (a worker thread; the node keeps serving while a slow disk syncs)",
+        "auto",
+        _choice("auto", "inline", "thread"),
+        "how log writes run: inline (on the event loop: no thread hand-off, lowest latency), "
+        "thread (a worker thread: the node keeps working while the disk syncs), or auto "
+        "(thread on the leader, whose own sync is off the commit path, inline on followers)",
     ),
     Setting("segment-size", 64 << 20, _positive(parse_size), "archive segment file size"),
     Setting("log-level", "INFO", _log_level, "logging level"),
@@ -338,7 +339,7 @@ class NodeConfig:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_egress_backlog: int = 8 << 20
     fsync: FsyncPolicy = FsyncPolicy.BATCH
-    archive_io: str = "inline"
+    archive_io: str = "auto"
     segment_size: int = 64 << 20
     log_level: str = "INFO"
 

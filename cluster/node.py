@@ -123,9 +123,8 @@ class Node:
         )
         self.rng = rng or random.Random()
         self.run_blocking: RunBlocking = run_blocking or _run_in_thread
-        self.inline_log_writes = config.archive_io == "inline"
         self.run_log_write: RunBlocking = (
-            _run_inline if self.inline_log_writes else self.run_blocking
+            _run_inline if config.archive_io == "inline" else self.run_blocking
         )
         self.member = config.this_member
         self.members = config.member_list
@@ -240,7 +239,7 @@ class Node:
             on_taken=self._on_log_taken,
             on_truncated=self._on_truncated,
             clock_ns=self._now_ns,
-            inline=self.inline_log_writes,
+            inline=cfg.archive_io != "thread",
         )
         self.log_agent = LogAgent(self.cm, self.container, self.log_buffer, self._after_apply)
         self.ingress = IngressAgent(
@@ -332,6 +331,7 @@ class Node:
         self.log_buffer.data = (
             bytearray(self.archive.read(position, end)) if end > position else bytearray()
         )
+        self.archive_agent.written = end
         self.cm.commit_position = position
         self.cm.applied_position = position
         self.recovered_position = position
@@ -448,10 +448,11 @@ class Node:
         cm = self.cm
         if self._watchdog_scope is not None:
             self._watchdog_scope.deadline = self._leader_deadline()
-        if (cm.log_buffer and not self.archive_agent.write_now()) or (
-            cm.pending_truncate is not None
-        ):
-            self.archive_agent.kick()
+        archive = self.archive_agent
+        if cm.log_buffer:
+            archive.take()
+        if archive.pending and not archive.write_now():
+            archive.kick()
         if cm.commit_position > self.log_agent.applied_position:
             self.log_agent.apply_all()
         self.links.flush()
@@ -486,6 +487,8 @@ class Node:
             self._in_duty_cycle = False
 
     def _on_role_change(self, role: Role) -> None:
+        if self.config.archive_io == "auto":
+            self.archive_agent.inline = role is not Role.LEADER
         if role is Role.LEADER:
             if self._nursery is not None:
                 self._nursery.start_soon(self._leadership, name="leadership")

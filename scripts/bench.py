@@ -110,8 +110,48 @@ async def run_client(
             nursery.cancel_scope.cancel()
 
 
-async def bench(args: argparse.Namespace, endpoints: str) -> dict[str, object]:
+def rss_kib(pid: int) -> int | None:
+    """Resident set size of a process (KiB), from /proc; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+async def sample_rss(pids: dict[int, int], interval: float, samples: dict[int, list[int]]) -> None:
+    while True:
+        for member, pid in pids.items():
+            value = rss_kib(pid)
+            if value is not None:
+                samples.setdefault(member, []).append(value)
+        await trio.sleep(interval)
+
+
+def rss_summary(samples: dict[int, list[int]]) -> dict[str, dict[str, float]]:
+    """Per member: RSS at the start and end of the measured period, its peak, and the
+    growth from start to end (%)."""
+    out = {}
+    for member, values in sorted(samples.items()):
+        first, last = values[0], values[-1]
+        out[str(member)] = {
+            "first_mib": round(first / 1024, 1),
+            "last_mib": round(last / 1024, 1),
+            "max_mib": round(max(values) / 1024, 1),
+            "growth_pct": round(100 * (last - first) / first, 1),
+            "samples": len(values),
+        }
+    return out
+
+
+async def bench(
+    args: argparse.Namespace, endpoints: str, pids: dict[int, int] | None = None
+) -> dict[str, object]:
     stats = Stats()
+    rss: dict[int, list[int]] = {}
     stop = trio.Event()
     window = max(1, args.in_flight // args.clients)
     per_client_rate = args.rate / args.clients if args.rate else None
@@ -124,10 +164,18 @@ async def bench(args: argparse.Namespace, endpoints: str) -> dict[str, object]:
         stats.measuring = True
         start_received = stats.received
         started = time.perf_counter()
-        await trio.sleep(args.duration)
-        elapsed = time.perf_counter() - started
-        committed = stats.received - start_received
-        stats.measuring = False
+        async with trio.open_nursery() as sampling:
+            if pids and args.rss_interval:
+                sampling.start_soon(sample_rss, pids, args.rss_interval, rss)
+            await trio.sleep(args.duration)
+            elapsed = time.perf_counter() - started
+            committed = stats.received - start_received
+            stats.measuring = False
+            for member, pid in (pids or {}).items() if args.rss_interval else ():
+                value = rss_kib(pid)
+                if value is not None:
+                    rss.setdefault(member, []).append(value)
+            sampling.cancel_scope.cancel()
         stop.set()
     h = stats.histogram
     return {
@@ -137,6 +185,7 @@ async def bench(args: argparse.Namespace, endpoints: str) -> dict[str, object]:
         "payload_bytes": args.payload,
         "rate": args.rate,
         "fsync": args.fsync,
+        "archive_io": args.archive_io,
         "duration_s": round(elapsed, 3),
         "committed_messages": committed,
         "messages_per_s": round(committed / elapsed, 1),
@@ -151,6 +200,7 @@ async def bench(args: argparse.Namespace, endpoints: str) -> dict[str, object]:
             "samples": h.count,
         },
         "distribution_us": [(p, v / 1e3) for p, v in h.distribution()],
+        **({"rss": rss_summary(rss)} if rss else {}),
     }
 
 
@@ -166,8 +216,15 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
     p.add_argument("--fsync", default="batch", choices=["batch", "none"])
+    p.add_argument("--archive-io", default="auto", choices=["auto", "inline", "thread"])
     p.add_argument("--endpoints", help="use a running cluster (ingress endpoints)")
     p.add_argument("--dir", help="data directory (default: a temporary one)")
+    p.add_argument(
+        "--rss-interval",
+        type=float,
+        default=5.0,
+        help="seconds between samples of each node's RSS (local cluster only; 0: off)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON only")
     p.add_argument(
         "--out",
@@ -193,6 +250,8 @@ def main() -> int:
                 extra_args=[
                     "--fsync",
                     args.fsync,
+                    "--archive-io",
+                    args.archive_io,
                     "--max-concurrent-sessions",
                     "1000",
                     "--log-level",
@@ -200,7 +259,8 @@ def main() -> int:
                 ],
             )
             with cluster:
-                result = trio.run(bench, args, cluster.ingress_endpoints)
+                pids = {member: proc.pid for member, proc in cluster.processes.items()}
+                result = trio.run(bench, args, cluster.ingress_endpoints, pids)
     results = [result]
     if args.vs_pysyncobj:
         peer = run_pysyncobj(args)
@@ -234,6 +294,16 @@ def print_text(result: dict[str, object], args: argparse.Namespace) -> None:
         f"p99 {lat['p99']:.0f} us  p999 {lat['p999']:.0f} us  max {lat['max']:.0f} us "
         f"({lat['samples']} samples)"
     )
+    rss = result.get("rss")
+    if isinstance(rss, dict):
+        print(
+            "  node RSS (MiB, start -> end of the measured period, peak): "
+            + ", ".join(
+                f"member {m}: {r['first_mib']} -> {r['last_mib']} ({r['growth_pct']:+.1f}%), "
+                f"peak {r['max_mib']}"
+                for m, r in rss.items()
+            )
+        )
 
 
 def ensure_package(module: str, requirement: str) -> bool:

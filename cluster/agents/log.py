@@ -28,6 +28,9 @@ from ..protocol.enums import Role
 
 log = logging.getLogger("cluster.log")
 
+APPLY_CHUNK = 16 << 10
+"""Log bytes applied per step before the replies go out (a few hundred small messages)."""
+
 
 class LogBuffer:
     """The log's recent bytes in memory: ``[base, base + len(data))``.
@@ -57,6 +60,17 @@ class LogBuffer:
 
 
 class ArchiveAgent:
+    """Appends the log buffer to the archive: ``[written, log_buffer.end)`` is taken but
+    not yet written.
+
+    New records move from the consensus module into the log buffer as soon as they are
+    encoded (:meth:`take`, which lets replication send them at once); the write, one
+    ``append`` of everything pending, runs either right in the caller's task
+    (:meth:`write_now`, ``inline``) or in this agent's task through ``run_blocking`` (a
+    worker thread), one write at a time, so whatever arrives meanwhile forms the next
+    batch (group commit).
+    """
+
     def __init__(
         self,
         archive: Archive,
@@ -89,57 +103,73 @@ class ArchiveAgent:
         self.write_errors = 0
         self.last_error = ""
         self.idle = trio.Event()
-        # a batch taken from the consensus module and not yet durably appended: while
-        # it is set, nothing else may be written (order)
-        self._writing: bytearray | None = None
+        self.written = log_buffer.end
+        self._busy = False  # a write under way (or failed, to be retried by the task)
 
     def kick(self) -> None:
         self.wake.set()
 
+    @property
+    def pending(self) -> bool:
+        """Log not yet durably appended (taken or not), or a truncation to do."""
+        return (
+            self.written < self.log_buffer.end
+            or bool(self.cm.log_buffer)
+            or self.cm.pending_truncate is not None
+        )
+
+    def take(self) -> None:
+        """Move newly encoded records from the consensus module into the log buffer and
+        let replication send them (before they are written here)."""
+        cm = self.cm
+        if cm.pending_truncate is not None:
+            return  # the task truncates first
+        batch = cm.take_log_batch()
+        if batch is None:
+            return
+        start, data = batch
+        buf = self.log_buffer
+        if start != buf.end:
+            raise RuntimeError(f"log gap: batch at {start}, buffer ends {buf.end}")
+        buf.data += data
+        self.on_taken()
+
     def write_now(self) -> bool:
-        """Write what the consensus module has encoded, right here in the caller's task
-        (``inline`` mode: no task switch, no thread hand-off).
+        """Write what is pending right here in the caller's task (``inline`` mode: no
+        task switch, no thread hand-off).
 
         Returns False if the agent's task has to do it: not inline, a write or a
         truncation under way, or the archive busy (a catch-up read, a snapshot)."""
-        cm = self.cm
         if (
             not self.inline
-            or self._writing is not None
-            or cm.pending_truncate is not None
+            or self._busy
+            or self.cm.pending_truncate is not None
             or self.lock.locked()
         ):
             return False
-        data = self._take()
-        if data is None:
+        data = self._pending_bytes()
+        if not data:
             return True
         try:
             position = self.archive.append(data)
         except ArchiveWriteError as exc:
+            self._busy = True  # until the task's retry succeeds
             self._write_failed(exc, data)
-            self.kick()  # the task retries
+            self.kick()
             return True
-        self._appended(position, data)
+        self._appended(position, len(data))
         return True
 
-    def _take(self) -> bytearray | None:
-        """Take the next batch from the consensus module into the log buffer, and let
-        replication send it before it is written."""
-        batch = self.cm.take_log_batch()
-        if batch is None:
-            return None
-        start, data = batch
-        if start != self.log_buffer.end:
-            raise RuntimeError(f"log gap: batch at {start}, buffer ends {self.log_buffer.end}")
-        self.log_buffer.data += data
-        self._writing = data
-        self.on_taken()
-        return data
+    def _pending_bytes(self) -> bytes:
+        buf = self.log_buffer
+        if self.written < buf.base:
+            raise RuntimeError(f"log buffer starts at {buf.base}, past the archive {self.written}")
+        return bytes(buf.data[self.written - buf.base :])
 
-    def _appended(self, position: int, data: bytearray) -> None:
-        self._writing = None
+    def _appended(self, position: int, size: int) -> None:
+        self.written = position
         self.batches += 1
-        self.bytes_appended += len(data)
+        self.bytes_appended += size
         cm = self.cm
         cm.on_archive_position(position, self.clock_ns())
         self.log_buffer.release(cm.archive_position)
@@ -148,33 +178,41 @@ class ArchiveAgent:
     async def run(self) -> None:
         cm = self.cm
         while True:
-            if self._writing is None and not cm.log_buffer and cm.pending_truncate is None:
+            if not self.pending:
                 self.idle.set()
                 await self.wake.wait()
             self.wake = trio.Event()
             self.idle = trio.Event()
-            data = self._writing  # a failed inline write, to retry
-            if data is None:
-                if cm.pending_truncate is not None:
-                    await self._truncate(cm.pending_truncate)
-                data = self._take()
-                if data is None:
-                    continue
-            else:
-                await trio.sleep(self.retry_interval)
-            self._appended(await self._append(data), data)
+            if self._busy:
+                await trio.sleep(self.retry_interval)  # after a failed inline write
+            elif cm.pending_truncate is not None:
+                await self._truncate(cm.pending_truncate)
+            self.take()
+            data = self._pending_bytes()
+            if not data:
+                self._busy = False
+                await trio.lowlevel.checkpoint()
+                continue
+            self._busy = True
+            try:
+                position = await self._append(data)
+            finally:
+                self._busy = False
+            self._appended(position, len(data))
 
     async def _truncate(self, position: int) -> None:
         buf = self.log_buffer
         if position < buf.applied:
             raise RuntimeError(f"truncation to {position} below the applied position {buf.applied}")
         del buf.data[position - buf.base :]
-        async with self.lock:
-            await self.run_blocking(self.archive.truncate, position)
+        if position < self.written:
+            async with self.lock:
+                await self.run_blocking(self.archive.truncate, position)
+            self.written = position
         self.cm.on_truncated(position)
         self.on_truncated()
 
-    async def _append(self, data: bytearray) -> int:
+    async def _append(self, data: bytes) -> int:
         while True:
             try:
                 async with self.lock:
@@ -183,7 +221,7 @@ class ArchiveAgent:
                 self._write_failed(exc, data)
                 await trio.sleep(self.retry_interval)
 
-    def _write_failed(self, exc: ArchiveWriteError, data: bytearray) -> None:
+    def _write_failed(self, exc: ArchiveWriteError, data: bytes) -> None:
         self.write_errors += 1
         self.last_error = str(exc)
         log.error(
@@ -195,7 +233,7 @@ class ArchiveAgent:
 
     async def wait_idle(self) -> None:
         """Wait until everything encoded so far is durably appended."""
-        while self.cm.log_buffer or self._writing is not None or not self.idle.is_set():
+        while self.pending or not self.idle.is_set():
             self.kick()
             await self.idle.wait()
             await trio.lowlevel.checkpoint()
@@ -239,12 +277,21 @@ class LogAgent:
             stop = min(stop, mirror_end)
         if stop <= applied:
             return 0
-        with memoryview(buf.data) as view, view[applied - buf.base : stop - buf.base] as chunk:
-            consumed = self.container.apply(chunk, applied, mirror_into_consensus=mirror)
+        # A bounded chunk per call: the caller sends the replies of each chunk before
+        # applying the next, so clients work on them in parallel (pipelining).
+        limit = min(stop, applied + APPLY_CHUNK)
+        consumed = self._apply(applied, limit, mirror)
+        if not consumed and limit < stop:
+            consumed = self._apply(applied, stop, mirror)  # one record longer than a chunk
         if consumed:
             buf.applied += consumed
             buf.release(cm.archive_position)
         return consumed
+
+    def _apply(self, start: int, stop: int, mirror: bool) -> int:
+        buf = self.log_buffer
+        with memoryview(buf.data) as view, view[start - buf.base : stop - buf.base] as chunk:
+            return self.container.apply(chunk, start, mirror_into_consensus=mirror)
 
     def apply_all(self) -> None:
         """Apply everything committed, from the caller's task (a call from inside

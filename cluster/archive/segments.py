@@ -56,6 +56,7 @@ import errno
 import logging
 import os
 import re
+import struct
 import zlib
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -86,6 +87,24 @@ RESYNC_CRC_BUDGET = 512 << 20
 _SEGMENT_NAME = re.compile(r"log-(\d{20})\.seg")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _unpack_header = RECORD_HEADER.unpack_from
+
+
+_unpack_length = struct.Struct("<I").unpack_from
+
+
+def _whole_records(view: memoryview, total: int) -> bool:
+    """True if ``view`` is a sequence of whole, plausible records (a fast check; the
+    slow path says what is wrong when it is not)."""
+    unpack = _unpack_length
+    limit = MAX_RECORD_LENGTH
+    pos = 0
+    last = total - RECORD_HEADER_LENGTH
+    while pos <= last:
+        (length,) = unpack(view, pos)
+        if not 0 < length <= limit:
+            return False
+        pos += RECORD_HEADER_LENGTH + length
+    return pos == total
 
 
 class FsyncPolicy(enum.StrEnum):
@@ -558,6 +577,8 @@ class Archive:
         new_segment = not self._bases or self._position - self._bases[-1] >= size
         filled = 0 if new_segment else self._position - self._bases[-1]
         total = view.nbytes
+        if filled + total <= size and _whole_records(view, total):
+            return [(new_segment, 0, total)]  # the common case: it all fits
         chunks: list[tuple[bool, int, int]] = []
         begin = pos = 0
         while pos < total:

@@ -163,8 +163,9 @@ class SimConfig:
                 "startup_canvass_timeout": 1_000_000_000,
                 "fsync": FsyncPolicy.NONE,  # simulated crashes are process crashes
                 # inline: log writes in the duty cycle, the disk instant; thread: through
-                # the run_blocking seam, after a seeded disk latency
-                "archive_io": rng.choice(["inline", "thread"]),
+                # the run_blocking seam, after a seeded disk latency; auto: thread on the
+                # leader, inline on followers
+                "archive_io": rng.choice(["inline", "thread", "auto"]),
             },
         )
         node_fields = {f.name for f in fields(NodeConfig)}

@@ -448,6 +448,6 @@ def test_bad_log_level_and_negative_member_id() -> None:
 
 
 def test_archive_io_choice_is_checked() -> None:
-    assert load_config([]).archive_io == "inline"
+    assert load_config([]).archive_io == "auto"
     with pytest.raises(ConfigError, match="archive-io"):
         load_config(["--archive-io", "async"])
