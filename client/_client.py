@@ -72,7 +72,7 @@ _RETRY_DELAY_MIN = 0.05
 _RETRY_DELAY_MAX = 0.5
 _RECONNECT_ATTEMPTS = 5  # to the same leader, before waiting for a NewLeaderEvent
 _CLOSE_FLUSH_TIMEOUT = 1.0  # close() waits this long for the SessionCloseRequest to go out
-_RECEIVE_SIZE = 1 << 16
+_RECEIVE_SIZE = 1 << 18
 
 _NETWORK_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
@@ -566,8 +566,12 @@ class ClusterClient:
             try:
                 while True:
                     data = await stream.receive(_RECEIVE_SIZE)
-                    for body in decoder.feed(data):
-                        self._on_egress(EGRESS.decode(body))
+                    messages: list[Any] = []
+                    try:
+                        decoder.decode_into(data, EGRESS.decode, messages)
+                    finally:  # what came before a bad frame still counts
+                        for message in messages:
+                            self._on_egress(message)
             except _EGRESS_ERRORS:
                 return
 

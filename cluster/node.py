@@ -518,7 +518,7 @@ class Node:
         """Log bytes ``[start, stop)``: from memory if still there, else from the archive."""
         buf = self.log_buffer
         if start >= buf.base:
-            return bytes(buf.data[start - buf.base : stop - buf.base])
+            return buf.copy(start, stop)
         stop = min(stop, buf.base)
         async with self.archive_lock:
             return bytes(await self.run_blocking(self.archive.read, start, stop))

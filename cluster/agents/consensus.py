@@ -139,9 +139,14 @@ class PeerLinks:
                 data = await stream.receive_some(256 * 1024)
                 if not data:
                     return
+                messages: list[ConsensusMessage] = []
+                bad: ProtocolError | None = None
                 try:
-                    for body in decoder.feed(data):
-                        message = _decode(body)
+                    decoder.decode_into(data, _decode, messages)
+                except ProtocolError as exc:
+                    bad = exc  # the messages before the bad frame still count
+                try:
+                    for message in messages:
                         if peer < 0:
                             if not isinstance(message, MemberHello):
                                 raise ProtocolError("member link did not start with MemberHello")
@@ -149,6 +154,8 @@ class PeerLinks:
                             self.inbound[peer] = self.inbound.get(peer, 0) + 1
                             continue
                         deliver(message)
+                    if bad is not None:
+                        raise bad
                 except ProtocolError as exc:
                     self.protocol_errors += 1
                     log.warning("closing member link from %s: %s", peer, exc)

@@ -93,11 +93,8 @@ class IngressAgent:
                 data = await stream.receive_some(256 * 1024)
                 if not data:
                     return
-                messages = inbox.messages
                 try:
-                    frames = decoder.feed(data)
-                    for body in frames:
-                        messages.append(_decode(body))
+                    frames = decoder.decode_into(data, _decode, inbox.messages)
                 except ProtocolError as exc:
                     inbox.notify()  # frames decoded before the bad one still count
                     stats.protocol_errors += 1
@@ -106,7 +103,7 @@ class IngressAgent:
                     return
                 if not frames:
                     continue
-                stats.frames += len(frames)
+                stats.frames += frames
                 inbox.notify()
                 while len(inbox.messages) >= inbox.limit:
                     await inbox.drained.wait()

@@ -28,6 +28,8 @@ from ..protocol.enums import Role
 
 log = logging.getLogger("cluster.log")
 
+COMPACT_BYTES = 4 << 20
+
 APPLY_CHUNK = 16 << 10
 """Log bytes applied per step before the replies go out (a few hundred small messages)."""
 
@@ -48,11 +50,20 @@ class LogBuffer:
         self.data = bytearray()
 
     def release(self, durable: int) -> None:
-        """Forget bytes that are both applied and at or below ``durable``."""
-        keep_from = min(self.applied, durable)
-        if keep_from > self.base:
-            del self.data[: keep_from - self.base]
-            self.base = keep_from
+        """Forget bytes that are both applied and at or below ``durable``.
+
+        Amortised: the front of the buffer is cut only once it is a good part of it
+        (cutting moves everything behind it)."""
+        dead = min(self.applied, durable) - self.base
+        if dead > 0 and (dead >= len(self.data) >> 1 or dead >= COMPACT_BYTES):
+            del self.data[:dead]
+            self.base += dead
+
+    def copy(self, start: int, stop: int) -> bytes:
+        """The bytes ``[start, stop)`` (one copy)."""
+        base = self.base
+        with memoryview(self.data) as view:
+            return bytes(view[start - base : stop - base])
 
     @property
     def end(self) -> int:
@@ -164,7 +175,7 @@ class ArchiveAgent:
         buf = self.log_buffer
         if self.written < buf.base:
             raise RuntimeError(f"log buffer starts at {buf.base}, past the archive {self.written}")
-        return bytes(buf.data[self.written - buf.base :])
+        return buf.copy(self.written, buf.end)
 
     def _appended(self, position: int, size: int) -> None:
         self.written = position

@@ -79,7 +79,7 @@ class Replicator:
         if start < buf.base:
             return False
         stop = cm.replication_stop(start, min(end, start + MAX_CHUNK))
-        data = bytes(buf.data[start - buf.base : stop - buf.base])
+        data = buf.copy(start, stop)
         link.send(cm.append_request(self.member_id, start, data))
         follower.next_position = stop
         self.next_heartbeat = trio.current_time() + self.heartbeat_interval

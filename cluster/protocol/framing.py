@@ -9,13 +9,15 @@ allocate more than one frame's worth of memory.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from .codec import encode_into
 from .errors import ProtocolError
 
 LENGTH = struct.Struct("<I")
+_unpack_length = LENGTH.unpack_from
+T = TypeVar("T")
 HEADER_LENGTH = LENGTH.size
 DEFAULT_MAX_FRAME_SIZE = 1 << 20  # 1 MiB
 
@@ -79,3 +81,51 @@ class FrameDecoder:
         if offset:
             del buf[:offset]
         return frames
+
+    def decode_into(
+        self,
+        data: bytes | bytearray | memoryview,
+        decode: Callable[[memoryview], T],
+        out: list[T],
+    ) -> int:
+        """Add received bytes; append every complete frame, decoded straight from the
+        receive buffer (no copy of the body), to ``out``; return how many.
+
+        ``decode`` must not keep the view it is given.  On a bad length (or a
+        :class:`ProtocolError` from ``decode``), the frames before it are in ``out``.
+        """
+        buf = self._buf
+        if buf:
+            buf += data
+            src: bytes | bytearray | memoryview = buf
+        else:
+            src = data
+        end = len(src)
+        offset = count = 0
+        max_size = self.max_frame_size
+        unpack = _unpack_length
+        append = out.append
+        try:
+            with memoryview(src) as view:
+                while end - offset >= HEADER_LENGTH:
+                    (length,) = unpack(view, offset)
+                    if length == 0 or length > max_size:
+                        raise ProtocolError(
+                            f"frame length {length} outside 1..{max_size} (max frame size)"
+                        )
+                    stop = offset + HEADER_LENGTH + length
+                    if stop > end:
+                        break
+                    append(decode(view[offset + HEADER_LENGTH : stop]))
+                    offset = stop
+                    count += 1
+                rest = bytearray(view[offset:]) if src is not buf and offset < end else None
+        except ProtocolError:
+            self._buf = bytearray()
+            raise
+        if src is buf:
+            if offset:
+                del buf[:offset]
+        elif rest is not None:
+            self._buf = rest
+        return count

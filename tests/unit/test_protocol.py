@@ -219,6 +219,39 @@ def test_random_split_points_give_same_frames(msgs: list[Message], cuts: list[in
     assert decoder.buffered == 0
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    msgs=st.lists(ANY_MESSAGE, min_size=1, max_size=10),
+    cuts=st.lists(st.integers(0, 10_000), max_size=12),
+    as_bytearray=st.booleans(),
+)
+def test_decode_into_equals_feed_then_decode(
+    msgs: list[Message], cuts: list[int], as_bytearray: bool
+) -> None:
+    stream = b"".join(encode_frame(m) for m in msgs)
+    points = sorted({c % (len(stream) + 1) for c in cuts})
+    chunks = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+    decoder = FrameDecoder()
+    out: list[object] = []
+    counts = 0
+    for chunk in chunks:
+        counts += decoder.decode_into(bytearray(chunk) if as_bytearray else chunk, bytes, out)
+    assert out == [encode(m) for m in msgs]
+    assert counts == len(msgs)
+    assert decoder.buffered == 0
+
+
+def test_decode_into_keeps_frames_before_a_bad_one() -> None:
+    good = [SessionMessageHeader(1, 2, 3, b"a"), SessionMessageHeader(1, 2, 3, b"b")]
+    data = b"".join(encode_frame(m) for m in good) + b"\x00\x00\x00\x00"
+    decoder = FrameDecoder()
+    out: list[object] = []
+    with pytest.raises(ProtocolError, match="frame length 0"):
+        decoder.decode_into(data, INGRESS.decode, out)
+    assert out == good
+    assert decoder.buffered == 0
+
+
 @settings(max_examples=200, deadline=None)
 @given(msgs=st.lists(ANY_MESSAGE, max_size=10), prefix=st.binary(max_size=8))
 def test_encode_frames_into_equals_concatenated_encode_frame(
