@@ -43,6 +43,7 @@ from cluster.protocol import (
 )
 from cluster.protocol.egress import AdminResponse, NewLeaderEvent, SessionEvent
 from cluster.protocol.enums import AdminRequestType, CloseReason, EventCode
+from cluster.protocol.framing import HEADER_LENGTH, LENGTH
 from cluster.protocol.ingress import (
     AdminRequest,
     SessionCloseRequest,
@@ -93,7 +94,7 @@ class _Backend:
     ``anyio``'s generic functions find the running backend on every call, which costs
     more than the rest of an ``offer``; under Trio the client calls Trio's own."""
 
-    __slots__ = ("checkpoint", "checkpoint_if_cancelled", "event")
+    __slots__ = ("checkpoint", "checkpoint_if_cancelled", "current_time", "event", "is_trio")
 
     def __init__(self) -> None:
         self.checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint
@@ -101,6 +102,8 @@ class _Backend:
             anyio.lowlevel.checkpoint_if_cancelled
         )
         self.event: Callable[[], Any] = anyio.Event
+        self.current_time: Callable[[], float] = anyio.current_time
+        self.is_trio = False
         try:
             library = sniffio.current_async_library()
         except sniffio.AsyncLibraryNotFoundError:
@@ -112,6 +115,8 @@ class _Backend:
             self.checkpoint = trio.lowlevel.checkpoint
             self.checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
             self.event = trio.Event
+            self.current_time = trio.current_time
+            self.is_trio = True
 
 
 class _Broadcast:
@@ -143,14 +148,24 @@ class _Broadcast:
 class _Ingress:
     """One ingress TCP connection to a member; its watcher task runs under ``scope``."""
 
-    __slots__ = ("broken", "endpoint", "member_id", "scope", "stream")
+    __slots__ = ("broken", "endpoint", "member_id", "scope", "send_nowait", "stream", "tail")
 
-    def __init__(self, member_id: int, endpoint: Endpoint, stream: anyio.abc.SocketStream) -> None:
+    def __init__(
+        self, member_id: int, endpoint: Endpoint, stream: anyio.abc.SocketStream, *, direct: bool
+    ) -> None:
         self.member_id = member_id
         self.endpoint = endpoint
         self.stream = stream
         self.scope = anyio.CancelScope()
         self.broken = False
+        # Under Trio the socket is non-blocking and only ever written by whoever holds
+        # the client's ``_writing`` turn, so a burst can go out from the caller's task.
+        self.send_nowait: Callable[[bytearray], int] | None = None
+        if direct:
+            with suppress(anyio.TypedAttributeLookupError):
+                self.send_nowait = stream.extra(anyio.abc.SocketAttribute.raw_socket).send
+        # the rest of a frame whose start went out on this connection: it goes first
+        self.tail = b""
 
 
 @dataclass(slots=True)
@@ -322,9 +337,11 @@ class ClusterClient:
     async def offer_many(self, payloads: Iterable[bytes]) -> int:
         """Queue several payloads in one call, in order; return how many were queued.
 
-        The same as :meth:`offer` for each, with the per-call cost paid once: the
-        way to send a burst.  If the session closes part-way, raises like :meth:`offer`
-        (the payloads before that point were queued)."""
+        The same as :meth:`offer` for each, with the per-call cost paid once, and the
+        burst is sent at once from the caller's task when the socket takes it (under
+        Trio), without waiting for the writer task: the way to send a burst.  If the
+        session closes part-way, raises like :meth:`offer` (the payloads before that
+        point were queued)."""
         await self._backend.checkpoint_if_cancelled()
         self._check_usable()
         count = 0
@@ -336,6 +353,7 @@ class ClusterClient:
                 SessionMessageHeader(self._leadership_term_id, self._cluster_session_id, 0, payload)
             )
             count += 1
+        self._send_now()
         if len(self._pending) >= _FLUSH_HINT_BYTES:
             await self._backend.checkpoint()
         return count
@@ -456,13 +474,14 @@ class ClusterClient:
                     return  # no leader to send to
                 await self._flushed.wait()
                 continue
-            if not self._pending:
+            if not self._pending and not ingress.tail:
                 return
             batch = self._pending
+            tail, ingress.tail = ingress.tail, b""
             self._pending = bytearray()
             self._writing = True
             try:
-                await ingress.stream.send(bytes(batch))
+                await ingress.stream.send(tail + batch)
             except _NETWORK_ERRORS:
                 self._pending = batch + self._pending
                 self._drop_ingress(ingress)
@@ -507,6 +526,38 @@ class ClusterClient:
                 f"message of {size} bytes exceeds max_frame_size {self._max_frame_size}"
             )
         self._data_ready.notify()
+
+    def _send_now(self) -> None:
+        """Send the queued frames from the caller's task if the socket takes them now."""
+        ingress = self._ingress
+        pending = self._pending
+        if (
+            not pending
+            or self._writing
+            or ingress is None
+            or ingress.broken
+            or ingress.tail
+            or ingress.send_nowait is None
+        ):
+            return
+        try:
+            sent = ingress.send_nowait(pending)
+        except OSError:  # including BlockingIOError; the writer task deals with it
+            return
+        if sent >= len(pending):
+            self._pending = bytearray()
+        elif sent > 0:
+            # Whole frames stay queued (they can be re-sent elsewhere); the rest of the
+            # frame that was cut must follow on this connection.
+            end = 0
+            while end < sent:
+                (length,) = LENGTH.unpack_from(pending, end)
+                end += HEADER_LENGTH + length
+            ingress.tail = bytes(pending[sent:end])
+            del pending[:end]
+            self._data_ready.notify()
+        self._space_ready.notify()
+        self._last_sent = self._backend.current_time()
 
     def _retarget(self, buf: bytearray | bytes) -> bytearray:
         """Re-encode queued ingress frames with the current leadership term.
@@ -632,7 +683,7 @@ class ClusterClient:
     def _new_ingress(
         self, member_id: int, endpoint: Endpoint, stream: anyio.abc.SocketStream
     ) -> _Ingress:
-        ingress = _Ingress(member_id, endpoint, stream)
+        ingress = _Ingress(member_id, endpoint, stream, direct=self._backend.is_trio)
         self._ingresses.add(ingress)
         return ingress
 
@@ -678,15 +729,16 @@ class ClusterClient:
         """Send the pending buffer to the leader, all of it per wake-up."""
         while True:
             ingress = self._ingress
-            while not self._pending or ingress is None or ingress.broken:
+            while ingress is None or ingress.broken or not (self._pending or ingress.tail):
                 await self._data_ready.wait()
                 ingress = self._ingress
             batch, batch_term = self._pending, self._leadership_term_id
+            tail, ingress.tail = ingress.tail, b""
             self._pending = bytearray()
             self._writing = True
             self._space_ready.notify()
             try:
-                await ingress.stream.send(bytes(batch))
+                await ingress.stream.send(tail + batch)
             except _NETWORK_ERRORS:
                 # Unsent (or partly sent) batch: queue it again, ahead of newer messages.
                 if batch_term != self._leadership_term_id:

@@ -1,0 +1,97 @@
+"""The client's direct send of a burst (``offer_many`` under Trio): what the socket does
+not take stays queued, and a frame cut in two finishes on the same connection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from client._client import ClusterClient, _Ingress
+from client._credentials import as_credentials_supplier
+from cluster.protocol import FrameDecoder
+from cluster.protocol.codec import INGRESS
+from cluster.protocol.ingress import SessionMessageHeader
+
+
+class _Stream:
+    def extra(self, *args: Any) -> Any:
+        raise AssertionError("not used")
+
+
+def _client(accept: list[int]) -> tuple[ClusterClient, _Ingress, bytearray]:
+    c = ClusterClient(
+        {},
+        credentials=as_credentials_supplier(None),
+        egress_host="127.0.0.1",
+        keepalive_interval=1.0,
+        max_frame_size=1 << 20,
+        max_egress_backlog=100,
+    )
+    wire = bytearray()
+
+    def send(data: bytearray) -> int:
+        n = min(len(data), accept.pop(0)) if accept else 0
+        if n == 0:
+            raise BlockingIOError
+        wire.extend(data[:n])
+        return n
+
+    ingress = _Ingress(0, ("127.0.0.1", 1), _Stream(), direct=False)  # type: ignore[arg-type]
+    ingress.send_nowait = send
+    c._ingress = ingress
+    c._backend.current_time = lambda: 0.0
+    return c, ingress, wire
+
+
+def _messages(wire: bytes) -> list[bytes]:
+    out: list[Any] = []
+    FrameDecoder().decode_into(wire, INGRESS.decode, out)
+    return [m.payload for m in out]
+
+
+def _queue(c: ClusterClient, n: int) -> list[bytes]:
+    payloads = [b"p%03d" % i for i in range(n)]
+    for p in payloads:
+        c._enqueue(SessionMessageHeader(0, 1, 0, p))
+    return payloads
+
+
+async def test_everything_taken_leaves_nothing_queued() -> None:
+    c, ingress, wire = _client([1 << 20])
+    payloads = _queue(c, 10)
+    c._send_now()
+    assert _messages(wire) == payloads
+    assert not c._pending
+    assert not ingress.tail
+
+
+async def test_a_cut_frame_is_finished_first_on_the_same_connection() -> None:
+    for cut in range(1, 60):
+        c, ingress, wire = _client([cut])
+        payloads = _queue(c, 5)
+        c._send_now()
+        assert len(wire) == cut
+        # the writer task would now send the tail, then the whole frames queued
+        wire += ingress.tail + c._pending
+        assert _messages(bytes(wire)) == payloads
+        # what stays queued is whole frames only (it can be re-sent elsewhere)
+        assert (
+            _messages(bytes(c._pending))
+            == payloads[len(payloads) - len(_messages(bytes(c._pending))) :]
+        )
+
+
+async def test_full_socket_sends_nothing_and_keeps_the_queue() -> None:
+    c, ingress, wire = _client([])
+    payloads = _queue(c, 3)
+    c._send_now()
+    assert not wire
+    assert not ingress.tail
+    assert _messages(bytes(c._pending)) == payloads
+
+
+async def test_no_direct_send_while_the_writer_is_sending() -> None:
+    c, _, wire = _client([1 << 20])
+    _queue(c, 3)
+    c._writing = True
+    c._send_now()
+    assert not wire
