@@ -32,6 +32,7 @@ from cluster.local import LocalCluster  # noqa: E402
 from cluster.metrics import Histogram  # noqa: E402
 
 STAMP = struct.Struct("<qq")  # sequence, send time (perf_counter_ns)
+OPEN_LOOP_TICK = 0.001  # seconds between an open-loop sender's wake-ups, at most
 
 
 class Stats:
@@ -87,19 +88,28 @@ async def run_client(
                     await credit_returned.wait()
                     credit_returned = trio.Event()
                     continue
+                pack = STAMP.pack
                 if interval:
-                    # open loop: latency counts from the intended send time
-                    next_send += interval
-                    delay = next_send - time.perf_counter()
-                    if delay > 0:
-                        await trio.sleep(delay)
-                    intended = int(next_send * 1e9)
-                    burst = 1
+                    # Open loop: message k is due at start + k * interval and its latency
+                    # counts from then (no coordinated omission).  The sender wakes every
+                    # OPEN_LOOP_TICK and sends what has come due, each stamped with its own
+                    # due time, so a late wake-up shows up in the latencies.
+                    now = time.perf_counter()
+                    if now < next_send:
+                        await trio.sleep(max(next_send - now, OPEN_LOOP_TICK))
+                        now = time.perf_counter()
+                    burst = min(credit, int((now - next_send) / interval) + 1)
+                    first = next_send
+                    next_send += burst * interval
+                    batch = [
+                        pack(seq + i, int((first + (i - 1) * interval) * 1e9)) + padding
+                        for i in range(1, burst + 1)
+                    ]
                 else:
                     intended = time.perf_counter_ns()
                     burst = credit
-                pack = STAMP.pack
-                await c.offer_many([pack(seq + i, intended) + padding for i in range(1, burst + 1)])
+                    batch = [pack(seq + i, intended) + padding for i in range(1, burst + 1)]
+                await c.offer_many(batch)
                 seq += burst
                 credit -= burst
                 stats.sent += burst
@@ -210,7 +220,7 @@ def main() -> int:
     )
     p.add_argument("--nodes", type=int, default=1, choices=[1, 3, 5])
     p.add_argument("--clients", type=int, default=4)
-    p.add_argument("--in-flight", type=int, default=1000, help="messages outstanding, in total")
+    p.add_argument("--in-flight", type=int, default=8000, help="messages outstanding, in total")
     p.add_argument("--payload", type=int, default=32, help="payload bytes (>= 16)")
     p.add_argument("--rate", type=float, default=None, help="open loop: messages/s in total")
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds")
