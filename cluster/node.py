@@ -407,9 +407,11 @@ class Node:
 
     def _on_egress_connected(self, egress_id: int) -> None:
         self.cm.on_egress_connected(egress_id)
+        self._kick()
 
     def _on_egress_failed(self, egress_id: int) -> None:
         self.cm.on_egress_failed(egress_id)
+        self._kick()
 
     def _on_appended(self) -> None:
         self._kick()
@@ -588,8 +590,8 @@ class Node:
                 self._watchdog_scope = scope
                 await trio.sleep_forever()
             self._watchdog_scope = None
-            if self.cm.on_leader_timeout(self._now_ns()):
-                self._kick()
+            self.cm.on_leader_timeout(self._now_ns())
+            self._kick()
 
     def _save_commit_position(self, force: bool = False) -> None:
         """Persist the commit position now and then (a lower bound for the next start)."""

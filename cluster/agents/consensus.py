@@ -51,7 +51,13 @@ class PeerLink:
     def backlog(self) -> int:
         return self.writer.backlog if self.writer is not None else 0
 
+    def flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+
     def send(self, message: ConsensusMessage) -> bool:
+        """Queue ``message``; it goes out at the next :meth:`flush` (of this link or of
+        :class:`PeerLinks`)."""
         writer = self.writer
         if writer is None or not writer.write_message(message):
             self.dropped_messages += 1
@@ -115,7 +121,7 @@ class PeerLinks:
                 delay = min(delay * 2, 1.0)
                 continue
             delay = 0.05
-            writer = FrameWriter(link.max_backlog)
+            writer = FrameWriter(link.max_backlog, flushed_by_owner=True)
             writer.write_message(MemberHello(self.me.member_id, PROTOCOL_VERSION))
             link.writer = writer
             link.connects += 1

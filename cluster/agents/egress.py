@@ -26,7 +26,7 @@ class _Egress:
 
     def __init__(self, channel: str, max_backlog: int) -> None:
         self.channel = channel
-        self.writer = FrameWriter(max_backlog)
+        self.writer = FrameWriter(max_backlog, flushed_by_owner=True)
         self.connected = False
         self.scope = trio.CancelScope()
 

@@ -107,6 +107,7 @@ class Replicator:
                 ):
                     continue
                 link.send(cm.append_request(self.member_id, start, data))
+                link.flush()
                 follower.next_position = stop
                 self.next_heartbeat = trio.current_time() + self.heartbeat_interval
                 await trio.lowlevel.checkpoint()
@@ -114,6 +115,7 @@ class Replicator:
             now = trio.current_time()
             if now >= self.next_heartbeat:
                 link.send(cm.append_request(self.member_id, start, b""))
+                link.flush()
                 self.next_heartbeat = now + self.heartbeat_interval
             with trio.move_on_at(self.next_heartbeat):
                 if link.backlog >= MAX_LINK_BACKLOG:

@@ -23,10 +23,22 @@ RECEIVE_SIZE = 256 * 1024
 
 
 class FrameWriter:
-    __slots__ = ("_buf", "_closing", "_send_nowait", "_sending", "_wake", "max_backlog")
+    __slots__ = (
+        "_buf",
+        "_closing",
+        "_send_nowait",
+        "_sending",
+        "_wake",
+        "flushed_by_owner",
+        "max_backlog",
+    )
 
-    def __init__(self, max_backlog: int = 8 << 20) -> None:
+    def __init__(self, max_backlog: int = 8 << 20, *, flushed_by_owner: bool = False) -> None:
+        """``flushed_by_owner``: the owner promises to call :meth:`flush` after writing,
+        so a write does not wake the writer task when the stream can be written
+        directly (no task switch that finds nothing to do)."""
         self.max_backlog = max_backlog
+        self.flushed_by_owner = flushed_by_owner
         self._buf = bytearray()
         self._wake = trio.Event()
         self._closing = False
@@ -46,7 +58,8 @@ class FrameWriter:
         buf += HEADER_ZERO
         encode_into(message, buf, start + 4)
         LENGTH.pack_into(buf, start, len(buf) - start - 4)
-        self._wake.set()
+        if not (self.flushed_by_owner and self._send_nowait is not None and not self._sending):
+            self._wake.set()
         return True
 
     def write_raw(self, data: bytes) -> bool:
@@ -63,16 +76,22 @@ class FrameWriter:
         for the writer task."""
         send = self._send_nowait
         buf = self._buf
-        if send is None or self._sending or not buf:
+        if not buf:
+            return
+        if send is None or self._sending:
+            self._wake.set()
             return
         try:
             sent = send(buf)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-            return  # the writer task's send_all meets the error and reports it
+            self._wake.set()  # the writer task's send_all meets the error and reports it
+            return
         if sent >= len(buf):
             self._buf = bytearray()
-        elif sent:
+            return
+        if sent:
             del buf[:sent]
+        self._wake.set()  # the socket is full: the writer task waits for room
 
     def close(self) -> None:
         """Flush what is queued, then close the stream (from :meth:`run`)."""
