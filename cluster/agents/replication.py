@@ -15,16 +15,31 @@ them together.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Awaitable, Callable
 
 import trio
 
+from ..archive.record import RECORD_HEADER_LENGTH, complete_length
 from ..core.consensus import ConsensusModule
 from .consensus import PeerLink
 from .log import LogBuffer
 
 MAX_CHUNK = 1 << 20
 MAX_LINK_BACKLOG = 4 << 20
+
+
+def whole_records_end(start: int, data: bytes) -> int:
+    """Where the last whole record in ``data`` (log bytes from ``start``) ends, or if not
+    even the first is whole, where that one ends (past the data)."""
+    n = complete_length(data)
+    if n or len(data) < RECORD_HEADER_LENGTH:
+        return start + n
+    length: int = _unpack_length(data)[0]
+    return start + RECORD_HEADER_LENGTH + length
+
+
+_unpack_length = struct.Struct("<I").unpack_from
 
 
 class Replicator:
@@ -78,8 +93,12 @@ class Replicator:
             return True
         if start < buf.base:
             return False
-        stop = cm.replication_stop(start, min(end, start + MAX_CHUNK))
+        limit = start + MAX_CHUNK
+        stop = cm.replication_stop(start, min(end, limit))
         data = buf.copy(start, stop)
+        if stop == limit < end:  # cut by the size limit: end at a record boundary
+            stop = whole_records_end(start, data)
+            data = buf.copy(start, stop)
         link.send(cm.append_request(self.member_id, start, data))
         follower.next_position = stop
         self.next_heartbeat = trio.current_time() + self.heartbeat_interval
@@ -99,8 +118,17 @@ class Replicator:
             end = self.log_buffer.end
             start = follower.next_position
             if start < end and link.backlog < MAX_LINK_BACKLOG:
-                stop = cm.replication_stop(start, min(end, start + MAX_CHUNK))
-                data = await self.read_log(start, stop)
+                limit = start + MAX_CHUNK
+                data = await self.read_log(start, cm.replication_stop(start, min(end, limit)))
+                # (a read may stop early, at a record boundary: where memory begins)
+                stop = start + len(data)
+                if stop == limit < end:  # cut by the size limit: end at a record boundary
+                    stop = whole_records_end(start, data)
+                    if stop < limit:
+                        data = data[: stop - start]
+                    else:  # one record longer than a chunk
+                        data = await self.read_log(start, stop)
+                    stop = start + len(data)
                 if (
                     cm.followers.get(self.member_id) is not follower
                     or follower.next_position != start

@@ -340,3 +340,29 @@ async def test_admin_requests_need_an_admin_principal_when_authenticated(
                 response = await cc.request_snapshot()
                 assert response.response_code is AdminResponseCode.OK
             await wait_for(lambda: c.nodes[0].snapshots_taken == 1)
+
+
+async def test_a_follower_more_than_a_replication_chunk_behind_catches_up(
+    tmp_path: Path,
+) -> None:
+    """Catch-up ships the log in chunks of at most MAX_CHUNK bytes; each must end at a
+    record boundary (a chunk cut inside a record stopped the follower)."""
+    from cluster.agents.replication import MAX_CHUNK
+
+    with trio.fail_after(60):
+        async with cluster(tmp_path, fsync="none") as c:
+            await c.start_all()
+            leader = await c.wait_for_leader()
+            behind = next(i for i, n in c.nodes.items() if n is not leader)
+            c.crash(behind)
+            value = bytes(range(256)) * 4  # 1 KiB, so records cross chunk boundaries
+            async with client.connect(c.endpoints) as cc, KeyValueClient(cc) as kv:
+                for start in range(0, 3000, 100):
+                    async with trio.open_nursery() as puts:
+                        for i in range(start, start + 100):
+                            puts.start_soon(kv.put, f"k{i}", value)
+            assert leader.cm.commit_position > 2 * MAX_CHUNK
+            node = await c.start(behind)
+            await wait_for(lambda: node.log_agent.applied_position >= leader.cm.commit_position, 30)
+            assert store(node) == store(leader)
+            assert len(store(node)) == 3000

@@ -366,3 +366,17 @@ def test_minority_partition_cannot_elect(n: int) -> None:
     assert leader.is_ready_leader
     # no term inflation from the cut-off member: it never got a quorum to canvass
     assert c.members[lonely].candidate_term_id == leader.leadership_term_id
+
+
+def test_whole_records_end_cuts_at_a_record_boundary() -> None:
+    from cluster.agents.replication import whole_records_end
+    from cluster.archive.record import encode_record
+
+    records = [encode_record(b"x" * n) for n in (5, 300, 7)]
+    data = b"".join(records)
+    ends = [100 + sum(len(r) for r in records[: i + 1]) for i in range(3)]
+    assert whole_records_end(100, data) == ends[2]
+    assert whole_records_end(100, data[: len(records[0]) + 20]) == ends[0]
+    # not even the first record is whole: where it would end
+    assert whole_records_end(100, data[:10]) == ends[0]
+    assert whole_records_end(100, data[:3]) == 100
