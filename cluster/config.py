@@ -93,6 +93,15 @@ class UsageParser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
+    def members(self, text: str | None) -> list[MemberEndpoints]:
+        """The ``--members`` value parsed, or a usage error saying what is wrong."""
+        if not text:
+            self.error("--members is required (or set CLUSTER_MEMBERS)")
+        try:
+            return parse_members(text)
+        except ValueError as exc:
+            self.error(f"--members: {exc}")
+
 
 def duration_seconds(text: str) -> float:
     """argparse ``type=`` for a positive duration (``2s``, ``250ms``), in seconds."""

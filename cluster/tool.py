@@ -20,7 +20,6 @@ failed (or no member answered), 2 usage errors.  ``--members`` defaults to
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -33,7 +32,7 @@ from typing import Any
 
 import trio
 
-from .config import MemberEndpoints, UsageParser, duration_seconds, parse_members
+from .config import MemberEndpoints, UsageParser, duration_seconds
 from .protocol.admin import AdminCommand, AdminReply, decode_body
 from .protocol.codec import ADMIN
 from .protocol.errors import ProtocolError
@@ -390,7 +389,7 @@ async def run(opts: Options, command: str) -> int:
 # ---------------------------------------------------------------------- CLI
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> UsageParser:
     parser = UsageParser(
         prog="cluster-tool",
         description="Query and control a Triarch cluster through its members' admin ports.",
@@ -427,12 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not args.members:
-        parser.error("--members is required (or set CLUSTER_MEMBERS)")
-    try:
-        members = parse_members(args.members)
-    except ValueError as exc:
-        parser.error(f"--members: {exc}")
+    members = parser.members(args.members)
     if args.member is not None and args.member not in {m.member_id for m in members}:
         parser.error(f"--member {args.member} is not in --members")
     opts = Options(members, args.json, args.timeout, args.snapshot_timeout, args.member)

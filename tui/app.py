@@ -25,7 +25,6 @@ normally, a recorded one in the snapshot tests.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import sys
@@ -42,7 +41,7 @@ from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.widgets import DataTable, Footer, Header, Label, RichLog, Sparkline, Static
 
-from cluster.config import UsageParser, duration_seconds, parse_members
+from cluster.config import UsageParser, duration_seconds
 
 from .messages import ActionDone, ClusterPolled
 from .model import ClusterModel, Event, MemberRow, SessionRow, Severity
@@ -529,7 +528,7 @@ class ClusterConsole(App[None]):
 # ---------------------------------------------------------------------- CLI
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> UsageParser:
     parser = UsageParser(
         prog="cluster-tui",
         description="Live operator console of a Triarch cluster (members' admin ports).",
@@ -567,12 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not args.members:
-        parser.error("--members is required (or set CLUSTER_MEMBERS)")
-    try:
-        members = parse_members(args.members)
-    except ValueError as exc:
-        parser.error(f"--members: {exc}")
+    members = parser.members(args.members)
     credentials = args.credentials.encode() if args.credentials else None
     source = LiveSource(members, timeout=args.timeout, credentials=credentials)
     app = ClusterConsole(source, interval=args.interval, closed_retention=args.closed_retention)
