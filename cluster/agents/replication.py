@@ -98,7 +98,7 @@ class Replicator:
         data = buf.copy(start, stop)
         if stop == limit < end:  # cut by the size limit: end at a record boundary
             stop = whole_records_end(start, data)
-            data = buf.copy(start, stop)
+            data = data[: stop - start] if stop < limit else buf.copy(start, stop)
         link.send(cm.append_request(self.member_id, start, data))
         follower.next_position = stop
         self.next_heartbeat = trio.current_time() + self.heartbeat_interval
