@@ -463,9 +463,9 @@ class Node:
     def _deliver_consensus(self, message: ConsensusMessage) -> None:
         self.inbox.messages.append(message)
 
-    def _consensus_delivered(self) -> None:
+    async def _consensus_delivered(self) -> None:
         if self.inbox.messages:
-            self.inbox.notify()
+            await self.inbox.notify_soon()
 
     def _process_inbox(self) -> None:
         """The consensus duty cycle: handle every decoded ingress and member message.

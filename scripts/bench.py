@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
@@ -44,6 +45,26 @@ class Stats:
         self.measuring = False
 
 
+class OpenLoop:
+    """One clock for every open-loop session: message *k* of a session is due at
+    ``start + k / rate`` and its latency counts from then (no coordinated omission).
+
+    A single ticker wakes every OPEN_LOOP_TICK and has each session send what has come
+    due, each message stamped with its own due time, so a late wake-up (or a session out
+    of credit) shows up in the latencies.  One timer for all sessions keeps the load
+    generator's own wake-ups from competing with the nodes for the two cores."""
+
+    def __init__(self) -> None:
+        self.senders: list[Callable[[float], Awaitable[None]]] = []
+
+    async def run(self, stop: trio.Event) -> None:
+        while not stop.is_set():
+            now = time.perf_counter()
+            for send_due in self.senders:
+                await send_due(now)
+            await trio.sleep(OPEN_LOOP_TICK)
+
+
 async def run_client(
     endpoints: str,
     stats: Stats,
@@ -51,8 +72,10 @@ async def run_client(
     payload_size: int,
     stop: trio.Event,
     rate: float | None,
+    open_loop: OpenLoop | None = None,
 ) -> None:
-    """One session: keep ``window`` messages in flight (closed loop) or send at ``rate``.
+    """One session: keep ``window`` messages in flight (closed loop) or send at ``rate``
+    on ``open_loop``'s clock.
 
     In closed loop the sender offers everything its credit allows in one ``offer_many``
     and the receiver takes whatever has arrived with ``receive_many``, so messages move
@@ -61,6 +84,8 @@ async def run_client(
     padding = b"x" * max(0, payload_size - STAMP.size)
     credit = window
     credit_returned = trio.Event()
+    seq = 0
+    pack = STAMP.pack
     async with client.connect(endpoints, connect_timeout=10) as c:
 
         async def receiver() -> None:
@@ -78,41 +103,44 @@ async def run_client(
                 credit += n
                 credit_returned.set()
 
+        async def send(batch: list[bytes]) -> None:
+            nonlocal seq, credit
+            await c.offer_many(batch)
+            seq += len(batch)
+            credit -= len(batch)
+            stats.sent += len(batch)
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(receiver)
-            seq = 0
-            interval = 1.0 / rate if rate else 0.0
-            next_send = time.perf_counter()
-            while not stop.is_set():
-                if credit <= 0:
-                    await credit_returned.wait()
-                    credit_returned = trio.Event()
-                    continue
-                pack = STAMP.pack
-                if interval:
-                    # Open loop: message k is due at start + k * interval and its latency
-                    # counts from then (no coordinated omission).  The sender wakes every
-                    # OPEN_LOOP_TICK and sends what has come due, each stamped with its own
-                    # due time, so a late wake-up shows up in the latencies.
-                    now = time.perf_counter()
-                    if now < next_send:
-                        await trio.sleep(max(next_send - now, OPEN_LOOP_TICK))
-                        now = time.perf_counter()
-                    burst = min(credit, int((now - next_send) / interval) + 1)
-                    first = next_send
-                    next_send += burst * interval
-                    batch = [
-                        pack(seq + i, int((first + (i - 1) * interval) * 1e9)) + padding
-                        for i in range(1, burst + 1)
-                    ]
-                else:
+            if rate and open_loop is not None:
+                interval = 1.0 / rate
+                next_send = time.perf_counter()
+
+                async def send_due(now: float) -> None:
+                    nonlocal next_send
+                    due = int((now - next_send) / interval) + 1 if now >= next_send else 0
+                    burst = min(credit, due)
+                    if burst > 0:
+                        first = next_send
+                        next_send += burst * interval
+                        await send(
+                            [
+                                pack(seq + i, int((first + (i - 1) * interval) * 1e9)) + padding
+                                for i in range(1, burst + 1)
+                            ]
+                        )
+
+                open_loop.senders.append(send_due)
+                await stop.wait()
+                open_loop.senders.remove(send_due)
+            else:
+                while not stop.is_set():
+                    if credit <= 0:
+                        await credit_returned.wait()
+                        credit_returned = trio.Event()
+                        continue
                     intended = time.perf_counter_ns()
-                    burst = credit
-                    batch = [pack(seq + i, intended) + padding for i in range(1, burst + 1)]
-                await c.offer_many(batch)
-                seq += burst
-                credit -= burst
-                stats.sent += burst
+                    await send([pack(seq + i, intended) + padding for i in range(1, credit + 1)])
             # let in-flight messages come back before closing
             with trio.move_on_after(5):
                 while stats.received < stats.sent:  # noqa: ASYNC110
@@ -165,11 +193,14 @@ async def bench(
     stop = trio.Event()
     window = max(1, args.in_flight // args.clients)
     per_client_rate = args.rate / args.clients if args.rate else None
+    open_loop = OpenLoop() if args.rate else None
     async with trio.open_nursery() as nursery:
         for _ in range(args.clients):
             nursery.start_soon(
-                run_client, endpoints, stats, window, args.payload, stop, per_client_rate
+                run_client, endpoints, stats, window, args.payload, stop, per_client_rate, open_loop
             )
+        if open_loop is not None:
+            nursery.start_soon(open_loop.run, stop)
         await trio.sleep(args.warmup)
         stats.measuring = True
         start_received = stats.received

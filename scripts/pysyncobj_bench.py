@@ -35,7 +35,7 @@ from cluster.metrics import Histogram  # noqa: E402
 def run_member(index: int, addresses: list[str], args: argparse.Namespace) -> int:
     """One PySyncObj member that also drives its share of the load and prints its
     counts and latency histogram as one JSON line."""
-    from pysyncobj import SyncObj, SyncObjConf, replicated  # type: ignore[import-not-found]
+    from pysyncobj import SyncObj, SyncObjConf, replicated
 
     class Echo(SyncObj):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -48,7 +48,7 @@ def run_member(index: int, addresses: list[str], args: argparse.Namespace) -> in
             partners = [a for a in addresses if a != me]
             super().__init__(me, partners, conf)
 
-        @replicated  # type: ignore[misc]
+        @replicated  # type: ignore[misc, untyped-decorator, unused-ignore]
         def echo(self, payload: bytes) -> bytes:
             return payload
 

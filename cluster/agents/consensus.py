@@ -12,7 +12,7 @@ what the follower reports).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -76,7 +76,7 @@ class PeerLinks:
         peers: list[MemberEndpoints],
         deliver: Callable[[ConsensusMessage], None],
         *,
-        delivered: Callable[[], None] | None = None,
+        delivered: Callable[[], Awaitable[None]] | None = None,
         max_frame_size: int,
         max_backlog: int = 64 << 20,
     ) -> None:
@@ -166,10 +166,10 @@ class PeerLinks:
                     self.protocol_errors += 1
                     log.warning("closing member link from %s: %s", peer, exc)
                     if delivered is not None:
-                        delivered()  # messages decoded before the bad one still count
+                        await delivered()  # messages decoded before the bad one still count
                     return
                 if delivered is not None:
-                    delivered()
+                    await delivered()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
