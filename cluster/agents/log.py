@@ -300,6 +300,10 @@ class LogAgent:
         return consumed
 
     def _apply(self, start: int, stop: int, mirror: bool) -> int:
+        if not mirror:
+            own = self.cm.take_own_records(start, stop)
+            if own:  # a leader's own entries: applied from the messages it encoded
+                return self.container.apply_records(own, start)
         buf = self.log_buffer
         with memoryview(buf.data) as view, view[start - buf.base : stop - buf.base] as chunk:
             return self.container.apply(chunk, start, mirror_into_consensus=mirror)

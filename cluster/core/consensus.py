@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import random
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -271,6 +272,10 @@ class ConsensusModule:
         # The log: records encoded but not yet taken by the archive.
         self.log_buffer = bytearray()
         self._log_buffer_base = log_position
+        #: ``(start, end, message)`` of each record this module encoded, until the shell
+        #: applies it: a leader applies its own records from these objects instead of
+        #: decoding the bytes it just encoded (:meth:`take_own_records`)
+        self.own_records: deque[tuple[int, int, LogMessage]] = deque()
         self.archive_position = log_position
         self.commit_position = log_position
         self.timestamp = 0  # cluster time (epoch ms) of the latest log entry
@@ -291,9 +296,30 @@ class ConsensusModule:
         """Encode ``message`` as a log record; return the position after it."""
         body = _encode(message)
         buf = self.log_buffer
+        start = self._log_buffer_base + len(buf)
         buf += _pack_record_header(len(body), _crc32(body))
         buf += body
-        return self._log_buffer_base + len(buf)
+        end = self._log_buffer_base + len(buf)
+        self.own_records.append((start, end, message))
+        return end
+
+    def take_own_records(self, start: int, stop: int) -> list[tuple[int, int, LogMessage]]:
+        """The records this module encoded in ``[start, stop)``, as long as they are
+        contiguous from ``start`` (empty if the record at ``start`` is not one of them).
+
+        Records before ``start`` are dropped: whatever was applied another way is never
+        asked for again.  The messages must not be changed: they are what was encoded."""
+        own = self.own_records
+        while own and own[0][0] < start:
+            own.popleft()
+        taken: list[tuple[int, int, LogMessage]] = []
+        if own and own[0][0] == start:
+            position = start
+            while own and own[0][0] == position and own[0][1] <= stop:
+                record = own.popleft()
+                taken.append(record)
+                position = record[1]
+        return taken
 
     def take_log_batch(self) -> tuple[int, bytearray] | None:
         """Hand the encoded records to the shell: ``(start_position, data)``."""
@@ -414,6 +440,7 @@ class ConsensusModule:
         self._awaiting_ok.clear()
         self.followers.clear()
         self.timers.restore_fired()
+        self.own_records.clear()
         self._set_role(Role.FOLLOWER)
 
     def _sync_election_state(self) -> None:
@@ -677,6 +704,7 @@ class ConsensusModule:
             )
         self.counters.truncations += 1
         self.counters.truncated_bytes += self.published_position - position
+        self.own_records.clear()
         log.warning(
             "member %d truncates its log from %d to %d (uncommitted entries of an old term)",
             self.config.member_id,

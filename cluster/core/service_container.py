@@ -16,6 +16,7 @@ from ..protocol.enums import CloseReason, Role
 from ..protocol.ingress import SessionMessageHeader
 from ..protocol.log import (
     ClusterActionRequest,
+    LogMessage,
     NewLeadershipTermEvent,
     SessionCloseEvent,
     SessionOpenEvent,
@@ -153,47 +154,61 @@ class ServiceContainer:
         each entry so it can rebuild its sessions and timers.
         """
         consumed = 0
-        service = self.service
-        sessions = self.sessions
         mirror = self.cm.on_replay_log_message if mirror_into_consensus else None
         now_ns = self._clock_ns() if mirror_into_consensus else 0
         for offset, body in iter_records(data):
             message = _decode_log(body)
             consumed = offset + RECORD_HEADER_LENGTH + len(body)
             position = base_position + consumed
-            self.log_position = position
-            self.time = message.timestamp
             if mirror is not None:
+                self.log_position = position
+                self.time = message.timestamp
                 mirror(message, position, now_ns)
-            if type(message) is SessionMessageHeader:
-                session_id = message.cluster_session_id
-                session = sessions.get(session_id)
-                if session is not None:
-                    self.applied_messages += 1
-                    service.on_session_message(session, message.timestamp, message.payload)
-                elif is_service_message(session_id):
-                    self.cm.service_messages.sweep(-session_id)
-                    self.applied_messages += 1
-                    service.on_session_message(None, message.timestamp, message.payload)
-            elif isinstance(message, SessionOpenEvent):
-                session = _ClientSession(self, message)
-                sessions[session.id] = session
-                if session.id > self.max_session_id:
-                    self.max_session_id = session.id
-                service.on_session_open(session, message.timestamp)
-            elif isinstance(message, SessionCloseEvent):
-                closed = sessions.pop(message.cluster_session_id, None)
-                if closed is not None:
-                    closed.is_closing = True
-                    service.on_session_close(
-                        closed, message.timestamp, CloseReason(message.close_reason)
-                    )
-            elif isinstance(message, TimerEvent):
-                self.cm.timers.cancel(message.correlation_id)  # on every member, leader too
-                service.on_timer_event(message.correlation_id, message.timestamp)
-            elif isinstance(message, NewLeadershipTermEvent):
-                self.leadership_term_id = message.leadership_term_id
-                service.on_new_leadership_term_event(message)
-            elif isinstance(message, ClusterActionRequest) and self.on_cluster_action:
-                self.on_cluster_action(position, message)
+            self._apply_message(message, position)
         return consumed
+
+    def apply_records(self, records: list[tuple[int, int, LogMessage]], base_position: int) -> int:
+        """Apply ``(start, end, message)`` records that this member's consensus module
+        encoded itself (a leader's own entries of its term: no decoding, no mirroring);
+        ``records`` are contiguous from ``base_position``.  Returns the bytes consumed."""
+        apply_message = self._apply_message
+        for _, end, message in records:
+            apply_message(message, end)
+        return records[-1][1] - base_position if records else 0
+
+    def _apply_message(self, message: LogMessage, position: int) -> None:
+        """One log entry, which ends at ``position``."""
+        self.log_position = position
+        self.time = message.timestamp
+        service = self.service
+        if type(message) is SessionMessageHeader:
+            session_id = message.cluster_session_id
+            session = self.sessions.get(session_id)
+            if session is not None:
+                self.applied_messages += 1
+                service.on_session_message(session, message.timestamp, message.payload)
+            elif is_service_message(session_id):
+                self.cm.service_messages.sweep(-session_id)
+                self.applied_messages += 1
+                service.on_session_message(None, message.timestamp, message.payload)
+        elif isinstance(message, SessionOpenEvent):
+            session = _ClientSession(self, message)
+            self.sessions[session.id] = session
+            if session.id > self.max_session_id:
+                self.max_session_id = session.id
+            service.on_session_open(session, message.timestamp)
+        elif isinstance(message, SessionCloseEvent):
+            closed = self.sessions.pop(message.cluster_session_id, None)
+            if closed is not None:
+                closed.is_closing = True
+                service.on_session_close(
+                    closed, message.timestamp, CloseReason(message.close_reason)
+                )
+        elif isinstance(message, TimerEvent):
+            self.cm.timers.cancel(message.correlation_id)  # on every member, leader too
+            service.on_timer_event(message.correlation_id, message.timestamp)
+        elif isinstance(message, NewLeadershipTermEvent):
+            self.leadership_term_id = message.leadership_term_id
+            service.on_new_leadership_term_event(message)
+        elif isinstance(message, ClusterActionRequest) and self.on_cluster_action:
+            self.on_cluster_action(position, message)

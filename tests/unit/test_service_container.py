@@ -404,3 +404,77 @@ def test_cluster_handle_exposes_log_state() -> None:
     assert (session.id, session.response_stream_id, session.response_channel) == (sid, 3, CHANNEL)
     assert session.encoded_principal == b""
     assert not session.is_closing
+
+
+def _scripted_run(node: Node, *, from_own_records: bool) -> None:
+    """The same inputs each time; applied by decoding the log or from the leader's own
+    records, in uneven chunks."""
+    a = node.open(1)
+    b = node.open(2)
+    for i in range(40):
+        node.send(a if i % 3 else b, b"m%d" % i)
+        if i == 10:
+            node.cm.schedule_timer(77, node.cm.timestamp)
+            node.tick()
+        if i % 7 == 0:
+            node.tick()
+    node.cm.on_session_close_request(SessionCloseRequest(TERM, a), node.now)
+    data = node.log_bytes()
+    base = node.applied
+    end = base + len(data)
+    node.cm.on_archive_position(end)
+
+    def apply(position: int, stop: int) -> int:
+        if from_own_records:
+            records = node.cm.take_own_records(position, stop)
+            return node.container.apply_records(records, position)
+        return node.container.apply(data[position - base : stop - base], position)
+
+    position = base
+    while position < end:
+        # uneven chunks that cut records, as the log agent's are; a record longer than
+        # the chunk is applied on its own (the log agent's second try)
+        consumed = apply(position, min(end, position + 97)) or apply(position, end)
+        assert consumed
+        position += consumed
+    node.applied = end
+
+
+def test_leader_applies_its_own_records_exactly_as_decoding_them() -> None:
+    decoded, own = Node(), Node()
+    decoded.apply_all()
+    own.cm.take_own_records(own.applied, own.applied)  # the term's first entry: applied
+    own.apply_all()
+    _scripted_run(decoded, from_own_records=False)
+    _scripted_run(own, from_own_records=True)
+    assert own.service.events == decoded.service.events
+    assert own.egress.calls == decoded.egress.calls
+    assert own.container.log_position == decoded.container.log_position
+    assert own.container.applied_messages == decoded.container.applied_messages
+    assert len(own.service.events) > 40
+    assert not own.cm.own_records  # every record taken once
+
+
+def test_own_records_start_where_asked_and_are_dropped_behind() -> None:
+    node = Node()
+    node.apply_all()
+    sid = node.open()
+    node.send(sid, b"x")
+    node.send(sid, b"y")
+    records = list(node.cm.own_records)
+    assert [r[0] for r in records[1:]] == [r[1] for r in records[:-1]]  # contiguous
+    start, end = records[-2][0], records[-1][1]
+    assert node.cm.take_own_records(start, end - 1) == [records[-2]]  # whole records only
+    assert node.cm.own_records[0] == records[-1]
+    # asked from inside a record: nothing, and what lies before is dropped for good
+    assert node.cm.take_own_records(records[-1][0] + 1, end) == []
+    assert not node.cm.own_records
+
+
+def test_own_records_forgotten_when_the_leader_steps_down() -> None:
+    node = Node()
+    sid = node.open()
+    node.send(sid, b"x")
+    assert node.cm.own_records
+    node.cm.enter_election(node.now, "test")
+    assert not node.cm.own_records
