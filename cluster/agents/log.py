@@ -31,7 +31,12 @@ log = logging.getLogger("cluster.log")
 COMPACT_BYTES = 4 << 20
 
 APPLY_CHUNK = 16 << 10
-"""Log bytes applied per step before the replies go out (a few hundred small messages)."""
+"""Log bytes a leader applies per step before the replies go out (a few hundred small
+messages)."""
+
+MIRROR_CHUNK = 256 << 10
+"""Log bytes a follower applies per step: it has no replies to send, only the event loop
+to keep turning."""
 
 
 class LogBuffer:
@@ -290,7 +295,7 @@ class LogAgent:
             return 0
         # A bounded chunk per call: the caller sends the replies of each chunk before
         # applying the next, so clients work on them in parallel (pipelining).
-        limit = min(stop, applied + APPLY_CHUNK)
+        limit = min(stop, applied + (MIRROR_CHUNK if mirror else APPLY_CHUNK))
         consumed = self._apply(applied, limit, mirror)
         if not consumed and limit < stop:
             consumed = self._apply(applied, stop, mirror)  # one record longer than a chunk
