@@ -322,7 +322,7 @@ SETTINGS: tuple[Setting, ...] = (
         "auto",
         _choice("auto", "inline", "thread"),
         "how log writes run: inline (on the event loop: no thread hand-off, lowest latency), "
-        "thread (a worker thread: the node keeps working while the disk syncs), or auto "
+        "thread (the node's archive-writer thread: it keeps working while the disk syncs), or auto "
         "(thread on the leader, whose own sync is off the commit path, inline on followers)",
     ),
     Setting("segment-size", 64 << 20, _positive(parse_size), "archive segment file size"),
