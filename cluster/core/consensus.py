@@ -300,7 +300,8 @@ class ConsensusModule:
         buf += _pack_record_header(len(body), _crc32(body))
         buf += body
         end = self._log_buffer_base + len(buf)
-        self.own_records.append((start, end, message))
+        if self.role is Role.LEADER:  # only a leader applies them (a follower mirrors)
+            self.own_records.append((start, end, message))
         return end
 
     def take_own_records(self, start: int, stop: int) -> list[tuple[int, int, LogMessage]]:
