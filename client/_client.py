@@ -41,6 +41,7 @@ from cluster.protocol import (
     encode_frame,
     encode_frames_into,
 )
+from cluster.protocol.codec import encode_into
 from cluster.protocol.egress import AdminResponse, NewLeaderEvent, SessionEvent
 from cluster.protocol.enums import AdminRequestType, CloseReason, EventCode
 from cluster.protocol.framing import HEADER_LENGTH, LENGTH
@@ -68,6 +69,7 @@ MAX_PENDING_BYTES = 4 << 20
 """Offers wait (backpressure) while this much ingress is queued but not yet sent."""
 
 _FLUSH_HINT_BYTES = 256 << 10  # past this, offers yield so the writer can start sending
+_HEADER_ZERO = bytes(HEADER_LENGTH)
 _CONNECT_ATTEMPT_TIMEOUT = 1.0  # one TCP connect attempt
 _RETRY_DELAY_MIN = 0.05
 _RETRY_DELAY_MAX = 0.5
@@ -345,14 +347,33 @@ class ClusterClient:
         await self._backend.checkpoint_if_cancelled()
         self._check_usable()
         count = 0
+        max_frame_size = self._max_frame_size
+        header = SessionMessageHeader
+        pack_length = LENGTH.pack_into
+        # The frames go straight into the pending buffer (what _enqueue does per offer),
+        # and the writer is told once at the end.
         for payload in payloads:
-            while len(self._pending) >= MAX_PENDING_BYTES:
-                await self._space_ready.wait()
-                self._check_usable()
-            self._enqueue(
-                SessionMessageHeader(self._leadership_term_id, self._cluster_session_id, 0, payload)
+            if len(self._pending) >= MAX_PENDING_BYTES:
+                self._data_ready.notify()
+                while len(self._pending) >= MAX_PENDING_BYTES:
+                    await self._space_ready.wait()
+                    self._check_usable()
+            buf = self._pending
+            start = len(buf)
+            buf += _HEADER_ZERO
+            encode_into(
+                header(self._leadership_term_id, self._cluster_session_id, 0, payload),
+                buf,
+                start + HEADER_LENGTH,
             )
+            size = len(buf) - start - HEADER_LENGTH
+            if size > max_frame_size:
+                del buf[start:]
+                self._data_ready.notify()
+                raise ValueError(f"message of {size} bytes exceeds max_frame_size {max_frame_size}")
+            pack_length(buf, start, size)
             count += 1
+        self._data_ready.notify()
         self._send_now()
         if len(self._pending) >= _FLUSH_HINT_BYTES:
             await self._backend.checkpoint()

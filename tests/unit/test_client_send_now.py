@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from client._client import ClusterClient, _Ingress
 from client._credentials import as_credentials_supplier
 from cluster.protocol import FrameDecoder
@@ -95,3 +97,26 @@ async def test_no_direct_send_while_the_writer_is_sending() -> None:
     c._writing = True
     c._send_now()
     assert not wire
+
+
+async def test_offer_many_queues_the_same_frames_as_one_offer_each() -> None:
+    c, _, wire = _client([])  # the socket takes nothing: everything stays queued
+    c._open = True
+    payloads = [b"x" * n for n in (0, 1, 31, 255, 256, 65535, 65536, 70000)]
+    assert await c.offer_many(payloads) == len(payloads)
+    one_by_one, _, _ = _client([])
+    for p in payloads:
+        one_by_one._enqueue(
+            SessionMessageHeader(c._leadership_term_id, c._cluster_session_id, 0, p)
+        )
+    assert bytes(c._pending) == bytes(one_by_one._pending)
+    assert _messages(bytes(c._pending)) == payloads
+    assert not wire
+
+
+async def test_offer_many_refuses_a_frame_too_big_and_keeps_the_ones_before() -> None:
+    c, _, _ = _client([])
+    c._open = True
+    with pytest.raises(ValueError, match="exceeds max_frame_size"):
+        await c.offer_many([b"a", b"b", b"x" * (2 << 20), b"c"])
+    assert _messages(bytes(c._pending)) == [b"a", b"b"]
