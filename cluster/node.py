@@ -26,6 +26,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,8 @@ from .transport.tcp import TcpNetwork
 log = logging.getLogger("cluster.node")
 
 REPLAY_CHUNK = 8 << 20
+STATE_SAVE_INTERVAL = 1.0
+"""Seconds between saves of the applied position to ``node-state.json``."""
 
 RunBlocking = Callable[..., Awaitable[Any]]
 
@@ -263,8 +266,6 @@ class Node:
         self._in_duty_cycle = False
         self.inbox.process = self._process_inbox
         self._watchdog_scope: trio.CancelScope | None = None
-        self._last_saved_commit = self.node_state.commit_position
-        self._next_state_save = 0.0
 
     def _authorisation(self) -> AuthorisationService:
         principals = {
@@ -580,7 +581,6 @@ class Node:
             now = self._now_ns()
             self.cm.on_slow_tick(now)
             self._kick()
-            self._save_commit_position()
             if trio.current_time() > deadline + interval:
                 deadline = trio.current_time()  # overran: don't try to catch up
 
@@ -602,15 +602,27 @@ class Node:
             self.cm.on_leader_timeout(self._now_ns())
             self._kick()
 
-    def _save_commit_position(self, force: bool = False) -> None:
-        """Persist the commit position now and then (a lower bound for the next start)."""
-        applied = self.log_agent.applied_position
-        if applied > self._last_saved_commit and (
-            force or trio.current_time() >= self._next_state_save
-        ):
-            self.node_state.save(commit_position=applied)
-            self._last_saved_commit = applied
-            self._next_state_save = trio.current_time() + 1.0
+    async def _state_save_agent(self) -> None:
+        """Persist the applied position about once a second: a lower bound of the commit
+        position for the next start.  The save (a write, two fsyncs and a rename) takes
+        1.5-9 ms under load, so it runs through ``run_blocking`` (a thread) instead of
+        stalling the event loop; a failure (a full disk) is logged and retried."""
+        failing = False
+        while True:
+            await trio.sleep(STATE_SAVE_INTERVAL)
+            applied = self.log_agent.applied_position
+            if applied <= self.node_state.commit_position:
+                continue
+            try:
+                await self.run_blocking(partial(self.node_state.save, commit_position=applied))
+            except OSError as exc:
+                if not failing:
+                    log.warning("cannot save the node state (will retry): %s", exc)
+                failing = True
+                continue
+            if failing:
+                log.info("node state saved again")
+                failing = False
 
     async def _signal_agent(self) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -645,6 +657,7 @@ class Node:
                 nursery.start_soon(self.archive_agent.run, name="archive")
                 nursery.start_soon(self.log_agent.run, name="log")
                 nursery.start_soon(self._slow_tick_agent, name="slow_tick")
+                nursery.start_soon(self._state_save_agent, name="state_save")
                 nursery.start_soon(self._leader_watchdog, name="leader_watchdog")
                 if handle_signals:
                     nursery.start_soon(self._signal_agent, name="signals")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 from .errors import ArchiveCorruptionError
@@ -25,6 +26,7 @@ FILE_NAME = "node-state.json"
 class NodeState:
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.path = Path(directory) / FILE_NAME
+        self._lock = threading.Lock()
         self.candidate_term_id = -1
         self.commit_position = 0
         if self.path.exists():
@@ -40,23 +42,25 @@ class NodeState:
     def save(
         self, *, candidate_term_id: int | None = None, commit_position: int | None = None
     ) -> None:
-        if candidate_term_id is not None:
-            self.candidate_term_id = candidate_term_id
-        if commit_position is not None:
-            self.commit_position = commit_position
-        tmp = self.path.with_suffix(".tmp")
-        data = json.dumps(
-            {"candidate_term_id": self.candidate_term_id, "commit_position": self.commit_position}
-        ).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        """Write the state with the given fields changed; the fields change in memory only
+        once the file is durable.  Thread-safe: the node saves the commit position from a
+        worker thread while its event loop may save a candidate term."""
+        with self._lock:
+            candidate = self.candidate_term_id if candidate_term_id is None else candidate_term_id
+            commit = self.commit_position if commit_position is None else commit_position
+            data = json.dumps({"candidate_term_id": candidate, "commit_position": commit}).encode()
+            tmp = self.path.with_suffix(".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+            dir_fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+            self.candidate_term_id = candidate
+            self.commit_position = commit
