@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -160,6 +161,82 @@ def rss_kib(pid: int) -> int | None:
     return None
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time used so far by every thread of a process, in seconds: the scheduler's own
+    count from /proc/<pid>/task/*/schedstat (exact), else utime + stime (in ticks)."""
+    try:
+        total = 0
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        return total / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def machine_busy() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs from /proc/stat (idle and iowait are not busy)."""
+    try:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    total = sum(values[:8])
+    return total - values[3] - values[4], total
+
+
+class CpuMeter:
+    """CPU used over the measured period by each member, the load generator (this
+    process) and the machine: with four processes on two cores, latency under load is a
+    matter of who gets the CPU, so the bench reports it next to the latencies."""
+
+    def __init__(self, pids: dict[int, int]) -> None:
+        self.pids = pids
+        self.start: dict[str, float] = {}
+        self.machine: tuple[int, int] | None = None
+        self.began = 0.0
+
+    def _read(self) -> dict[str, float]:
+        out = {}
+        for member, pid in self.pids.items():
+            value = cpu_seconds(pid)
+            if value is not None:
+                out[str(member)] = value
+        own = cpu_seconds(os.getpid())
+        if own is not None:
+            out["bench"] = own
+        return out
+
+    def begin(self) -> None:
+        self.start = self._read()
+        self.machine = machine_busy()
+        self.began = time.perf_counter()
+
+    def end(self, messages: int) -> dict[str, object]:
+        elapsed = time.perf_counter() - self.began
+        now = self._read()
+        processes = {
+            name: {
+                "cores": round((now[name] - before) / elapsed, 3),
+                "us_per_message": round((now[name] - before) / max(messages, 1) * 1e6, 1),
+            }
+            for name, before in self.start.items()
+            if name in now
+        }
+        result: dict[str, object] = {"processes": processes, "cpus": os.cpu_count()}
+        machine = machine_busy()
+        if self.machine is not None and machine is not None:
+            busy, total = (b - a for a, b in zip(self.machine, machine, strict=True))
+            result["machine_busy_cores"] = round(busy / max(total, 1) * (os.cpu_count() or 1), 2)
+        return result
+
+
 async def sample_rss(pids: dict[int, int], interval: float, samples: dict[int, list[int]]) -> None:
     while True:
         for member, pid in pids.items():
@@ -205,6 +282,8 @@ async def bench(
         stats.measuring = True
         start_received = stats.received
         started = time.perf_counter()
+        cpu = CpuMeter(pids or {})
+        cpu.begin()
         async with trio.open_nursery() as sampling:
             if pids and args.rss_interval:
                 sampling.start_soon(sample_rss, pids, args.rss_interval, rss)
@@ -212,6 +291,7 @@ async def bench(
             elapsed = time.perf_counter() - started
             committed = stats.received - start_received
             stats.measuring = False
+            cpu_used = cpu.end(committed)
             for member, pid in (pids or {}).items() if args.rss_interval else ():
                 value = rss_kib(pid)
                 if value is not None:
@@ -242,6 +322,7 @@ async def bench(
         },
         "distribution_us": [(p, v / 1e3) for p, v in h.distribution()],
         **({"rss": rss_summary(rss)} if rss else {}),
+        "cpu": cpu_used,
     }
 
 
@@ -343,6 +424,21 @@ def print_text(result: dict[str, object], args: argparse.Namespace) -> None:
                 f"member {m}: {r['first_mib']} -> {r['last_mib']} ({r['growth_pct']:+.1f}%), "
                 f"peak {r['max_mib']}"
                 for m, r in rss.items()
+            )
+        )
+    cpu = result.get("cpu")
+    if isinstance(cpu, dict) and cpu.get("processes"):
+        names = {"bench": "load generator"}
+        print(
+            "  CPU (cores, us per message): "
+            + ", ".join(
+                f"{names.get(n, 'member ' + n)} {c['cores']:.2f} ({c['us_per_message']:.1f})"
+                for n, c in cpu["processes"].items()
+            )
+            + (
+                f"; machine busy {cpu['machine_busy_cores']:.2f} of {cpu['cpus']} cores"
+                if "machine_busy_cores" in cpu
+                else ""
             )
         )
 

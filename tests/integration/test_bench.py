@@ -1,0 +1,46 @@
+"""``scripts/bench.py`` runs for real: a local cluster, load, and its JSON report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_reports_throughput_latency_memory_and_cpu(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench.py"),
+            *("--nodes", "3", "--clients", "2", "--in-flight", "200"),
+            *("--duration", "1.5", "--warmup", "0.5", "--rss-interval", "0.5"),
+            *("--dir", str(tmp_path), "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["nodes"] == 3
+    assert result["committed_messages"] > 0
+    assert result["messages_per_s"] > 0
+    latency = result["latency_us"]
+    assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
+    assert latency["samples"] == result["committed_messages"]
+    assert set(result["rss"]) == {"0", "1", "2"}
+    cpu = result["cpu"]
+    assert set(cpu["processes"]) == {"0", "1", "2", "bench"}
+    for used in cpu["processes"].values():
+        # every member did work; none can use more than the whole machine
+        assert 0 < used["cores"] <= cpu["cpus"] + 0.1
+        assert used["us_per_message"] > 0
+    assert 0 < cpu["machine_busy_cores"] <= cpu["cpus"] + 0.1
