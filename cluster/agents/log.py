@@ -25,6 +25,7 @@ from ..archive.segments import Archive
 from ..core.consensus import ConsensusModule
 from ..core.service_container import ServiceContainer
 from ..protocol.enums import Role
+from .worker import acquire
 
 log = logging.getLogger("cluster.log")
 
@@ -230,12 +231,15 @@ class ArchiveAgent:
 
     async def _append(self, data: bytes) -> int:
         while True:
+            await acquire(self.lock)
             try:
-                async with self.lock:
-                    return int(await self.run_blocking(self.archive.append, data))
+                return int(await self.run_blocking(self.archive.append, data))
             except ArchiveWriteError as exc:
-                self._write_failed(exc, data)
-                await trio.sleep(self.retry_interval)
+                error = exc
+            finally:
+                self.lock.release()
+            self._write_failed(error, data)
+            await trio.sleep(self.retry_interval)
 
     def _write_failed(self, exc: ArchiveWriteError, data: bytes) -> None:
         self.write_errors += 1

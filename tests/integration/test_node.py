@@ -300,3 +300,42 @@ async def test_many_in_flight_echo(tmp_path: Path) -> None:
                     await c.offer(i.to_bytes(4, "little"))
                 for i in range(n):
                     assert await c.receive() == i.to_bytes(4, "little")
+
+
+@pytest.mark.parametrize("archive_io", ["thread", "inline"])
+async def test_failed_log_write_is_retried_and_nothing_is_lost(
+    tmp_path: Path, archive_io: str
+) -> None:
+    """A log write that fails (ENOSPC: the archive rolls itself back) is held and
+    retried; nothing is acknowledged meanwhile, the archive lock is free during the
+    wait, and once the write succeeds the message commits and its reply arrives."""
+    import errno
+
+    from cluster.archive.errors import ArchiveWriteError
+
+    config = make_config(tmp_path, archive_io=archive_io)
+    with trio.fail_after(30):
+        async with running_node(config, EchoService()) as node:
+            agent = node.archive_agent
+            agent.retry_interval = 0.3
+            real_append = node.archive.append
+            failures = [1]
+
+            def append(data: bytes | bytearray | memoryview) -> int:
+                if failures:
+                    failures.pop()
+                    raise ArchiveWriteError(errno.ENOSPC, "injected: no space left on device")
+                return real_append(data)
+
+            node.archive.append = append  # type: ignore[method-assign]
+            async with client.connect(endpoints(node)) as c:
+                committed = node.cm.commit_position
+                await c.offer(b"held")
+                await wait_for(lambda: agent.write_errors == 1)
+                assert "no space left" in agent.last_error
+                assert node.cm.commit_position == committed  # not acknowledged
+                assert not node.archive_lock.locked()  # free while it waits to retry
+                reply = await c.receive_message()
+                assert reply.payload == b"held"
+                assert node.cm.commit_position > committed
+                assert agent.write_errors == 1
