@@ -157,6 +157,8 @@ class FollowerState:
     next_position: int
     match_position: int = -1
     last_heard_ns: int = 0
+    commit_sent: int = -1
+    """The highest commit position shipped to it (in an AppendRequest or CommitPosition)."""
 
 
 @dataclass(slots=True)
@@ -370,7 +372,9 @@ class ConsensusModule:
         # section 5.4.2); earlier entries commit with it.
         if position > self.term_base_position and position > self.commit_position:
             self._update_commit_position(position)
-            self._broadcast_commit(now_ns)
+            # Not sent at once: the next AppendRequest to each follower carries it, and
+            # the slow tick sends a CommitPosition to any follower it has not reached (an
+            # idle log).  Under load this spares every follower a wake-up per commit.
 
     def _broadcast_commit(self, now_ns: int) -> None:
         message = CommitPosition(
@@ -378,9 +382,26 @@ class ConsensusModule:
             log_position=self.commit_position,
             leader_member_id=self.config.member_id,
         )
-        for member in self.followers:
+        for member, follower in self.followers.items():
             self.consensus.send(member, message)
+            follower.commit_sent = self.commit_position
         self._next_commit_heartbeat_ns = now_ns + self.config.leader_heartbeat_interval_ns
+
+    def _send_unsent_commit(self) -> None:
+        """A CommitPosition to each follower that no AppendRequest has told the current
+        commit position (run every slow tick: followers learn it within one)."""
+        position = self.commit_position
+        message: CommitPosition | None = None
+        for member, follower in self.followers.items():
+            if follower.commit_sent < position:
+                if message is None:
+                    message = CommitPosition(
+                        leadership_term_id=self.leadership_term_id,
+                        log_position=position,
+                        leader_member_id=self.config.member_id,
+                    )
+                self.consensus.send(member, message)
+                follower.commit_sent = position
 
     def _update_commit_position(self, position: int) -> None:
         if position <= self.commit_position:
@@ -787,6 +808,9 @@ class ConsensusModule:
         ``data`` must not cross a term boundary (see :meth:`replication_stop`).
         """
         term, base = self.terms.term_for_data_at(start)
+        follower = self.followers.get(member_id)
+        if follower is not None:
+            follower.commit_sent = self.commit_position
         return AppendRequest(
             leadership_term_id=self.leadership_term_id,
             leader_member_id=self.config.member_id,
@@ -1093,6 +1117,8 @@ class ConsensusModule:
                 work += self._check_sessions(now_ns)
             if now_ns >= self._next_commit_heartbeat_ns:
                 self._broadcast_commit(now_ns)
+            else:
+                self._send_unsent_commit()
             if self.followers and self._active_followers(now_ns) + 1 < self.quorum:
                 self.enter_election(now_ns, "inactive follower quorum")
                 work += 1

@@ -18,7 +18,13 @@ from cluster.archive.record import iter_records
 from cluster.core.consensus import ConsensusConfig, ConsensusModule
 from cluster.core.election import ElectionState
 from cluster.protocol.codec import LOG
-from cluster.protocol.consensus import AppendRequest, RequestVote
+from cluster.protocol.consensus import (
+    APPEND_POSITION_VERIFIED,
+    AppendPosition,
+    AppendRequest,
+    CommitPosition,
+    RequestVote,
+)
 from cluster.protocol.enums import Role
 from cluster.protocol.ingress import SessionMessageHeader
 from cluster.protocol.log import NewLeadershipTermEvent
@@ -380,3 +386,47 @@ def test_whole_records_end_cuts_at_a_record_boundary() -> None:
     # not even the first record is whole: where it would end
     assert whole_records_end(100, data[:10]) == ends[0]
     assert whole_records_end(100, data[:3]) == 100
+
+
+def test_commit_position_rides_on_appends_and_the_slow_tick_sends_the_rest() -> None:
+    """A commit advance sends nothing by itself: the next AppendRequest to a follower
+    carries it, and the slow tick sends a CommitPosition only to followers that no
+    AppendRequest has told; followers learn it either way."""
+
+    c = Cluster(3, seed=5)
+    c.run_until(lambda: c.leader() is not None)
+    leader = c.leader()
+    assert leader is not None
+    c.append(b"x")
+    end = leader.published_position
+    c.run_until(lambda: all(cm.commit_position >= end for cm in c.members.values()))
+    followers = sorted(leader.followers)
+    first, second = followers
+
+    def commits_sent() -> dict[int, int]:
+        return {
+            receiver: message.log_position
+            for sender, receiver, message in c.net.queue
+            if sender == leader.config.member_id and isinstance(message, CommitPosition)
+        }
+
+    # the leader learns that a quorum holds a new entry: no CommitPosition goes out
+    c.append(b"y")
+    new_end = leader.published_position
+    c.persist(leader.config.member_id)
+    c.net.queue.clear()
+    leader.on_consensus_message(
+        AppendPosition(leader.leadership_term_id, new_end, first, APPEND_POSITION_VERIFIED),
+        c.now,
+    )
+    assert leader.commit_position == new_end
+    assert commits_sent() == {}
+    # an AppendRequest to the first follower carries it ...
+    request = leader.append_request(first, new_end, b"")
+    assert request.commit_position == new_end
+    # ... so the slow tick tells only the second one
+    leader.on_slow_tick(c.now + 1)
+    assert commits_sent() == {second: new_end}
+    c.net.queue.clear()
+    leader.on_slow_tick(c.now + 2)
+    assert commits_sent() == {}  # nothing new to tell anyone
