@@ -689,6 +689,14 @@ class Node:
             while self.log_agent.applied_position < self.cm.commit_position:
                 self.log_agent.kick()
                 await trio.sleep(0.001)
+            if self.cm.role is Role.LEADER:
+                # followers must learn the final commit position (a termination
+                # action's) before this leader's links close
+                self.cm.send_commit_position()
+                self.links.flush()
+                with trio.move_on_after(1.0):
+                    while any(link.backlog for link in self.links.links.values()):  # noqa: ASYNC110
+                        await trio.sleep(0.005)
             with trio.move_on_after(1.0):
                 await self.egress.drain()
         if scope.cancelled_caught:

@@ -372,9 +372,12 @@ class ConsensusModule:
         # section 5.4.2); earlier entries commit with it.
         if position > self.term_base_position and position > self.commit_position:
             self._update_commit_position(position)
-            # Not sent at once: the next AppendRequest to each follower carries it, and
-            # the slow tick sends a CommitPosition to any follower it has not reached (an
-            # idle log).  Under load this spares every follower a wake-up per commit.
+            # While more of the log is on its way, the next AppendRequest to each
+            # follower carries the commit position (and the slow tick tells any follower
+            # it has not reached): under load this spares every follower a wake-up per
+            # commit.  Once the whole log is committed no append is coming: tell them now.
+            if position >= self.published_position:
+                self.send_commit_position()
 
     def _broadcast_commit(self, now_ns: int) -> None:
         message = CommitPosition(
@@ -387,9 +390,10 @@ class ConsensusModule:
             follower.commit_sent = self.commit_position
         self._next_commit_heartbeat_ns = now_ns + self.config.leader_heartbeat_interval_ns
 
-    def _send_unsent_commit(self) -> None:
+    def send_commit_position(self) -> None:
         """A CommitPosition to each follower that no AppendRequest has told the current
-        commit position (run every slow tick: followers learn it within one)."""
+        commit position (every slow tick, so followers learn it within one; when the
+        whole log is committed; and before a leader stops)."""
         position = self.commit_position
         message: CommitPosition | None = None
         for member, follower in self.followers.items():
@@ -1118,7 +1122,7 @@ class ConsensusModule:
             if now_ns >= self._next_commit_heartbeat_ns:
                 self._broadcast_commit(now_ns)
             else:
-                self._send_unsent_commit()
+                self.send_commit_position()
             if self.followers and self._active_followers(now_ns) + 1 < self.quorum:
                 self.enter_election(now_ns, "inactive follower quorum")
                 work += 1

@@ -389,10 +389,10 @@ def test_whole_records_end_cuts_at_a_record_boundary() -> None:
 
 
 def test_commit_position_rides_on_appends_and_the_slow_tick_sends_the_rest() -> None:
-    """A commit advance sends nothing by itself: the next AppendRequest to a follower
-    carries it, and the slow tick sends a CommitPosition only to followers that no
-    AppendRequest has told; followers learn it either way."""
-
+    """While more of the log is on its way, a commit advance sends nothing by itself:
+    the next AppendRequest to a follower carries it, and the slow tick sends a
+    CommitPosition only to followers that no AppendRequest has told.  Once the whole log
+    is committed, every follower not yet told hears at once."""
     c = Cluster(3, seed=5)
     c.run_until(lambda: c.leader() is not None)
     leader = c.leader()
@@ -400,33 +400,38 @@ def test_commit_position_rides_on_appends_and_the_slow_tick_sends_the_rest() -> 
     c.append(b"x")
     end = leader.published_position
     c.run_until(lambda: all(cm.commit_position >= end for cm in c.members.values()))
-    followers = sorted(leader.followers)
-    first, second = followers
+    first, second = sorted(leader.followers)
+    term = leader.leadership_term_id
 
     def commits_sent() -> dict[int, int]:
-        return {
+        sent = {
             receiver: message.log_position
             for sender, receiver, message in c.net.queue
             if sender == leader.config.member_id and isinstance(message, CommitPosition)
         }
+        c.net.queue.clear()
+        return sent
 
-    # the leader learns that a quorum holds a new entry: no CommitPosition goes out
     c.append(b"y")
-    new_end = leader.published_position
+    middle = leader.published_position
+    c.append(b"z")
+    last = leader.published_position
     c.persist(leader.config.member_id)
-    c.net.queue.clear()
+    commits_sent()
+    # a quorum holds "y" but "z" is still on its way: no CommitPosition goes out
     leader.on_consensus_message(
-        AppendPosition(leader.leadership_term_id, new_end, first, APPEND_POSITION_VERIFIED),
-        c.now,
+        AppendPosition(term, middle, first, APPEND_POSITION_VERIFIED), c.now
     )
-    assert leader.commit_position == new_end
+    assert leader.commit_position == middle
     assert commits_sent() == {}
     # an AppendRequest to the first follower carries it ...
-    request = leader.append_request(first, new_end, b"")
-    assert request.commit_position == new_end
-    # ... so the slow tick tells only the second one
+    assert leader.append_request(first, middle, b"").commit_position == middle
+    # ... so the slow tick tells only the second one, and only once
     leader.on_slow_tick(c.now + 1)
-    assert commits_sent() == {second: new_end}
-    c.net.queue.clear()
+    assert commits_sent() == {second: middle}
     leader.on_slow_tick(c.now + 2)
-    assert commits_sent() == {}  # nothing new to tell anyone
+    assert commits_sent() == {}
+    # the whole log committed: both hear at once
+    leader.on_consensus_message(AppendPosition(term, last, first, APPEND_POSITION_VERIFIED), c.now)
+    assert leader.commit_position == last
+    assert commits_sent() == {first: last, second: last}
