@@ -372,12 +372,11 @@ class ConsensusModule:
         # section 5.4.2); earlier entries commit with it.
         if position > self.term_base_position and position > self.commit_position:
             self._update_commit_position(position)
-            # While more of the log is on its way, the next AppendRequest to each
-            # follower carries the commit position (and the slow tick tells any follower
-            # it has not reached): under load this spares every follower a wake-up per
-            # commit.  Once the whole log is committed no append is coming: tell them now.
-            if position >= self.published_position:
-                self.send_commit_position()
+            # Not sent at once: the next AppendRequest to each follower carries the
+            # commit position, and the slow tick tells any follower no append reached
+            # (an idle log).  This spares every follower a wake-up per commit (a fifth of
+            # a follower's CPU at one message in flight); followers only need it to
+            # apply, which nothing waits for.  A leader that stops sends it first.
 
     def _broadcast_commit(self, now_ns: int) -> None:
         message = CommitPosition(
@@ -392,8 +391,8 @@ class ConsensusModule:
 
     def send_commit_position(self) -> None:
         """A CommitPosition to each follower that no AppendRequest has told the current
-        commit position (every slow tick, so followers learn it within one; when the
-        whole log is committed; and before a leader stops)."""
+        commit position (every slow tick, so followers learn it within one, and before a
+        leader stops)."""
         position = self.commit_position
         message: CommitPosition | None = None
         for member, follower in self.followers.items():

@@ -389,10 +389,9 @@ def test_whole_records_end_cuts_at_a_record_boundary() -> None:
 
 
 def test_commit_position_rides_on_appends_and_the_slow_tick_sends_the_rest() -> None:
-    """While more of the log is on its way, a commit advance sends nothing by itself:
-    the next AppendRequest to a follower carries it, and the slow tick sends a
-    CommitPosition only to followers that no AppendRequest has told.  Once the whole log
-    is committed, every follower not yet told hears at once."""
+    """A commit advance sends nothing by itself: the next AppendRequest to a follower
+    carries it, and the slow tick sends a CommitPosition only to followers that no
+    AppendRequest has told, once."""
     c = Cluster(3, seed=5)
     c.run_until(lambda: c.leader() is not None)
     leader = c.leader()
@@ -418,7 +417,7 @@ def test_commit_position_rides_on_appends_and_the_slow_tick_sends_the_rest() -> 
     last = leader.published_position
     c.persist(leader.config.member_id)
     commits_sent()
-    # a quorum holds "y" but "z" is still on its way: no CommitPosition goes out
+    # a quorum holds "y": no CommitPosition goes out
     leader.on_consensus_message(
         AppendPosition(term, middle, first, APPEND_POSITION_VERIFIED), c.now
     )
@@ -431,7 +430,9 @@ def test_commit_position_rides_on_appends_and_the_slow_tick_sends_the_rest() -> 
     assert commits_sent() == {second: middle}
     leader.on_slow_tick(c.now + 2)
     assert commits_sent() == {}
-    # the whole log committed: both hear at once
+    # the whole log committed: nothing at once, both at the next slow tick
     leader.on_consensus_message(AppendPosition(term, last, first, APPEND_POSITION_VERIFIED), c.now)
     assert leader.commit_position == last
+    assert commits_sent() == {}
+    leader.on_slow_tick(c.now + 3)
     assert commits_sent() == {first: last, second: last}
