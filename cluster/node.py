@@ -695,8 +695,7 @@ class Node:
                 self.cm.send_commit_position()
                 self.links.flush()
                 with trio.move_on_after(1.0):
-                    while any(link.backlog for link in self.links.links.values()):  # noqa: ASYNC110
-                        await trio.sleep(0.005)
+                    await self.links.wait_sent()
             with trio.move_on_after(1.0):
                 await self.egress.drain()
         if scope.cancelled_caught:

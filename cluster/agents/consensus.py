@@ -100,6 +100,11 @@ class PeerLinks:
             if writer is not None and writer.backlog:
                 writer.flush()
 
+    async def wait_sent(self) -> None:
+        """Wait until every link's queue has gone to its socket (callers bound the wait)."""
+        while any(link.backlog for link in self.links.values()):  # noqa: ASYNC110
+            await trio.sleep(0.005)
+
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             port = await nursery.start(

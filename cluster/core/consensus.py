@@ -379,24 +379,17 @@ class ConsensusModule:
             # apply, which nothing waits for.  A leader that stops sends it first.
 
     def _broadcast_commit(self, now_ns: int) -> None:
-        message = CommitPosition(
-            leadership_term_id=self.leadership_term_id,
-            log_position=self.commit_position,
-            leader_member_id=self.config.member_id,
-        )
-        for member, follower in self.followers.items():
-            self.consensus.send(member, message)
-            follower.commit_sent = self.commit_position
+        self.send_commit_position(every=True)
         self._next_commit_heartbeat_ns = now_ns + self.config.leader_heartbeat_interval_ns
 
-    def send_commit_position(self) -> None:
+    def send_commit_position(self, *, every: bool = False) -> None:
         """A CommitPosition to each follower that no AppendRequest has told the current
         commit position (every slow tick, so followers learn it within one, and before a
-        leader stops)."""
+        leader stops), or to ``every`` follower (the heartbeat)."""
         position = self.commit_position
         message: CommitPosition | None = None
         for member, follower in self.followers.items():
-            if follower.commit_sent < position:
+            if every or follower.commit_sent < position:
                 if message is None:
                     message = CommitPosition(
                         leadership_term_id=self.leadership_term_id,

@@ -183,6 +183,16 @@ class Cluster:
             self.step()
         raise AssertionError("condition not reached")
 
+    def leader_with_a_committed_entry(self) -> ConsensusModule:
+        """Elect a leader, append one entry and run until every member has committed it."""
+        self.run_until(lambda: self.leader() is not None)
+        leader = self.leader()
+        assert leader is not None
+        self.append(b"x")
+        end = leader.published_position
+        self.run_until(lambda: all(cm.commit_position >= end for cm in self.members.values()))
+        return leader
+
     def append(self, payload: bytes) -> int:
         """Append a fake client message on the leader (no session checks)."""
         leader = self.leader()
@@ -270,12 +280,7 @@ def test_deposed_leaders_uncommitted_entries_are_truncated() -> None:
 
 def test_vote_refused_to_a_candidate_with_an_older_log() -> None:
     c = Cluster(3, seed=4)
-    c.run_until(lambda: c.leader() is not None)
-    leader = c.leader()
-    assert leader is not None
-    c.append(b"x")
-    end = leader.published_position
-    c.run_until(lambda: all(cm.commit_position >= end for cm in c.members.values()))
+    leader = c.leader_with_a_committed_entry()
     follower = next(cm for cm in c.members.values() if cm.role is Role.FOLLOWER)
     follower.enter_election(c.now, "test")
     c.net.queue.clear()
@@ -393,12 +398,7 @@ def test_commit_position_rides_on_appends_and_the_slow_tick_sends_the_rest() -> 
     carries it, and the slow tick sends a CommitPosition only to followers that no
     AppendRequest has told, once."""
     c = Cluster(3, seed=5)
-    c.run_until(lambda: c.leader() is not None)
-    leader = c.leader()
-    assert leader is not None
-    c.append(b"x")
-    end = leader.published_position
-    c.run_until(lambda: all(cm.commit_position >= end for cm in c.members.values()))
+    leader = c.leader_with_a_committed_entry()
     first, second = sorted(leader.followers)
     term = leader.leadership_term_id
 
