@@ -339,3 +339,43 @@ async def test_failed_log_write_is_retried_and_nothing_is_lost(
                 assert reply.payload == b"held"
                 assert node.cm.commit_position > committed
                 assert agent.write_errors == 1
+
+
+async def test_failed_node_state_save_is_logged_and_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Saving the applied position to node-state.json fails (ENOSPC): the node logs it
+    once, keeps serving, and saves it at a later try."""
+    import errno
+    import logging
+
+    import cluster.node
+
+    monkeypatch.setattr(cluster.node, "STATE_SAVE_INTERVAL", 0.05)
+    caplog.set_level(logging.INFO, logger="cluster.node")
+    with trio.fail_after(20):
+        async with running_node(make_config(tmp_path), EchoService()) as node:
+            real_save = node.node_state.save
+            failures = [1, 1]
+
+            def save(**fields: Any) -> None:
+                if failures:
+                    failures.pop()
+                    raise OSError(errno.ENOSPC, "No space left on device (injected)")
+                real_save(**fields)
+
+            node.node_state.save = save  # type: ignore[method-assign]
+            async with client.connect(endpoints(node)) as c:
+                await c.offer(b"one")
+                assert (await c.receive_message()).payload == b"one"
+                await wait_for(lambda: node.node_state.commit_position > 0 and not failures)
+                assert node.node_state.commit_position == node.log_agent.applied_position
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "node state" in r.getMessage()
+    ]
+    assert warnings == [
+        "cannot save the node state (will retry): [Errno 28] No space left on device (injected)"
+    ]
+    assert "node state saved again" in caplog.text
