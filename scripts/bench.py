@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -396,19 +397,37 @@ def main() -> int:
     for r in results:
         print_text(r, args)
     if len(results) > 1:
-        ours, theirs = results
-        ratio = float(ours["messages_per_s"]) / max(float(theirs["messages_per_s"]), 1e-9)  # type: ignore[arg-type]
-        print(f"throughput ratio triarch/pysyncobj: {ratio:.2f}x")
+        print(comparison(*results))
     return 0
+
+
+def comparison(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
+    """The line that compares the two runs: throughput in closed loop; in open loop
+    (both offered the same rate) the latencies, and whether the peer kept up."""
+    if not ours.get("rate"):
+        ratio = float(ours["messages_per_s"]) / max(float(theirs["messages_per_s"]), 1e-9)
+        return f"throughput ratio triarch/pysyncobj: {ratio:.2f}x"
+    a, b = ours["latency_us"], theirs["latency_us"]
+    line = (
+        f"open loop at {ours['rate']:,.0f} msg/s, p50 / p99: triarch {a['p50'] / 1e3:.1f} / "
+        f"{a['p99'] / 1e3:.1f} ms, pysyncobj {b['p50'] / 1e3:.1f} / {b['p99'] / 1e3:.1f} ms "
+        f"(p99 ratio pysyncobj/triarch: {b['p99'] / max(a['p99'], 1e-9):.2f}x)"
+    )
+    offered = int(theirs.get("offered_messages", 0))
+    if offered and int(theirs["committed_messages"]) < offered:
+        line += f"; pysyncobj answered {theirs['committed_messages']:,} of {offered:,} calls"
+    return line
 
 
 def print_text(result: dict[str, object], args: argparse.Namespace) -> None:
     lat = result["latency_us"]
     assert isinstance(lat, dict)
     name = result.get("system", "triarch")
+    rate = result.get("rate")
+    load = f"open loop {rate:,.0f} msg/s" if rate else f"{result['in_flight']} in flight"
     print(
         f"[{name}] {result['nodes']} node(s), {result.get('clients', 1)} clients, "
-        f"{result['in_flight']} in flight, {result['payload_bytes']} B payload, "
+        f"{load}, {result['payload_bytes']} B payload, "
         f"fsync={result['fsync']}\n"
         f"  committed: {result['messages_per_s']:,.0f} msg/s "
         f"({result.get('payload_mb_per_s', '-')} MB/s payload) over {result['duration_s']} s\n"
@@ -467,6 +486,7 @@ def run_pysyncobj(args: argparse.Namespace) -> dict[str, object] | None:
             sys.executable, str(ROOT / "scripts" / "pysyncobj_bench.py"),
             "--in-flight", str(args.in_flight), "--payload", str(args.payload),
             "--duration", str(args.duration), "--warmup", str(args.warmup),
+            *(["--rate", str(args.rate)] if args.rate else []),
         ],
         capture_output=True,
         text=True,

@@ -9,6 +9,10 @@ drives load, here each keeping its share of ``--in-flight`` outstanding
 ``echo(payload)`` calls, and latency is call-to-callback.  Throughput is the sum over
 members.  PySyncObj has no fsync: it never writes its log to disk here.
 
+With ``--rate`` it runs open loop instead, like ``bench.py --rate``: each member calls
+``echo`` at its share of the rate on a 1 ms tick, message *k* due at ``start + k / rate``,
+and latency counts from the due time (no coordinated omission).
+
 Run by ``scripts/bench.py --vs-pysyncobj`` (which installs PySyncObj if needed); it
 prints one JSON line with the same fields as ours.
 """
@@ -30,6 +34,10 @@ sys.path.insert(0, str(ROOT))
 
 from cluster.local import free_ports  # noqa: E402
 from cluster.metrics import Histogram  # noqa: E402
+
+OPEN_LOOP_TICK = 0.001  # seconds between an open-loop member's wake-ups (as bench.py)
+OPEN_LOOP_BATCH_ABOVE = 3000  # msg/s above which ``--batch auto`` turns batching on
+# (measured: without batching PySyncObj falls behind from about 4,000 calls/s open loop)
 
 
 def run_member(index: int, addresses: list[str], args: argparse.Namespace) -> int:
@@ -72,6 +80,9 @@ def run_member(index: int, addresses: list[str], args: argparse.Namespace) -> in
                 state["done"] += 1
         credit.release()
 
+    if args.rate:
+        return open_loop(node, args, args.rate / len(addresses), hist, lock, state)
+
     start = time.monotonic()
     stop = start + args.warmup + args.duration
     measure_at = start + args.warmup
@@ -98,11 +109,67 @@ def run_member(index: int, addresses: list[str], args: argparse.Namespace) -> in
     return 0
 
 
+def open_loop(
+    node: Any,
+    args: argparse.Namespace,
+    rate: float,
+    hist: Histogram,
+    lock: threading.Lock,
+    state: dict[str, Any],
+) -> int:
+    """Call ``echo`` at ``rate`` per second, latency from each call's due time."""
+    payload = b"x" * args.payload
+    interval_ns = int(1e9 / rate)
+    counts = {"sent_measured": 0}
+
+    def callback(result: object, error: object, due: int) -> None:
+        now = time.perf_counter_ns()
+        with lock:
+            if due >= measure_from and error == 0:
+                hist.record(now - due)
+                state["done"] += 1
+
+    start = time.perf_counter_ns()
+    measure_from = start + int(args.warmup * 1e9)
+    stop = measure_from + int(args.duration * 1e9)
+    next_due = start
+    while True:
+        now = time.perf_counter_ns()
+        if now >= stop:
+            break
+        while next_due <= now:
+            if next_due >= measure_from:
+                counts["sent_measured"] += 1
+            node.echo(payload, callback=lambda r, e, d=next_due: callback(r, e, d))
+            next_due += interval_ns
+        time.sleep(OPEN_LOOP_TICK)
+    # wait (a bounded time) for the measured calls still in flight
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with lock:
+            if state["done"] >= counts["sent_measured"]:
+                break
+        time.sleep(0.01)
+    with lock:
+        result = {
+            "done": state["done"],
+            "sent": counts["sent_measured"],
+            "elapsed": args.duration,
+            "histogram": hist.to_dict(),
+        }
+    print(json.dumps(result), flush=True)
+    time.sleep(2)  # let the other members finish before this one leaves
+    node.destroy()
+    return 0
+
+
 def batching(args: argparse.Namespace, nodes: int) -> bool:
     """PySyncObj's append batching: its throughput mode (commands wait for the next
     append period, 100 ms by default); without it every command wakes the event loop
     at once (its low-latency mode).  ``auto`` picks the better one for the load."""
     if args.batch == "auto":
+        if args.rate:
+            return bool(args.rate > OPEN_LOOP_BATCH_ABOVE)
         return bool(args.in_flight > nodes)
     return bool(args.batch == "on")
 
@@ -113,11 +180,16 @@ def combine(parts: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, 
         hist.merge(Histogram.from_dict(part["histogram"]))
     done = sum(int(part["done"]) for part in parts)
     elapsed = max(float(part["elapsed"]) for part in parts)
+    extra: dict[str, object] = {}
+    if args.rate:  # open loop: how many of the calls made while measuring came back
+        extra["offered_messages"] = sum(int(part.get("sent", 0)) for part in parts)
     return {
+        **extra,
         "system": "pysyncobj",
         "nodes": len(parts),
         "clients": len(parts),
         "in_flight": args.in_flight,
+        "rate": args.rate,
         "payload_bytes": args.payload,
         "fsync": "none",
         "append_batching": batching(args, len(parts)),
@@ -145,6 +217,7 @@ def main() -> int:
     p.add_argument("--payload", type=int, default=32)
     p.add_argument("--duration", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--rate", type=float, default=None, help="open loop: calls/s in total")
     p.add_argument(
         "--batch",
         choices=["auto", "on", "off"],
@@ -161,6 +234,7 @@ def main() -> int:
         "--in-flight", str(args.in_flight), "--payload", str(args.payload),
         "--duration", str(args.duration), "--warmup", str(args.warmup),
         "--batch", args.batch, "--addresses", ",".join(addresses),
+        *(["--rate", str(args.rate)] if args.rate else []),
     ]  # fmt: skip
     members = [
         subprocess.Popen(

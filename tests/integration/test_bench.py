@@ -44,3 +44,34 @@ def test_bench_reports_throughput_latency_memory_and_cpu(tmp_path: Path) -> None
         assert 0 < used["cores"] <= cpu["cpus"] + 0.1
         assert used["us_per_message"] > 0
     assert 0 < cpu["machine_busy_cores"] <= cpu["cpus"] + 0.1
+
+
+def test_open_loop_against_pysyncobj_compares_latency_at_the_same_rate(tmp_path: Path) -> None:
+    """``--rate R --vs-pysyncobj`` offers both systems the same open-loop load and
+    compares their latencies (the throughput ratio means nothing there)."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench.py"),
+            *("--nodes", "3", "--clients", "2", "--rate", "400"),
+            *("--duration", "1.5", "--warmup", "0.5", "--rss-interval", "0"),
+            *("--dir", str(tmp_path), "--vs-pysyncobj", "--out", str(tmp_path / "r.json")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "open loop at 400 msg/s, p50 / p99: triarch" in out.stdout, out.stdout
+    assert "[pysyncobj] 3 node(s), 3 clients, open loop 400 msg/s" in out.stdout, out.stdout
+    ours, theirs = json.loads((tmp_path / "r.json").read_text())
+    assert ours["rate"] == theirs["rate"] == 400
+    for result in (ours, theirs):
+        # each got the rate it was offered (within the tick's granularity) and every
+        # answer has a latency from its due time
+        assert 0.8 * 400 <= result["messages_per_s"] <= 1.2 * 400, result
+        latency = result["latency_us"]
+        assert latency["samples"] == result["committed_messages"] > 0
+        assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
+    assert theirs["offered_messages"] >= theirs["committed_messages"]
