@@ -35,7 +35,8 @@ from cluster.local import LocalCluster  # noqa: E402
 from cluster.metrics import Histogram  # noqa: E402
 
 STAMP = struct.Struct("<qq")  # sequence, send time (perf_counter_ns)
-OPEN_LOOP_TICK = 0.001  # seconds between an open-loop sender's wake-ups, at most
+OPEN_LOOP_TICK = 0.001  # seconds between the open-loop ticker's wake-ups, at least
+OPEN_LOOP_IDLE_CHECK = 0.01  # seconds: the ticker looks for new sessions this often
 
 
 class Stats:
@@ -47,24 +48,90 @@ class Stats:
         self.measuring = False
 
 
+class PreciseTimer:
+    """Sleeps until a ``time.perf_counter()`` instant to the microsecond.
+
+    ``trio.sleep`` rounds every wait up to whole milliseconds (epoll's unit) and ends it
+    by cancelling a scope; a load generator that ticks every millisecond pays both in
+    lateness and CPU.  On Linux this waits on a ``timerfd`` (set to an absolute
+    ``CLOCK_MONOTONIC`` time, the clock ``perf_counter`` reads) through Trio instead;
+    elsewhere it falls back to ``trio.sleep``."""
+
+    def __init__(self) -> None:
+        self._fd = -1
+        self._settime: Any = None
+        self._spec: Any = None
+        self._byref: Any = None
+        if sys.platform != "linux" or "CLOCK_MONOTONIC" not in (
+            time.get_clock_info("perf_counter").implementation
+        ):
+            return
+        import ctypes
+
+        class Timespec(ctypes.Structure):
+            _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+
+        class Itimerspec(ctypes.Structure):
+            _fields_ = [("interval", Timespec), ("value", Timespec)]
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.timerfd_create(1, os.O_NONBLOCK | os.O_CLOEXEC)  # CLOCK_MONOTONIC
+        except (OSError, AttributeError):
+            return
+        if fd >= 0:
+            self._fd, self._settime, self._spec = fd, libc.timerfd_settime, Itimerspec()
+            self._byref = ctypes.byref
+
+    async def sleep_until(self, when: float) -> None:
+        if self._fd < 0:
+            await trio.sleep(max(0.0, when - time.perf_counter()))
+            return
+        spec = self._spec
+        spec.value.sec = int(when)
+        spec.value.nsec = max(1, int((when - int(when)) * 1e9))  # 0 would disarm it
+        if self._settime(self._fd, 1, self._byref(spec), None) != 0:  # TFD_TIMER_ABSTIME
+            await trio.sleep(max(0.0, when - time.perf_counter()))
+            return
+        while True:
+            await trio.lowlevel.wait_readable(self._fd)
+            try:
+                os.read(self._fd, 8)
+                return
+            except BlockingIOError:
+                continue
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+
 class OpenLoop:
     """One clock for every open-loop session: message *k* of a session is due at
     ``start + k / rate`` and its latency counts from then (no coordinated omission).
 
-    A single ticker wakes every OPEN_LOOP_TICK and has each session send what has come
-    due, each message stamped with its own due time, so a late wake-up (or a session out
-    of credit) shows up in the latencies.  One timer for all sessions keeps the load
-    generator's own wake-ups from competing with the nodes for the two cores."""
+    A single ticker wakes when the next message of any session is due, but at most once
+    every OPEN_LOOP_TICK, and has each session send what has come due, each message
+    stamped with its own due time, so a late wake-up (or a session out of credit) shows
+    up in the latencies.  One timer for all sessions keeps the load generator's own
+    wake-ups from competing with the nodes for the two cores."""
 
     def __init__(self) -> None:
-        self.senders: list[Callable[[float], Awaitable[None]]] = []
+        #: each sends what is due at the given time and returns when its next is due
+        self.senders: list[Callable[[float], Awaitable[float]]] = []
 
     async def run(self, stop: trio.Event) -> None:
-        while not stop.is_set():
-            now = time.perf_counter()
-            for send_due in self.senders:
-                await send_due(now)
-            await trio.sleep(OPEN_LOOP_TICK)
+        timer = PreciseTimer()
+        try:
+            while not stop.is_set():
+                now = time.perf_counter()
+                wake = now + OPEN_LOOP_IDLE_CHECK
+                for send_due in self.senders:
+                    wake = min(wake, await send_due(now))
+                await timer.sleep_until(max(wake, now + OPEN_LOOP_TICK))
+        finally:
+            timer.close()
 
 
 async def run_client(
@@ -118,7 +185,7 @@ async def run_client(
                 interval = 1.0 / rate
                 next_send = time.perf_counter()
 
-                async def send_due(now: float) -> None:
+                async def send_due(now: float) -> float:
                     nonlocal next_send
                     due = int((now - next_send) / interval) + 1 if now >= next_send else 0
                     burst = min(credit, due)
@@ -131,6 +198,7 @@ async def run_client(
                                 for i in range(1, burst + 1)
                             ]
                         )
+                    return next_send
 
                 open_loop.senders.append(send_due)
                 await stop.wait()
