@@ -466,6 +466,9 @@ class Node:
         if archive.pending and not archive.write_now():
             archive.kick()
         if cm.commit_position > self.log_agent.applied_position:
+            # A follower's acknowledgement of what it has just written goes out before
+            # it applies: the leader's commit waits for the one, nothing for the other.
+            self.links.flush()
             self.log_agent.apply_all()
         self.links.flush()
         self.egress.flush()

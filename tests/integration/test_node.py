@@ -26,7 +26,7 @@ from cluster.local import free_ports
 from cluster.node import Node
 from cluster.protocol import EGRESS, PROTOCOL_VERSION, EventCode, FrameDecoder, encode_frame
 from cluster.protocol.egress import SessionEvent
-from cluster.protocol.enums import CloseReason
+from cluster.protocol.enums import CloseReason, Role
 from cluster.protocol.ingress import SessionConnectRequest
 from cluster.protocol.version import compose
 from cluster.service import ClientSession, ClusteredService
@@ -379,3 +379,70 @@ async def test_failed_node_state_save_is_logged_and_retried(
         "cannot save the node state (will retry): [Errno 28] No space left on device (injected)"
     ]
     assert "node state saved again" in caplog.text
+
+
+class AckOrderEcho(EchoService):
+    """Echo that notes, each time a follower applies, whether that follower still holds
+    unsent bytes for the leader (an acknowledgement queued but not yet sent)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.node: Node | None = None
+        self.unsent_at_apply: list[int] = []
+
+    def on_session_message(
+        self, session: ClientSession | None, timestamp: int, payload: bytes
+    ) -> None:
+        node = self.node
+        if node is not None and node.cm.role is Role.FOLLOWER:
+            link = node.links.links.get(node.cm.leader_member_id)
+            self.unsent_at_apply.append(link.backlog if link is not None else -1)
+        super().on_session_message(session, timestamp, payload)
+
+
+async def test_follower_acknowledges_an_append_before_applying_committed_entries(
+    tmp_path: Path,
+) -> None:
+    """With one message in flight, the AppendRequest that brings message k+1 also
+    carries the commit position of message k.  The follower writes k+1, queues its
+    AppendPosition and applies k: the acknowledgement (which the leader's commit of k+1
+    waits for) must be on its way before the apply (which nothing waits for), not
+    after it."""
+    ports = free_ports(9)
+    members = ",".join(
+        f"{i}=127.0.0.1:{ports[3 * i]}:{ports[3 * i + 1]}:{ports[3 * i + 2]}" for i in range(3)
+    )
+    services = [AckOrderEcho() for _ in range(3)]
+    nodes = [
+        Node(NodeConfig(member_id=i, members=members, dir=str(tmp_path / f"n{i}")), services[i])
+        for i in range(3)
+    ]
+    for service, node in zip(services, nodes, strict=True):
+        service.node = node
+    ingress = ",".join(f"{i}=127.0.0.1:{ports[3 * i]}" for i in range(3))
+    n = 50
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for node in nodes:
+                await nursery.start(
+                    lambda task_status, node=node: node.run(
+                        handle_signals=False, task_status=task_status
+                    )
+                )
+            await wait_for(lambda: any(node.cm.is_ready_leader for node in nodes), 30)
+            async with client.connect(ingress, connect_timeout=10) as c:
+                for i in range(n):
+                    await c.offer(i.to_bytes(4, "little"))
+                    assert await c.receive() == i.to_bytes(4, "little")
+            followers = [
+                s for s, node in zip(services, nodes, strict=True) if not node.cm.is_ready_leader
+            ]
+            await wait_for(lambda: all(len(s.unsent_at_apply) >= n - 1 for s in followers))
+            for node in nodes:
+                await node.shutdown()
+    assert len(followers) == 2
+    for service in followers:
+        # every apply found the link to the leader drained: no acknowledgement waited
+        assert service.unsent_at_apply.count(0) == len(service.unsent_at_apply), (
+            service.unsent_at_apply
+        )
