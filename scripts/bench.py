@@ -46,6 +46,15 @@ class Stats:
         self.received = 0
         self.measured = 0
         self.measuring = False
+        self.sessions = 0
+        #: set when ``sessions`` reaches this many (every session connected)
+        self.expected_sessions = 0
+        self.all_connected = trio.Event()
+
+    def connected(self) -> None:
+        self.sessions += 1
+        if self.sessions >= self.expected_sessions:
+            self.all_connected.set()
 
 
 class PreciseTimer:
@@ -156,6 +165,7 @@ async def run_client(
     seq = 0
     pack = STAMP.pack
     async with client.connect(endpoints, connect_timeout=10) as c:
+        stats.connected()
 
         async def receiver() -> None:
             nonlocal credit, credit_returned
@@ -335,6 +345,7 @@ async def bench(
     args: argparse.Namespace, endpoints: str, pids: dict[int, int] | None = None
 ) -> dict[str, object]:
     stats = Stats()
+    stats.expected_sessions = args.clients
     rss: dict[int, list[int]] = {}
     stop = trio.Event()
     window = max(1, args.in_flight // args.clients)
@@ -347,6 +358,10 @@ async def bench(
             )
         if open_loop is not None:
             nursery.start_soon(open_loop.run, stop)
+        # the warm-up (and then the measurement) starts once every session is open, so
+        # a slow connect does not count as a slow or missing message
+        with trio.fail_after(30):
+            await stats.all_connected.wait()
         await trio.sleep(args.warmup)
         stats.measuring = True
         start_received = stats.received

@@ -14,19 +14,22 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def test_bench_reports_throughput_latency_memory_and_cpu(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "bench.py"),
-            *("--nodes", "3", "--clients", "2", "--in-flight", "200"),
-            *("--duration", "1.5", "--warmup", "0.5", "--rss-interval", "0.5"),
-            *("--dir", str(tmp_path), "--json"),
-        ],
+def run_bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench.py"), *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         cwd=ROOT,
+    )
+
+
+def test_bench_reports_throughput_latency_memory_and_cpu(tmp_path: Path) -> None:
+    out = run_bench(
+        *("--nodes", "3", "--clients", "2", "--in-flight", "200"),
+        *("--duration", "1.5", "--warmup", "0.5", "--rss-interval", "0.5"),
+        *("--dir", str(tmp_path), "--json"),
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
@@ -49,18 +52,11 @@ def test_bench_reports_throughput_latency_memory_and_cpu(tmp_path: Path) -> None
 def test_open_loop_against_pysyncobj_compares_latency_at_the_same_rate(tmp_path: Path) -> None:
     """``--rate R --vs-pysyncobj`` offers both systems the same open-loop load and
     compares their latencies (the throughput ratio means nothing there)."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "bench.py"),
-            *("--nodes", "3", "--clients", "2", "--rate", "400"),
-            *("--duration", "1.5", "--warmup", "0.5", "--rss-interval", "0"),
-            *("--dir", str(tmp_path), "--vs-pysyncobj", "--out", str(tmp_path / "r.json")),
-        ],
-        capture_output=True,
-        text=True,
+    out = run_bench(
+        *("--nodes", "3", "--clients", "2", "--rate", "400"),
+        *("--duration", "1.5", "--warmup", "0.5", "--rss-interval", "0"),
+        *("--dir", str(tmp_path), "--vs-pysyncobj", "--out", str(tmp_path / "r.json")),
         timeout=180,
-        cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr
     assert "open loop at 400 msg/s, p50 / p99: triarch" in out.stdout, out.stdout
