@@ -40,20 +40,18 @@ OPEN_LOOP_IDLE_CHECK = 0.01  # seconds: the ticker looks for new sessions this o
 
 
 class Stats:
-    def __init__(self) -> None:
+    def __init__(self, sessions: int) -> None:
         self.histogram = Histogram()
         self.sent = 0
         self.received = 0
         self.measured = 0
         self.measuring = False
-        self.sessions = 0
-        #: set when ``sessions`` reaches this many (every session connected)
-        self.expected_sessions = 0
+        self.unconnected = sessions
         self.all_connected = trio.Event()
 
     def connected(self) -> None:
-        self.sessions += 1
-        if self.sessions >= self.expected_sessions:
+        self.unconnected -= 1
+        if self.unconnected <= 0:
             self.all_connected.set()
 
 
@@ -344,8 +342,7 @@ def rss_summary(samples: dict[int, list[int]]) -> dict[str, dict[str, float]]:
 async def bench(
     args: argparse.Namespace, endpoints: str, pids: dict[int, int] | None = None
 ) -> dict[str, object]:
-    stats = Stats()
-    stats.expected_sessions = args.clients
+    stats = Stats(args.clients)
     rss: dict[int, list[int]] = {}
     stop = trio.Event()
     window = max(1, args.in_flight // args.clients)

@@ -64,6 +64,19 @@ def run_member(index: int, addresses: list[str], args: argparse.Namespace) -> in
     deadline = time.monotonic() + 30
     while node._getLeader() is None and time.monotonic() < deadline:
         time.sleep(0.05)
+    rate = args.rate / len(addresses) if args.rate else 0.0
+    result = open_loop(node, args, rate) if rate else closed_loop(node, args, index, addresses)
+    print(json.dumps(result), flush=True)
+    time.sleep(2)  # let the other members finish before this one leaves
+    node.destroy()
+    return 0
+
+
+def closed_loop(
+    node: Any, args: argparse.Namespace, index: int, addresses: list[str]
+) -> dict[str, Any]:
+    """Keep this member's share of ``--in-flight`` calls outstanding; latency from call
+    to callback."""
     hist = Histogram()
     lock = threading.Lock()
     # the in-flight budget split over the members (a member with none only replicates)
@@ -79,9 +92,6 @@ def run_member(index: int, addresses: list[str], args: argparse.Namespace) -> in
                 hist.record(now - started)
                 state["done"] += 1
         credit.release()
-
-    if args.rate:
-        return open_loop(node, args, args.rate / len(addresses), hist, lock, state)
 
     start = time.monotonic()
     stop = start + args.warmup + args.duration
@@ -102,65 +112,43 @@ def run_member(index: int, addresses: list[str], args: argparse.Namespace) -> in
     elapsed = time.monotonic() - measured_from
     with lock:
         state["measuring"] = False
-        result = {"done": state["done"], "elapsed": elapsed, "histogram": hist.to_dict()}
-    print(json.dumps(result), flush=True)
-    time.sleep(2)  # let the other members finish before this one leaves
-    node.destroy()
-    return 0
+        return {"done": state["done"], "elapsed": elapsed, "histogram": hist.to_dict()}
 
 
-def open_loop(
-    node: Any,
-    args: argparse.Namespace,
-    rate: float,
-    hist: Histogram,
-    lock: threading.Lock,
-    state: dict[str, Any],
-) -> int:
+def open_loop(node: Any, args: argparse.Namespace, rate: float) -> dict[str, Any]:
     """Call ``echo`` at ``rate`` per second, latency from each call's due time."""
+    hist = Histogram()
+    lock = threading.Lock()
+    done = 0
     payload = b"x" * args.payload
     interval_ns = int(1e9 / rate)
-    counts = {"sent_measured": 0}
+    start = time.perf_counter_ns()
+    measure_from = start + int(args.warmup * 1e9)
+    stop = measure_from + int(args.duration * 1e9)
 
     def callback(result: object, error: object, due: int) -> None:
+        nonlocal done
         now = time.perf_counter_ns()
         with lock:
             if due >= measure_from and error == 0:
                 hist.record(now - due)
-                state["done"] += 1
+                done += 1
 
-    start = time.perf_counter_ns()
-    measure_from = start + int(args.warmup * 1e9)
-    stop = measure_from + int(args.duration * 1e9)
+    sent = 0  # calls made while measuring
     next_due = start
-    while True:
-        now = time.perf_counter_ns()
-        if now >= stop:
-            break
+    while (now := time.perf_counter_ns()) < stop:
         while next_due <= now:
             if next_due >= measure_from:
-                counts["sent_measured"] += 1
+                sent += 1
             node.echo(payload, callback=lambda r, e, d=next_due: callback(r, e, d))
             next_due += interval_ns
         time.sleep(OPEN_LOOP_TICK)
     # wait (a bounded time) for the measured calls still in flight
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with lock:
-            if state["done"] >= counts["sent_measured"]:
-                break
+    while done < sent and time.monotonic() < deadline:
         time.sleep(0.01)
     with lock:
-        result = {
-            "done": state["done"],
-            "sent": counts["sent_measured"],
-            "elapsed": args.duration,
-            "histogram": hist.to_dict(),
-        }
-    print(json.dumps(result), flush=True)
-    time.sleep(2)  # let the other members finish before this one leaves
-    node.destroy()
-    return 0
+        return {"done": done, "sent": sent, "elapsed": args.duration, "histogram": hist.to_dict()}
 
 
 def batching(args: argparse.Namespace, nodes: int) -> bool:
