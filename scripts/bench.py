@@ -442,6 +442,8 @@ def main() -> int:
     args = p.parse_args()
     if args.payload < STAMP.size:
         p.error(f"--payload must be at least {STAMP.size}")
+    if args.rate is not None and not args.rate > 0:
+        p.error("--rate must be a positive number of messages per second")
     if args.endpoints:
         result = trio.run(bench, args, args.endpoints)
     else:

@@ -215,6 +215,8 @@ def main() -> int:
     p.add_argument("--member", type=int, help=argparse.SUPPRESS)
     p.add_argument("--addresses", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.rate is not None and not args.rate > 0:
+        p.error("--rate must be a positive number of calls per second")
     if args.member is not None:
         return run_member(args.member, args.addresses.split(","), args)
     addresses = [f"127.0.0.1:{port}" for port in free_ports(args.nodes)]

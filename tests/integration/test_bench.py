@@ -71,3 +71,17 @@ def test_open_loop_against_pysyncobj_compares_latency_at_the_same_rate(tmp_path:
         assert latency["samples"] == result["committed_messages"] > 0
         assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
     assert theirs["offered_messages"] >= theirs["committed_messages"]
+
+
+@pytest.mark.parametrize("script", ["bench.py", "pysyncobj_bench.py"])
+@pytest.mark.parametrize("rate", ["0", "-5", "nan"])
+def test_a_rate_that_is_not_positive_is_refused(script: str, rate: str) -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / script), "--rate", rate],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert out.returncode == 2
+    assert "--rate must be a positive number" in out.stderr
