@@ -153,20 +153,34 @@ async def run_client(
     """One session: keep ``window`` messages in flight (closed loop) or send at ``rate``
     on ``open_loop``'s clock.
 
-    In closed loop the sender offers everything its credit allows in one ``offer_many``
-    and the receiver takes whatever has arrived with ``receive_many``, so messages move
-    in bursts as a busy application's would.
+    In closed loop the session offers everything its credit allows in one ``offer_many``
+    and takes whatever has arrived with ``receive_many``; the task that receives the
+    replies sends the next burst, as a request-driven application would (no task switch
+    between a reply and the next message).
     """
     padding = b"x" * max(0, payload_size - STAMP.size)
     credit = window
-    credit_returned = trio.Event()
     seq = 0
     pack = STAMP.pack
+    closed_loop = not (rate and open_loop is not None)
     async with client.connect(endpoints, connect_timeout=10) as c:
         stats.connected()
 
+        async def send(batch: list[bytes]) -> None:
+            nonlocal seq, credit
+            await c.offer_many(batch)
+            seq += len(batch)
+            credit -= len(batch)
+            stats.sent += len(batch)
+
+        async def send_window() -> None:
+            """Closed loop: offer all the credit there is."""
+            if credit > 0 and not stop.is_set():
+                intended = time.perf_counter_ns()
+                await send([pack(seq + i, intended) + padding for i in range(1, credit + 1)])
+
         async def receiver() -> None:
-            nonlocal credit, credit_returned
+            nonlocal credit
             hist = stats.histogram
             unpack = STAMP.unpack_from
             while True:
@@ -178,14 +192,8 @@ async def run_client(
                     stats.measured += n
                     hist.record_all([now - unpack(p)[1] for p in payloads])
                 credit += n
-                credit_returned.set()
-
-        async def send(batch: list[bytes]) -> None:
-            nonlocal seq, credit
-            await c.offer_many(batch)
-            seq += len(batch)
-            credit -= len(batch)
-            stats.sent += len(batch)
+                if closed_loop:
+                    await send_window()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(receiver)
@@ -212,18 +220,21 @@ async def run_client(
                 await stop.wait()
                 open_loop.senders.remove(send_due)
             else:
-                while not stop.is_set():
-                    if credit <= 0:
-                        await credit_returned.wait()
-                        credit_returned = trio.Event()
-                        continue
-                    intended = time.perf_counter_ns()
-                    await send([pack(seq + i, intended) + padding for i in range(1, credit + 1)])
+                await send_window()  # the first window; the receiver sends the rest
+                await stop.wait()
             # let in-flight messages come back before closing
             with trio.move_on_after(5):
                 while stats.received < stats.sent:  # noqa: ASYNC110
                     await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
+
+
+def session_windows(in_flight: int, clients: int) -> list[int]:
+    """Each session's share of ``in_flight``, exactly ``in_flight`` in total: no more
+    sessions than messages (``--in-flight 1`` is one message in flight, not one per
+    session)."""
+    sessions = max(1, min(clients, in_flight))
+    return [in_flight // sessions + (i < in_flight % sessions) for i in range(sessions)]
 
 
 def rss_kib(pid: int) -> int | None:
@@ -342,14 +353,14 @@ def rss_summary(samples: dict[int, list[int]]) -> dict[str, dict[str, float]]:
 async def bench(
     args: argparse.Namespace, endpoints: str, pids: dict[int, int] | None = None
 ) -> dict[str, object]:
-    stats = Stats(args.clients)
+    windows = session_windows(args.in_flight, args.clients)
+    stats = Stats(len(windows))
     rss: dict[int, list[int]] = {}
     stop = trio.Event()
-    window = max(1, args.in_flight // args.clients)
-    per_client_rate = args.rate / args.clients if args.rate else None
+    per_client_rate = args.rate / len(windows) if args.rate else None
     open_loop = OpenLoop() if args.rate else None
     async with trio.open_nursery() as nursery:
-        for _ in range(args.clients):
+        for window in windows:
             nursery.start_soon(
                 run_client, endpoints, stats, window, args.payload, stop, per_client_rate, open_loop
             )
@@ -382,7 +393,7 @@ async def bench(
     h = stats.histogram
     return {
         "nodes": args.nodes,
-        "clients": args.clients,
+        "clients": len(windows),
         "in_flight": args.in_flight,
         "payload_bytes": args.payload,
         "rate": args.rate,
@@ -444,6 +455,8 @@ def main() -> int:
         p.error(f"--payload must be at least {STAMP.size}")
     if args.rate is not None and not args.rate > 0:
         p.error("--rate must be a positive number of messages per second")
+    if args.in_flight < 1 or args.clients < 1:
+        p.error("--in-flight and --clients must be at least 1")
     if args.endpoints:
         result = trio.run(bench, args, args.endpoints)
     else:

@@ -4,6 +4,7 @@
     python3 scripts/dev.py demo     # local cluster + example service + load (the main job)
     python3 scripts/dev.py test     # lint, type check and the whole test suite (CI runs this)
     python3 scripts/dev.py bench    # scripts/bench.py with its arguments
+    python3 scripts/dev.py floor    # scripts/floor_bench.py: the machine's latency floor
 
 The first run creates ``.venv`` and installs the project with its ``dev`` and ``spark``
 extras; later runs reinstall only when ``pyproject.toml`` changes.  ``test`` also makes
@@ -81,8 +82,13 @@ def cmd_bench(args: list[str]) -> int:
     return run(py, str(ROOT / "scripts" / "bench.py"), *args)
 
 
+def cmd_floor(args: list[str]) -> int:
+    py = str(ensure_env())
+    return run(py, str(ROOT / "scripts" / "floor_bench.py"), *args)
+
+
 def main() -> int:
-    commands = {"test": cmd_test, "demo": cmd_demo, "bench": cmd_bench}
+    commands = {"test": cmd_test, "demo": cmd_demo, "bench": cmd_bench, "floor": cmd_floor}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         print(__doc__)
         return 2

@@ -85,3 +85,59 @@ def test_a_rate_that_is_not_positive_is_refused(script: str, rate: str) -> None:
     )
     assert out.returncode == 2
     assert "--rate must be a positive number" in out.stderr
+
+
+def test_one_in_flight_is_one_message_in_flight(tmp_path: Path) -> None:
+    """``--in-flight 1`` keeps one message outstanding in total, whatever ``--clients``
+    says (it used to give each of the four default sessions one).  Little's law: the
+    messages in flight are the rate times the mean latency."""
+    out = run_bench(
+        *("--nodes", "1", "--in-flight", "1", "--duration", "1.5", "--warmup", "0.5"),
+        *("--rss-interval", "0", "--dir", str(tmp_path), "--json"),
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["clients"] == 1
+    assert result["in_flight"] == 1
+    in_flight = result["messages_per_s"] * result["latency_us"]["mean"] / 1e6
+    assert 0.5 < in_flight <= 1.05, result
+
+
+@pytest.mark.parametrize("option", ["--in-flight", "--clients"])
+def test_no_messages_or_no_sessions_is_refused(option: str) -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench.py"), option, "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert out.returncode == 2
+    assert "--in-flight and --clients must be at least 1" in out.stderr
+
+
+def test_floor_bench_measures_plain_and_trio_nodes() -> None:
+    """``scripts/floor_bench.py``: one message at a time through a leader and two
+    followers with the syncs and nothing else, as plain and as Trio processes."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "floor_bench.py"), "--count", "300", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr
+    results = json.loads(out.stdout)
+    assert [r["nodes"] for r in results] == ["plain", "trio"]
+    for result in results:
+        assert result["fsync"] == "batch"
+        assert result["round_trips"] == 300
+        latency = result["latency_us"]
+        assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
+        # one in flight: the rate is at most one over the median latency, about
+        in_flight = result["round_trips_per_s"] * latency["p50"] / 1e6
+        assert 0.5 < in_flight < 1.5, result
+        cpu = result["cpu_us_per_round_trip"]
+        assert set(cpu) == {"follower 1", "follower 2", "leader", "client"}
+        assert all(v > 0 for v in cpu.values())
