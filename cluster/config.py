@@ -323,7 +323,8 @@ SETTINGS: tuple[Setting, ...] = (
         _choice("auto", "inline", "thread"),
         "how log writes run: inline (on the event loop: no thread hand-off, lowest latency), "
         "thread (the node's archive-writer thread: it keeps working while the disk syncs), or auto "
-        "(thread on the leader, whose own sync is off the commit path, inline on followers)",
+        "(thread on the leader, whose own sync is off the commit path, except for a lone "
+        "small batch when its log is quiet; inline on followers)",
     ),
     Setting("segment-size", 64 << 20, _positive(parse_size), "archive segment file size"),
     Setting("log-level", "INFO", _log_level, "logging level"),

@@ -504,6 +504,7 @@ class Node:
     def _on_role_change(self, role: Role) -> None:
         if self.config.archive_io == "auto":
             self.archive_agent.inline = role is not Role.LEADER
+            self.archive_agent.inline_when_idle = role is Role.LEADER
         if role is Role.LEADER:
             if self._nursery is not None:
                 self._nursery.start_soon(self._leadership, name="leadership")

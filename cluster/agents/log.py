@@ -31,6 +31,16 @@ log = logging.getLogger("cluster.log")
 
 COMPACT_BYTES = 4 << 20
 
+INLINE_WHEN_IDLE_NS = 750_000
+INLINE_MAX_RECORDS = 2
+"""A leader in ``auto`` mode writes a batch inline when everything written before it is
+committed, the batch came at least ``INLINE_WHEN_IDLE_NS`` after the previous one and
+it holds at most ``INLINE_MAX_RECORDS`` records: messages that far apart (one in
+flight, a trickle) rarely arrive during its own sync, and the writer thread's hand-off
+costs more CPU than the sync blocks the loop.  Other batches go to the writer thread,
+so the leader keeps sequencing and replicating while it syncs (a long gap under load is
+the leader waiting for a CPU, and its batch is then a big one)."""
+
 APPLY_CHUNK = 16 << 10
 """Log bytes a leader applies per step before the replies go out (a few hundred small
 messages)."""
@@ -122,6 +132,12 @@ class ArchiveAgent:
         self.idle = trio.Event()
         self.written = log_buffer.end
         self._busy = False  # a write under way (or failed, to be retried by the task)
+        #: not inline, but inline when idle (a leader in ``auto`` mode): see
+        #: :data:`INLINE_WHEN_IDLE_NS`
+        self.inline_when_idle = False
+        self.inline_writes = 0
+        self._last_take_ns = clock_ns()
+        self._take_gap_ns = 0  # from the batch before the last one taken to the last one
 
     def kick(self) -> None:
         self.wake.set()
@@ -149,20 +165,21 @@ class ArchiveAgent:
         if start != buf.end:
             raise RuntimeError(f"log gap: batch at {start}, buffer ends {buf.end}")
         buf.data += data
+        now = self.clock_ns()
+        self._take_gap_ns = now - self._last_take_ns
+        self._last_take_ns = now
         self.on_taken()
 
     def write_now(self) -> bool:
         """Write what is pending right here in the caller's task (``inline`` mode: no
         task switch, no thread hand-off).
 
-        Returns False if the agent's task has to do it: not inline, a write or a
-        truncation under way, or the archive busy (a catch-up read, a snapshot)."""
-        if (
-            not self.inline
-            or self._busy
-            or self.cm.pending_truncate is not None
-            or self.lock.locked()
-        ):
+        Returns False if the agent's task has to do it: not inline (nor idle, for
+        :attr:`inline_when_idle`), a write or a truncation under way, or the archive busy
+        (a catch-up read, a snapshot)."""
+        if not self.inline and not (self.inline_when_idle and self._idle()):
+            return False
+        if self._busy or self.cm.pending_truncate is not None or self.lock.locked():
             return False
         data = self._pending_bytes()
         if not data:
@@ -174,8 +191,21 @@ class ArchiveAgent:
             self._write_failed(exc, data)
             self.kick()
             return True
+        if not self.inline:
+            self.inline_writes += 1
         self._appended(position, len(data))
         return True
+
+    def _idle(self) -> bool:
+        """Everything written is committed and the new batch is small and came long
+        after the one before: the log is quiet enough that a write blocking the event
+        loop delays nothing."""
+        cm = self.cm
+        return (
+            self._take_gap_ns >= INLINE_WHEN_IDLE_NS
+            and len(cm.own_records) <= INLINE_MAX_RECORDS
+            and cm.commit_position >= self.written
+        )
 
     def _pending_bytes(self) -> bytes:
         buf = self.log_buffer

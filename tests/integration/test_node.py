@@ -302,7 +302,7 @@ async def test_many_in_flight_echo(tmp_path: Path) -> None:
                     assert await c.receive() == i.to_bytes(4, "little")
 
 
-@pytest.mark.parametrize("archive_io", ["thread", "inline"])
+@pytest.mark.parametrize("archive_io", ["thread", "inline", "auto"])
 async def test_failed_log_write_is_retried_and_nothing_is_lost(
     tmp_path: Path, archive_io: str
 ) -> None:
@@ -339,6 +339,35 @@ async def test_failed_log_write_is_retried_and_nothing_is_lost(
                 assert reply.payload == b"held"
                 assert node.cm.commit_position > committed
                 assert agent.write_errors == 1
+
+
+async def test_auto_leader_writes_a_lone_message_inline_and_a_burst_through_its_thread(
+    tmp_path: Path,
+) -> None:
+    """``--archive-io auto``: a leader writes a batch in its event loop when the log is
+    quiet (everything committed, the batch small and long after the one before), where
+    the writer thread's hand-off costs more than the sync blocks; a burst goes to the
+    thread, so the leader keeps sequencing while it syncs."""
+    with trio.fail_after(30):
+        async with running_node(make_config(tmp_path), EchoService()) as node:
+            agent = node.archive_agent
+            writer = node._log_writer
+            assert writer is not None
+            assert agent.inline_when_idle
+            assert not agent.inline
+            async with client.connect(endpoints(node)) as c:
+                await trio.sleep(0.01)
+                inline, threaded = agent.inline_writes, writer.calls
+                for i in range(5):
+                    await trio.sleep(0.005)
+                    await c.offer(b"lone %d" % i)
+                    assert (await c.receive_message()).payload == b"lone %d" % i
+                assert agent.inline_writes == inline + 5
+                assert writer.calls == threaded
+                await c.offer_many([b"burst"] * 3000)
+                for _ in range(3000):
+                    assert (await c.receive_message()).payload == b"burst"
+                assert writer.calls > threaded
 
 
 async def test_failed_node_state_save_is_logged_and_retried(
