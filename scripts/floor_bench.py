@@ -87,7 +87,9 @@ def _plain_leader(client_port: int, followers: socket.socket, directory: str, sy
             link.sendall(message)
         sent += 1
         _append(fd, message, sync)
-        # committed once one follower has it too (the leader's own copy is the other)
+        # committed once one follower has it too (the leader's own copy is the other):
+        # 2 * sent - 1 acknowledgements in all means at least one follower has acked
+        # every message so far (each acks each message once, in order)
         while acks < sent * 2 - 1:
             for ready, _ in poller.poll():
                 acks += len(by_fd[ready].recv(64))
@@ -260,7 +262,11 @@ def main() -> int:
     if args.count < 1:
         p.error("--count must be at least 1")
     kinds = ["plain", "trio"] if args.nodes == "both" else [args.nodes]
-    results = [run_floor(kind, args.count, args.fsync == "batch") for kind in kinds]
+    try:
+        results = [run_floor(kind, args.count, args.fsync == "batch") for kind in kinds]
+    except (OSError, RuntimeError) as exc:  # a node process failed: no reply, or none in 30 s
+        print(f"error: {exc or type(exc).__name__}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(results if len(results) > 1 else results[0]))
     else:
