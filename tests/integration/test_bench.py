@@ -14,14 +14,18 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def run_bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+def run_script(script: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench.py"), *args],
+        [sys.executable, str(ROOT / "scripts" / script), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=ROOT,
     )
+
+
+def run_bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return run_script("bench.py", *args, timeout=timeout)
 
 
 def test_bench_reports_throughput_latency_memory_and_cpu(tmp_path: Path) -> None:
@@ -76,13 +80,7 @@ def test_open_loop_against_pysyncobj_compares_latency_at_the_same_rate(tmp_path:
 @pytest.mark.parametrize("script", ["bench.py", "pysyncobj_bench.py"])
 @pytest.mark.parametrize("rate", ["0", "-5", "nan"])
 def test_a_rate_that_is_not_positive_is_refused(script: str, rate: str) -> None:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / script), "--rate", rate],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    out = run_script(script, "--rate", rate, timeout=60)
     assert out.returncode == 2
     assert "--rate must be a positive number" in out.stderr
 
@@ -106,13 +104,7 @@ def test_one_in_flight_is_one_message_in_flight(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("option", ["--in-flight", "--clients"])
 def test_no_messages_or_no_sessions_is_refused(option: str) -> None:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench.py"), option, "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    out = run_bench(option, "0", timeout=60)
     assert out.returncode == 2
     assert "--in-flight and --clients must be at least 1" in out.stderr
 
@@ -120,13 +112,7 @@ def test_no_messages_or_no_sessions_is_refused(option: str) -> None:
 def test_floor_bench_measures_plain_and_trio_nodes() -> None:
     """``scripts/floor_bench.py``: one message at a time through a leader and two
     followers with the syncs and nothing else, as plain and as Trio processes."""
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "floor_bench.py"), "--count", "300", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    out = run_script("floor_bench.py", "--count", "300", "--json", timeout=120)
     assert out.returncode == 0, out.stderr
     results = json.loads(out.stdout)
     assert [r["nodes"] for r in results] == ["plain", "trio"]
