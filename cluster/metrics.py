@@ -1,4 +1,5 @@
-"""An HDR-style latency histogram: log-linear buckets, bounded relative error.
+"""An HDR-style latency histogram: log-linear buckets, bounded relative error; and the
+CPU time a process has used (for the benchmarks).
 
 Values (e.g. nanoseconds) are counted in buckets whose width doubles every
 ``2**(precision_bits-1)`` buckets, so every recorded value is known to within
@@ -8,6 +9,7 @@ magnitude, in constant memory.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -141,3 +143,22 @@ class Histogram:
             seen += self._counts[i]
             points.append((100.0 * seen / self.count, min(self._highest(i), self.max)))
         return points
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time used so far by every thread of a process, in seconds: the scheduler's own
+    count from /proc/<pid>/task/*/schedstat (exact), else utime + stime (in ticks)."""
+    try:
+        total = 0
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        return total / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import client  # noqa: E402
 from cluster.local import LocalCluster  # noqa: E402
-from cluster.metrics import Histogram  # noqa: E402
+from cluster.metrics import Histogram, cpu_seconds  # noqa: E402
 
 STAMP = struct.Struct("<qq")  # sequence, send time (perf_counter_ns)
 OPEN_LOOP_TICK = 0.001  # seconds between the open-loop ticker's wake-ups, at least
@@ -247,25 +247,6 @@ def rss_kib(pid: int) -> int | None:
     except OSError:
         pass
     return None
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """CPU time used so far by every thread of a process, in seconds: the scheduler's own
-    count from /proc/<pid>/task/*/schedstat (exact), else utime + stime (in ticks)."""
-    try:
-        total = 0
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                total += int(f.read().split()[0])
-        return total / 1e9
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def machine_busy() -> tuple[int, int] | None:

@@ -40,7 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cluster.metrics import Histogram  # noqa: E402
+from cluster.metrics import Histogram, cpu_seconds  # noqa: E402
 
 PAYLOAD = b"x" * 64  # about the size of a framed 32-byte echo message
 WARMUP = 500  # round trips before measuring
@@ -159,14 +159,6 @@ NODES: dict[str, tuple[Callable[..., None], Callable[..., None]]] = {
 }
 
 
-def _cpu_seconds(pid: int) -> float:
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-            total += int(f.read().split()[0])
-    return total / 1e9
-
-
 def run_floor(nodes: str, count: int, sync: bool) -> dict[str, Any]:
     """``count`` round trips of one message through a leader and two followers run as
     ``nodes`` (``plain`` or ``trio``); latency percentiles and CPU per round trip."""
@@ -202,7 +194,7 @@ def run_floor(nodes: str, count: int, sync: bool) -> dict[str, Any]:
             started = 0.0
             for i in range(WARMUP + count):
                 if i == WARMUP:
-                    before = [_cpu_seconds(pid) for pid in pids]
+                    before = [cpu_seconds(pid) or 0.0 for pid in pids]
                     started = time.perf_counter()
                 t0 = time.perf_counter_ns()
                 sock.sendall(PAYLOAD)
@@ -216,7 +208,7 @@ def run_floor(nodes: str, count: int, sync: bool) -> dict[str, Any]:
                     hist.record(time.perf_counter_ns() - t0)
             elapsed = time.perf_counter() - started
             cpu = {
-                name: round((_cpu_seconds(pid) - b) / count * 1e6, 1)
+                name: round(((cpu_seconds(pid) or 0.0) - b) / count * 1e6, 1)
                 for name, pid, b in zip(names, pids, before, strict=True)
             }
         finally:

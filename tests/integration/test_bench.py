@@ -127,3 +127,10 @@ def test_floor_bench_measures_plain_and_trio_nodes() -> None:
         cpu = result["cpu_us_per_round_trip"]
         assert set(cpu) == {"follower 1", "follower 2", "leader", "client"}
         assert all(v > 0 for v in cpu.values())
+
+
+@pytest.mark.parametrize("count", ["0", "-3"])
+def test_floor_bench_refuses_no_round_trips(count: str) -> None:
+    out = run_script("floor_bench.py", "--count", count, timeout=60)
+    assert out.returncode == 2
+    assert "--count must be at least 1" in out.stderr

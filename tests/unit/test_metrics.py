@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster.metrics import Histogram
+from cluster.metrics import Histogram, cpu_seconds
 
 
 @given(st.lists(st.integers(min_value=0, max_value=10**12), min_size=1, max_size=300))
@@ -70,3 +74,15 @@ def test_bad_input() -> None:
     with pytest.raises(ValueError, match="precision"):
         Histogram(precision_bits=1)
     assert h.percentile(99) == 0
+
+
+def test_cpu_seconds_counts_this_process_and_is_none_for_a_process_that_is_gone() -> None:
+    before = cpu_seconds(os.getpid())
+    assert before is not None
+    sum(i * i for i in range(300_000))  # some CPU
+    after = cpu_seconds(os.getpid())
+    assert after is not None
+    assert after > before
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # reaped: its /proc entry is gone
+    assert cpu_seconds(child.pid) is None
