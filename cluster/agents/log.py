@@ -135,7 +135,7 @@ class ArchiveAgent:
         #: not inline, but inline when idle (a leader in ``auto`` mode): see
         #: :data:`INLINE_WHEN_IDLE_NS`
         self.inline_when_idle = False
-        self.inline_writes = 0
+        self.inline_writes = 0  # writes done inline because of inline_when_idle
         self._last_take_ns = clock_ns()
         self._take_gap_ns = 0  # from the batch before the last one taken to the last one
 
