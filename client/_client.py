@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import anyio
 import anyio.abc
-import anyio.lowlevel
 import msgspec
-import sniffio
 
 from cluster.protocol import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -55,6 +53,7 @@ from cluster.protocol.ingress import (
 from ._connect import AsyncConnect, ConnectIngress, Done, Fail, SendMessage
 from ._credentials import CredentialsSupplier, as_credentials_supplier
 from ._endpoints import Endpoint, format_endpoints, parse_endpoints
+from ._sync import Backend, Broadcast
 from .errors import (
     ClusterClientError,
     ConnectTimeoutError,
@@ -88,63 +87,6 @@ _EGRESS_ERRORS: tuple[type[BaseException], ...] = (ProtocolError, *_NETWORK_ERRO
 
 def _retry_delay(attempt: int) -> float:
     return float(min(_RETRY_DELAY_MAX, _RETRY_DELAY_MIN * 2 ** max(0, attempt - 1)))
-
-
-class _Backend:
-    """The async primitives the hot paths use, looked up once per client.
-
-    ``anyio``'s generic functions find the running backend on every call, which costs
-    more than the rest of an ``offer``; under Trio the client calls Trio's own."""
-
-    __slots__ = ("checkpoint", "checkpoint_if_cancelled", "current_time", "event", "is_trio")
-
-    def __init__(self) -> None:
-        self.checkpoint: Callable[[], Awaitable[None]] = anyio.lowlevel.checkpoint
-        self.checkpoint_if_cancelled: Callable[[], Awaitable[None]] = (
-            anyio.lowlevel.checkpoint_if_cancelled
-        )
-        self.event: Callable[[], Any] = anyio.Event
-        self.current_time: Callable[[], float] = anyio.current_time
-        self.is_trio = False
-        try:
-            library = sniffio.current_async_library()
-        except sniffio.AsyncLibraryNotFoundError:
-            return
-        if library == "trio":
-            import trio
-            import trio.lowlevel
-
-            self.checkpoint = trio.lowlevel.checkpoint
-            self.checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
-            self.event = trio.Event
-            self.current_time = trio.current_time
-            self.is_trio = True
-
-
-class _Broadcast:
-    """Wake every task waiting for a change (a condition variable without the lock).
-
-    Waiters check their condition, then ``await wait()``; nothing can change in between
-    because there is no checkpoint, so no wake-up is lost.  The event is created lazily,
-    so ``notify()`` with nobody waiting costs next to nothing (it runs once per offer).
-    """
-
-    __slots__ = ("_event", "_new_event")
-
-    def __init__(self, backend: _Backend) -> None:
-        self._new_event = backend.event
-        self._event: Any = None
-
-    async def wait(self) -> None:
-        if self._event is None:
-            self._event = self._new_event()
-        await self._event.wait()
-
-    def notify(self) -> None:
-        event = self._event
-        if event is not None:
-            self._event = None
-            event.set()
 
 
 class _Ingress:
@@ -217,7 +159,7 @@ class ClusterClient:
         self._max_frame_size = max_frame_size
         self._max_egress_backlog = max_egress_backlog
         self._next_correlation_id: Callable[[], int] = itertools.count(1).__next__
-        self._backend = backend = _Backend()
+        self._backend = backend = Backend()
 
         self._scope = anyio.CancelScope()
         self._tg: anyio.abc.TaskGroup | None = None
@@ -233,7 +175,7 @@ class ClusterClient:
 
         # Handshake plumbing.
         self._hs_events: deque[tuple[str, Any]] = deque()
-        self._hs_changed = _Broadcast(backend)
+        self._hs_changed = Broadcast(backend)
         self._connector_scope: anyio.CancelScope | None = None
 
         # Ingress.
@@ -242,20 +184,20 @@ class ClusterClient:
         self._leader_endpoint: Endpoint | None = None
         self._target_version = 0
         self._reconnect_exhausted = False
-        self._ingress_changed = _Broadcast(backend)
+        self._ingress_changed = Broadcast(backend)
 
         # Writer.
         self._pending = bytearray()
         self._writing = False
         self._last_sent = 0.0
-        self._data_ready = _Broadcast(backend)
-        self._space_ready = _Broadcast(backend)
-        self._flushed = _Broadcast(backend)
+        self._data_ready = Broadcast(backend)
+        self._space_ready = Broadcast(backend)
+        self._flushed = Broadcast(backend)
 
         # Egress.
         self._backlog: deque[SessionMessageHeader] = deque()
         self._backlog_exceeded = False
-        self._egress_ready = _Broadcast(backend)
+        self._egress_ready = Broadcast(backend)
         self._admin: dict[int, _AdminWaiter] = {}
 
     def __repr__(self) -> str:
