@@ -1,0 +1,357 @@
+"""The ingress half of the anyio shell: connections to the leader, and the writer.
+
+Ingress is one TCP connection to the leader on which the client only writes.  The
+:class:`~client._session.Session` queues encoded frames in ``session.pending``; the
+:class:`IngressWriter` sends them:
+
+- its write loop takes the whole buffer per wake-up and sends it with one ``send``;
+- under Trio, :meth:`IngressWriter.send_now` sends a burst from the caller's task when
+  the socket takes it at once;
+- its maintain loop reconnects to the leader after a break or a NewLeaderEvent;
+- its keepalive loop queues a SessionKeepAlive when nothing was sent for a while.
+
+Whoever sends holds the ``writing`` turn, so frames go out whole and in order.  A batch
+whose send failed is queued again ahead of newer frames, to go to the next connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import suppress
+
+import anyio
+import anyio.abc
+
+from cluster.protocol.framing import HEADER_LENGTH, LENGTH
+from cluster.protocol.ingress import SessionKeepAlive
+
+from ._endpoints import Endpoint
+from ._session import Reconnect, Session
+from ._sync import Backend, Broadcast
+
+__all__ = [
+    "NETWORK_ERRORS",
+    "RECEIVE_SIZE",
+    "RETRY_DELAY_MIN",
+    "Ingress",
+    "IngressWriter",
+    "aclose_quietly",
+    "retry_delay",
+    "try_connect",
+]
+
+CONNECT_ATTEMPT_TIMEOUT = 1.0  # one TCP connect attempt
+RETRY_DELAY_MIN = 0.05
+RETRY_DELAY_MAX = 0.5
+RECONNECT_ATTEMPTS = 5  # to the same leader, before waiting for a NewLeaderEvent
+RECEIVE_SIZE = 1 << 18
+
+NETWORK_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    anyio.EndOfStream,
+)
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds to wait before retry number ``attempt`` (doubling, capped)."""
+    return float(min(RETRY_DELAY_MAX, RETRY_DELAY_MIN * 2 ** max(0, attempt - 1)))
+
+
+async def aclose_quietly(resource: anyio.abc.AsyncResource) -> None:
+    """Close ``resource`` even while cancelled, ignoring network errors."""
+    with anyio.CancelScope(shield=True):
+        with suppress(*NETWORK_ERRORS):
+            await resource.aclose()
+
+
+async def try_connect(endpoint: Endpoint) -> anyio.abc.SocketStream | None:
+    """One TCP connect attempt; ``None`` if refused, unreachable or too slow."""
+    try:
+        with anyio.fail_after(CONNECT_ATTEMPT_TIMEOUT):
+            return await anyio.connect_tcp(endpoint.host, endpoint.port)
+    except (OSError, TimeoutError):
+        return None
+
+
+class Ingress:
+    """One ingress TCP connection to a member; its watcher task runs under ``scope``."""
+
+    __slots__ = ("broken", "endpoint", "member_id", "scope", "send_nowait", "stream", "tail")
+
+    def __init__(
+        self, member_id: int, endpoint: Endpoint, stream: anyio.abc.SocketStream, *, direct: bool
+    ) -> None:
+        self.member_id = member_id
+        self.endpoint = endpoint
+        self.stream = stream
+        self.scope = anyio.CancelScope()
+        self.broken = False
+        # Under Trio the socket is non-blocking and only ever written by whoever holds
+        # the writer's ``writing`` turn, so a burst can go out from the caller's task.
+        self.send_nowait: Callable[[bytearray], int] | None = None
+        if direct:
+            with suppress(anyio.TypedAttributeLookupError):
+                self.send_nowait = stream.extra(anyio.abc.SocketAttribute.raw_socket).send
+        # the rest of a frame whose start went out on this connection: it goes first
+        self.tail = b""
+
+
+class IngressWriter:
+    """Sends ``session.pending`` to the leader and keeps a connection to it.
+
+    ``spawn`` starts a task in the client's task group (each connection's watcher).
+    ``data_ready`` is the broadcast the session's ``wake_writer`` notifies.
+    ``lost_before_open`` is told of a connection that broke (or was dropped) before the
+    session opened: the handshake decides what that means.
+
+    ``ingress`` is the connection to the leader in use, ``None`` while there is none;
+    ``ingresses`` every connection opened and not yet closed (handshake ones included);
+    ``writing`` is true while a send is in progress (the turn :meth:`send_now`, the
+    write loop and :meth:`flush_for_close` take, so frames never interleave);
+    ``last_sent`` is when something last went out (the keepalive loop's clock).
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        backend: Backend,
+        spawn: Callable[..., None],
+        *,
+        data_ready: Broadcast,
+        lost_before_open: Callable[[Ingress], None],
+    ) -> None:
+        self._session = session
+        self._backend = backend
+        self._spawn = spawn
+        self._lost_before_open = lost_before_open
+
+        self.ingress: Ingress | None = None
+        self.ingresses: set[Ingress] = set()
+        self.writing = False
+        self.last_sent = 0.0
+        self._reconnect_exhausted = False
+        self._target_version = 0
+
+        self.data_ready = data_ready
+        self.space_ready = Broadcast(backend)
+        self.flushed = Broadcast(backend)
+        self.ingress_changed = Broadcast(backend)
+
+    # ------------------------------------------------------------------ connections
+
+    def new_ingress(
+        self, member_id: int, endpoint: Endpoint, stream: anyio.abc.SocketStream
+    ) -> Ingress:
+        """Track a freshly connected stream (:meth:`close_ingress` forgets it)."""
+        ingress = Ingress(member_id, endpoint, stream, direct=self._backend.is_trio)
+        self.ingresses.add(ingress)
+        return ingress
+
+    async def close_ingress(self, ingress: Ingress) -> None:
+        self.ingresses.discard(ingress)
+        await aclose_quietly(ingress.stream)
+
+    def install(self, ingress: Ingress) -> None:
+        """Start watching a connection that is in use."""
+        self._spawn(self._watch, ingress)
+        self.flushed.notify()
+
+    async def _watch(self, ingress: Ingress) -> None:
+        """Notice when the node closes the ingress connection (it never writes on it).
+
+        The stream is closed here when it broke or was dropped; when the whole client
+        is being cancelled, ``close()`` closes it after its last send instead.
+        """
+        with ingress.scope:
+            try:
+                while True:
+                    await ingress.stream.receive(RECEIVE_SIZE)
+            except NETWORK_ERRORS:
+                pass
+        self.drop(ingress)
+        await self.close_ingress(ingress)
+
+    def drop(self, ingress: Ingress) -> None:
+        """Give up on an ingress connection (broken, or no longer the leader's)."""
+        if ingress.broken:
+            return
+        ingress.broken = True
+        ingress.scope.cancel()  # its watcher closes the stream
+        if not self._session.open:
+            self._lost_before_open(ingress)
+        elif self.ingress is ingress:
+            self.ingress = None
+            self.ingress_changed.notify()
+            self.data_ready.notify()
+            self.flushed.notify()
+
+    def on_reconnect(self, action: Reconnect) -> None:
+        """A new leader: drop a connection to anyone else, wake the maintain loop."""
+        self._target_version += 1
+        ingress = self.ingress
+        if ingress is not None and (
+            ingress.endpoint != action.endpoint or ingress.member_id != action.member_id
+        ):
+            self.drop(ingress)
+        self.ingress_changed.notify()
+        self.data_ready.notify()
+
+    # ------------------------------------------------------------------ sending
+
+    def send_now(self) -> None:
+        """Send the queued frames from the caller's task if the socket takes them now."""
+        ingress = self.ingress
+        session = self._session
+        pending = session.pending
+        if (
+            not pending
+            or self.writing
+            or ingress is None
+            or ingress.broken
+            or ingress.tail
+            or ingress.send_nowait is None
+        ):
+            return
+        try:
+            sent = ingress.send_nowait(pending)
+        except OSError:  # including BlockingIOError; the writer task deals with it
+            return
+        if sent >= len(pending):
+            session.pending = bytearray()
+        elif sent > 0:
+            # Whole frames stay queued (they can be re-sent elsewhere); the rest of the
+            # frame that was cut must follow on this connection.
+            end = 0
+            while end < sent:
+                (length,) = LENGTH.unpack_from(pending, end)
+                end += HEADER_LENGTH + length
+            ingress.tail = bytes(pending[sent:end])
+            del pending[:end]
+            self.data_ready.notify()
+        self.space_ready.notify()
+        self.last_sent = self._backend.current_time()
+
+    async def write_loop(self) -> None:
+        """Send the pending buffer to the leader, all of it per wake-up."""
+        session = self._session
+        data_ready = self.data_ready
+        while True:
+            ingress = self.ingress
+            while ingress is None or ingress.broken or not (session.pending or ingress.tail):
+                await data_ready.wait()
+                ingress = self.ingress
+            batch, batch_term = session.pending, session.leadership_term_id
+            tail, ingress.tail = ingress.tail, b""
+            session.pending = bytearray()
+            self.writing = True
+            self.space_ready.notify()
+            try:
+                await ingress.stream.send(tail + batch)
+            except NETWORK_ERRORS:
+                # Unsent (or partly sent) batch: queue it again, ahead of newer messages.
+                if batch_term != session.leadership_term_id:
+                    batch = session.retarget(batch)
+                batch += session.pending
+                session.pending = batch
+                self.drop(ingress)
+            else:
+                self.last_sent = anyio.current_time()
+            finally:
+                self.writing = False
+                self.flushed.notify()
+
+    async def flush_for_close(self) -> None:
+        """Send what is queued (the close request last) from this task.
+
+        The writer task may already be cancelled (the ``async with`` block is being
+        cancelled), so close() does the last send itself, after any send in progress.
+        """
+        session = self._session
+        while session.close_reason is None:
+            ingress = self.ingress
+            if self.writing or ingress is None or ingress.broken:
+                if not self.writing and self._reconnect_exhausted:
+                    return  # no leader to send to
+                await self.flushed.wait()
+                continue
+            if not session.pending and not ingress.tail:
+                return
+            batch = session.pending
+            tail, ingress.tail = ingress.tail, b""
+            session.pending = bytearray()
+            self.writing = True
+            try:
+                await ingress.stream.send(tail + batch)
+            except NETWORK_ERRORS:
+                session.pending = batch + session.pending
+                self.drop(ingress)
+            finally:
+                self.writing = False
+                self.flushed.notify()
+
+    # ------------------------------------------------------------------ other tasks
+
+    async def maintain_loop(self) -> None:
+        """Keep an ingress connection to the leader while the session is open."""
+        session = self._session
+        failures = 0
+        version = self._target_version
+        while session.close_reason is None:
+            if self.ingress is not None:
+                await self.ingress_changed.wait()
+                continue
+            if self._target_version != version:
+                version = self._target_version
+                failures = 0
+                self._reconnect_exhausted = False
+            endpoint = session.leader_endpoint
+            if endpoint is None or failures >= RECONNECT_ATTEMPTS:
+                # Gave up on this leader: an election will bring a NewLeaderEvent.
+                self._reconnect_exhausted = True
+                self.flushed.notify()
+                await self.ingress_changed.wait()
+                continue
+            member_id = session.leader_member_id
+            stream = await try_connect(endpoint)
+            if stream is None:
+                failures += 1
+                with anyio.move_on_after(retry_delay(failures)):
+                    while self._target_version == version and session.close_reason is None:
+                        await self.ingress_changed.wait()
+                continue
+            if (
+                endpoint != session.leader_endpoint
+                or session.close_reason is not None
+                or self.ingress is not None
+            ):
+                await aclose_quietly(stream)
+                continue
+            failures = 0
+            ingress = self.new_ingress(member_id, endpoint, stream)
+            self.ingress = ingress
+            self.install(ingress)
+            self.data_ready.notify()
+
+    async def keepalive_loop(self, interval: float) -> None:
+        """Send a SessionKeepAlive whenever nothing was sent for ``interval`` seconds."""
+        session = self._session
+        while True:
+            idle = anyio.current_time() - self.last_sent
+            if idle < interval:
+                await anyio.sleep(interval - idle)
+                continue
+            if (
+                session.close_reason is None
+                and not session.closing
+                and self.ingress is not None
+                and not session.pending
+                and not self.writing
+            ):
+                session.enqueue(
+                    SessionKeepAlive(session.leadership_term_id, session.cluster_session_id)
+                )
+                self.last_sent = anyio.current_time()
+            else:
+                await anyio.sleep(interval)

@@ -1,0 +1,268 @@
+"""The open session as a sans-IO object: its state, its two queues, egress dispatch.
+
+No sockets, no tasks, no awaits: like :class:`~client._connect.AsyncConnect`, a
+:class:`Session` decides and the anyio shell (:mod:`client._client`,
+:mod:`client._ingress`) does.  It holds what the session *is* (its id, the leadership
+term, the leader and the endpoints, open or closed) and the two queues that cross the
+network: the ingress frames not yet sent (``pending``) and the application messages
+received but not yet taken (``backlog``).
+
+Egress messages of an open session go in through :meth:`Session.on_egress`::
+
+    SessionMessageHeader  appended to the backlog                 -> None
+    AdminResponse         handed to the request_snapshot() waiting -> None
+    NewLeaderEvent        term, leader and endpoints updated; the
+                          queued frames re-encoded for the new term -> Reconnect
+    SessionEvent CLOSED                                             -> Closed
+    anything else, or for another session, or stale                 -> None
+
+What the shell must do to its connections and tasks comes back as an action.  Wake-ups
+are called directly instead, because two of them happen once per message: the
+``wake_writer`` and ``wake_receivers`` callables the shell passes in, and an admin
+waiter's ``wake``.  They only notify waiting tasks; they never block or do I/O.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from cluster.protocol import INGRESS, FrameDecoder, encode_frames_into
+from cluster.protocol.egress import AdminResponse, NewLeaderEvent, SessionEvent
+from cluster.protocol.enums import CloseReason, EventCode
+from cluster.protocol.ingress import SessionMessageHeader
+
+from ._connect import ConnectResult
+from ._endpoints import Endpoint, parse_endpoints
+from .errors import EgressBacklogExceededError, NotConnectedError, SessionClosedError
+
+__all__ = ["Action", "AdminWaiter", "Closed", "Reconnect", "Session"]
+
+
+@dataclass(frozen=True, slots=True)
+class Reconnect:
+    """A new leader: keep the ingress only if it goes to ``endpoint`` of ``member_id``,
+    else drop it, and reconnect (to the session's ``leader_endpoint``)."""
+
+    member_id: int
+    endpoint: Endpoint | None
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """The cluster closed the session: mark it closed with ``reason``, wake every task."""
+
+    reason: str
+
+
+Action = Reconnect | Closed
+
+
+@dataclass(slots=True)
+class AdminWaiter:
+    """A ``request_snapshot()`` waiting for the ``AdminResponse`` to its correlation id.
+
+    ``wake`` is called once the response is set, or when the session closes first
+    (``response`` is then still ``None``)."""
+
+    wake: Callable[[], None]
+    response: AdminResponse | None = None
+
+
+class Session:
+    """One client session's state, from connecting to closed.
+
+    ``endpoints`` are the ingress endpoints the client was given (the handshake and
+    NewLeaderEvents replace them).  ``wake_writer`` is called whenever a frame is
+    queued in ``pending``, ``wake_receivers`` whenever the backlog changes.
+
+    The shell reads and sets the plain attributes directly (``open``, ``closing`` and
+    ``pending`` included: the writer swaps ``pending`` for an empty buffer when it
+    takes a batch).  ``backlog`` is never replaced, so the shell may hold on to it.
+    """
+
+    __slots__ = (
+        "_admin",
+        "_wake_receivers",
+        "_wake_writer",
+        "backlog",
+        "backlog_exceeded",
+        "close_reason",
+        "closing",
+        "cluster_session_id",
+        "endpoints",
+        "leader_endpoint",
+        "leader_member_id",
+        "leadership_term_id",
+        "max_egress_backlog",
+        "max_frame_size",
+        "open",
+        "pending",
+    )
+
+    def __init__(
+        self,
+        endpoints: Mapping[int, Endpoint],
+        *,
+        max_frame_size: int,
+        max_egress_backlog: int,
+        wake_writer: Callable[[], None],
+        wake_receivers: Callable[[], None],
+    ) -> None:
+        self.endpoints: dict[int, Endpoint] = dict(endpoints)
+        self.max_frame_size = max_frame_size
+        self.max_egress_backlog = max_egress_backlog
+        self._wake_writer = wake_writer
+        self._wake_receivers = wake_receivers
+
+        # Lifecycle and identity (valid once open).
+        self.open = False
+        self.closing = False
+        self.close_reason: str | None = None
+        self.cluster_session_id = -1
+        self.leadership_term_id = -1
+        self.leader_member_id = -1
+        self.leader_endpoint: Endpoint | None = None
+
+        # Ingress frames queued but not yet sent.
+        self.pending = bytearray()
+
+        # Egress: received application messages, admin requests awaiting a response.
+        self.backlog: deque[SessionMessageHeader] = deque()
+        self.backlog_exceeded = False
+        self._admin: dict[int, AdminWaiter] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def on_granted(self, result: ConnectResult, leader_endpoint: Endpoint) -> None:
+        """The handshake succeeded: the session is open, its leader at ``leader_endpoint``."""
+        self.cluster_session_id = result.cluster_session_id
+        self.leadership_term_id = result.leadership_term_id
+        self.leader_member_id = result.leader_member_id
+        self.endpoints = dict(result.endpoints)
+        self.leader_endpoint = leader_endpoint
+        self.open = True
+
+    def check_usable(self) -> None:
+        """Raise unless messages may be queued (open, and neither closing nor closed)."""
+        if self.close_reason is not None:
+            raise SessionClosedError(self.close_reason)
+        if self.closing:
+            raise SessionClosedError(CloseReason.CLIENT_ACTION.name)
+        if not self.open:
+            raise NotConnectedError("the client has no session")
+
+    def mark_closed(self, reason: str) -> None:
+        """Record why the session closed (the first reason wins); wake admin waiters.
+
+        The shell wakes its own tasks after this."""
+        if self.close_reason is None:
+            self.close_reason = reason
+        for waiter in self._admin.values():
+            waiter.wake()
+
+    # ------------------------------------------------------------------ ingress queue
+
+    def enqueue(self, message: Any) -> int:
+        """Append one ingress message to ``pending`` and wake the writer.
+
+        Returns how many bytes are now queued; raises :class:`ValueError` (queueing
+        nothing) if the message exceeds ``max_frame_size``."""
+        buf = self.pending
+        start = len(buf)
+        encode_frames_into(buf, (message,))
+        end = len(buf)
+        size = end - start - 4
+        if size > self.max_frame_size:
+            del buf[start:]
+            raise ValueError(
+                f"message of {size} bytes exceeds max_frame_size {self.max_frame_size}"
+            )
+        self._wake_writer()
+        return end
+
+    def retarget(self, buf: bytearray | bytes) -> bytearray:
+        """Re-encode queued ingress frames with the current leadership term.
+
+        A leader drops ingress messages whose term is not its own, so messages queued
+        before a NewLeaderEvent are rewritten before they go to the new leader.
+        """
+        term = self.leadership_term_id
+        decoder = FrameDecoder(max(self.max_frame_size, 1 << 16))
+        messages = [
+            msgspec.structs.replace(INGRESS.decode(body), leadership_term_id=term)
+            for body in decoder.feed(buf)
+        ]
+        out = bytearray()
+        encode_frames_into(out, messages)
+        return out
+
+    # ------------------------------------------------------------------ egress
+
+    def backlog_ready(self) -> bool:
+        """True if a received message waits; raises if none ever will."""
+        if self.backlog_exceeded:
+            raise EgressBacklogExceededError(self.max_egress_backlog)
+        if self.backlog:
+            return True
+        if self.close_reason is not None:
+            raise SessionClosedError(self.close_reason)
+        if not self.open:
+            raise NotConnectedError("the client has no session")
+        return False
+
+    def add_admin_waiter(self, correlation_id: int, wake: Callable[[], None]) -> AdminWaiter:
+        """Expect the ``AdminResponse`` to ``correlation_id``; ``wake`` is called once."""
+        waiter = AdminWaiter(wake)
+        self._admin[correlation_id] = waiter
+        return waiter
+
+    def remove_admin_waiter(self, correlation_id: int) -> None:
+        """Stop expecting that response (it came, or the caller gave up)."""
+        self._admin.pop(correlation_id, None)
+
+    def on_egress(self, message: Any) -> Action | None:
+        """Handle one egress message once the session is open (see the module's table)."""
+        session_id = self.cluster_session_id
+        if isinstance(message, SessionMessageHeader):
+            if message.cluster_session_id != session_id or self.backlog_exceeded:
+                return None
+            if len(self.backlog) >= self.max_egress_backlog:
+                self.backlog_exceeded = True
+                self.backlog.clear()
+            else:
+                self.backlog.append(message)
+            self._wake_receivers()
+        elif isinstance(message, SessionEvent):
+            if message.cluster_session_id == session_id and message.code is EventCode.CLOSED:
+                return Closed(message.detail or EventCode.CLOSED.name)
+        elif isinstance(message, NewLeaderEvent):
+            if message.cluster_session_id == session_id:
+                return self._on_new_leader(message)
+        elif isinstance(message, AdminResponse) and message.cluster_session_id == session_id:
+            waiter = self._admin.get(message.correlation_id)
+            if waiter is not None and waiter.response is None:
+                waiter.response = message
+                waiter.wake()
+        return None
+
+    def _on_new_leader(self, event: NewLeaderEvent) -> Reconnect | None:
+        if event.leadership_term_id < self.leadership_term_id or self.close_reason is not None:
+            return None  # stale
+        if event.ingress_endpoints:
+            with suppress(ValueError):  # keep the endpoints we know
+                self.endpoints = parse_endpoints(event.ingress_endpoints)
+        term_changed = event.leadership_term_id != self.leadership_term_id
+        self.leadership_term_id = event.leadership_term_id
+        self.leader_member_id = event.leader_member_id
+        if term_changed and self.pending:
+            self.pending = self.retarget(self.pending)
+        endpoint = self.endpoints.get(event.leader_member_id)
+        if endpoint is not None:
+            self.leader_endpoint = endpoint
+        return Reconnect(event.leader_member_id, self.leader_endpoint)
