@@ -48,7 +48,9 @@ from .archive.segments import Archive
 from .archive.snapshots import encode_snapshot, read_snapshot, snapshot_path, write_snapshot
 from .config import ConfigError, NodeConfig, describe, format_ingress_endpoints, load_config
 from .core.auth import AdminPrincipals, Authenticator, AuthorisationService
-from .core.consensus import ConsensusConfig, ConsensusModule
+from .core.base import ConsensusConfig, Event, LeaderReady, RoleChanged
+from .core.consensus import ConsensusModule
+from .core.driver import drive
 from .core.service_container import ServiceContainer
 from .core.snapshot import (
     LoadedSnapshot,
@@ -230,8 +232,6 @@ class Node:
             rng=self.rng,
             authorisation=self._authorisation(),
         )
-        self.cm.on_role_change = self._on_role_change
-        self.cm.on_leader_ready = self._on_leader_ready
         self.container = ServiceContainer(
             self.service, self.cm, self.egress, member_id=cfg.member_id, clock_ns=self._now_ns
         )
@@ -253,7 +253,7 @@ class Node:
             clock_ns=self._now_ns,
             inline=cfg.archive_io != "thread",
         )
-        self.log_agent = LogAgent(self.cm, self.container, self.log_buffer, self._after_apply)
+        self.log_agent = LogAgent(self.cm, self.container, self.log_buffer, self._kick)
         self.ingress = IngressAgent(
             self.network,
             self.member.host,
@@ -342,8 +342,7 @@ class Node:
             bytearray(self.archive.read(position, end)) if end > position else bytearray()
         )
         self.archive_agent.written = end
-        self.cm.commit_position = position
-        self.cm.applied_position = position
+        self.cm.restore(position)
         self.recovered_position = position
         if end:
             log.info(
@@ -407,7 +406,7 @@ class Node:
         self._record_snapshot(position, term, timestamp, len(data))
 
     def _record_snapshot(self, position: int, term: int, timestamp: int, size: int) -> None:
-        base = self.cm.terms.base_of(term) or 0
+        base = self.cm.log.terms.base_of(term) or 0
         self.recording_log.append_snapshot(term, base, position, timestamp, 0)
         self.recording_log.append_snapshot(term, base, position, timestamp, CM_SERVICE_ID)
         self.snapshots_taken += 1
@@ -416,11 +415,11 @@ class Node:
     # ------------------------------------------------------------------ callbacks
 
     def _on_egress_connected(self, egress_id: int) -> None:
-        self.cm.on_egress_connected(egress_id)
+        self.cm.session_manager.on_egress_connected(egress_id)
         self._kick()
 
     def _on_egress_failed(self, egress_id: int) -> None:
-        self.cm.on_egress_failed(egress_id)
+        self.cm.session_manager.on_egress_failed(egress_id)
         self._kick()
 
     def _on_appended(self) -> None:
@@ -444,34 +443,50 @@ class Node:
         self.log_taken.set()
         self.log_taken = trio.Event()
 
-    def _after_apply(self) -> None:
-        self.cm.on_applied(self.log_agent.applied_position)
-        self.cm.consensus_work(self._now_ns())
-        self._kick()
-
     def _kick(self) -> None:
-        """After the consensus module changed: write the new log, apply what is
-        committed, send what is queued.
+        """After the consensus module changed: drive it (:func:`cluster.core.driver.drive`:
+        react to its events, write the new log, apply what is committed, send what is
+        queued).
 
         All of it happens right here, in the caller's task (Aeron's shared duty cycle):
         a task switch per hop costs more than the work.  Only what has to wait (a write
         behind another, a truncation, a retry after a failed write) goes to the archive
-        agent's task."""
-        cm = self.cm
+        agent's task, which kicks again once it is done."""
         if self._watchdog_scope is not None:
             self._watchdog_scope.deadline = self._leader_deadline()
+        drive(self.cm, self, self._now_ns())
+
+    # the driver's Shell
+
+    @property
+    def applied_position(self) -> int:
+        return self.log_buffer.applied
+
+    def persist(self) -> None:
         archive = self.archive_agent
-        if cm.log_buffer:
+        if self.cm.log.buffer:
             archive.take()
         if archive.pending and not archive.write_now():
             archive.kick()
-        if cm.commit_position > self.log_agent.applied_position:
-            # A follower's acknowledgement of what it has just written goes out before
-            # it applies: the leader's commit waits for the one, nothing for the other.
-            self.links.flush()
-            self.log_agent.apply_all()
+
+    def apply(self, commit_position: int) -> bool:
+        return self.log_agent.apply_committed() > 0
+
+    def flush(self) -> None:
         self.links.flush()
         self.egress.flush()
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, RoleChanged):
+            self._on_role_change(event.role)
+        elif isinstance(event, LeaderReady):
+            self.container.set_role(Role.LEADER)
+            log.info(
+                "member %d leads term %d: ready at log position %d",
+                self.config.member_id,
+                event.leadership_term_id,
+                event.log_position,
+            )
 
     def _deliver_consensus(self, message: ConsensusMessage) -> None:
         self.inbox.messages.append(message)
@@ -513,22 +528,13 @@ class Node:
                 self._leadership_scope.cancel()
                 self._leadership_scope = None
             self.container.set_role(Role.FOLLOWER)
-            self.cm.reset_sessions(
+            self.cm.session_manager.reset(
                 (
                     (s.id, s.response_stream_id, s.response_channel, s.encoded_principal)
                     for s in self.container.sessions.values()
                 ),
                 self._now_ns(),
             )
-
-    def _on_leader_ready(self) -> None:
-        self.container.set_role(Role.LEADER)
-        log.info(
-            "member %d leads term %d: ready at log position %d",
-            self.config.member_id,
-            self.cm.leadership_term_id,
-            self.cm.commit_position,
-        )
 
     async def read_log(self, start: int, stop: int) -> bytes:
         """Log bytes ``[start, stop)``: from memory if still there, else from the archive."""
@@ -647,7 +653,10 @@ class Node:
         await self.run_blocking(self._open_storage)
         try:
             self._build()
-            if self.cm.authenticator.enforces_identity is False and self.config.authenticator:
+            if (
+                self.cm.session_manager.authenticator.enforces_identity is False
+                and self.config.authenticator
+            ):
                 log.info("authenticator %s", self.config.authenticator)
             self._recover()
             async with trio.open_nursery() as nursery:
@@ -696,7 +705,7 @@ class Node:
             if self.cm.role is Role.LEADER:
                 # followers must learn the final commit position (a termination
                 # action's) before this leader's links close
-                self.cm.send_commit_position()
+                self.cm.replication.send_commit_position()
                 self.links.flush()
                 with trio.move_on_after(1.0):
                     await self.links.wait_sent()

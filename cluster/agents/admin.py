@@ -202,14 +202,14 @@ class AdminServer:
         now = node._now_ns()
         followers = []
         if cm.role is Role.LEADER:
-            for f in sorted(cm.followers.values(), key=lambda f: f.member_id):
+            for f in sorted(cm.followers, key=lambda f: f.member_id):
                 followers.append(
                     {
                         "member_id": f.member_id,
                         "next_position": f.next_position,
                         "match_position": f.match_position,
                         "lag_bytes": (
-                            max(0, cm.archive_position - f.match_position)
+                            max(0, cm.log.archive_position - f.match_position)
                             if f.match_position >= 0
                             else None
                         ),
@@ -245,14 +245,14 @@ class AdminServer:
             "candidate_term_id": cm.candidate_term_id,
             "leader_member_id": cm.leader_member_id,
             "commit_position": cm.commit_position,
-            "append_position": cm.archive_position,
-            "published_position": cm.published_position,
-            "applied_position": cm.applied_position,
+            "append_position": cm.log.archive_position,
+            "published_position": cm.log.published_position,
+            "applied_position": cm.log.applied_position,
             "election_state": cm.election_state.name,
-            "module_state": cm.module_state.name,
+            "module_state": cm.control.module_state.name,
             "sessions": sessions,
-            "pending_sessions": len(cm.pending_sessions),
-            "redirect_sessions": len(cm.redirect_sessions),
+            "pending_sessions": len(cm.session_manager.pending_sessions),
+            "redirect_sessions": len(cm.session_manager.redirect_sessions),
             "redirects": cm.counters.redirected_sessions,
             "counters": dataclasses.asdict(cm.counters),
             "ingress": {
@@ -317,7 +317,7 @@ class AdminServer:
 
     def _request(self, action: ClusterAction, *, terminate: bool = False) -> tuple[bool, str]:
         node = self.node
-        ok, message = node.cm.request_cluster_action(action, node._now_ns(), terminate=terminate)
+        ok, message = node.cm.control.request(action, node._now_ns(), terminate=terminate)
         if ok:
             log.info("%s (requested on the admin port)", message)
             node._kick()

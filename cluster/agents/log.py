@@ -147,15 +147,15 @@ class ArchiveAgent:
         """Log not yet durably appended (taken or not), or a truncation to do."""
         return (
             self.written < self.log_buffer.end
-            or bool(self.cm.log_buffer)
-            or self.cm.pending_truncate is not None
+            or bool(self.cm.log.buffer)
+            or self.cm.log.pending_truncate is not None
         )
 
     def take(self) -> None:
         """Move newly encoded records from the consensus module into the log buffer and
         let replication send them (before they are written here)."""
         cm = self.cm
-        if cm.pending_truncate is not None:
+        if cm.log.pending_truncate is not None:
             return  # the task truncates first
         batch = cm.take_log_batch()
         if batch is None:
@@ -179,7 +179,7 @@ class ArchiveAgent:
         (a catch-up read, a snapshot)."""
         if not self.inline and not (self.inline_when_idle and self._idle()):
             return False
-        if self._busy or self.cm.pending_truncate is not None or self.lock.locked():
+        if self._busy or self.cm.log.pending_truncate is not None or self.lock.locked():
             return False
         data = self._pending_bytes()
         if not data:
@@ -193,18 +193,18 @@ class ArchiveAgent:
             return True
         if not self.inline:
             self.inline_writes += 1
-        self._appended(position, len(data))
+        self._appended(position, len(data))  # the caller (the driver) goes on from here
         return True
 
     def _idle(self) -> bool:
         """Everything written is committed and the new batch is small and came long
         after the one before: the log is quiet enough that a write blocking the event
         loop delays nothing."""
-        cm = self.cm
+        rlog = self.cm.log
         return (
             self._take_gap_ns >= INLINE_WHEN_IDLE_NS
-            and len(cm.own_records) <= INLINE_MAX_RECORDS
-            and cm.commit_position >= self.written
+            and len(rlog.own_records) <= INLINE_MAX_RECORDS
+            and rlog.commit_position >= self.written
         )
 
     def _pending_bytes(self) -> bytes:
@@ -219,8 +219,7 @@ class ArchiveAgent:
         self.bytes_appended += size
         cm = self.cm
         cm.on_archive_position(position, self.clock_ns())
-        self.log_buffer.release(cm.archive_position)
-        self.on_appended()
+        self.log_buffer.release(cm.log.archive_position)
 
     async def run(self) -> None:
         cm = self.cm
@@ -232,8 +231,8 @@ class ArchiveAgent:
             self.idle = trio.Event()
             if self._busy:
                 await trio.sleep(self.retry_interval)  # after a failed inline write
-            elif cm.pending_truncate is not None:
-                await self._truncate(cm.pending_truncate)
+            elif cm.log.pending_truncate is not None:
+                await self._truncate(cm.log.pending_truncate)
             self.take()
             data = self._pending_bytes()
             if not data:
@@ -246,6 +245,7 @@ class ArchiveAgent:
             finally:
                 self._busy = False
             self._appended(position, len(data))
+            self.on_appended()  # the node drives the consensus module on from here
 
     async def _truncate(self, position: int) -> None:
         buf = self.log_buffer
@@ -290,19 +290,22 @@ class ArchiveAgent:
 
 
 class LogAgent:
+    """Applies the committed log to the service, a chunk per :meth:`apply_committed`
+    (called by the node's driver loop, which reports each chunk to the consensus
+    module); its task only runs the driver when kicked (a shutdown draining the log)."""
+
     def __init__(
         self,
         cm: ConsensusModule,
         container: ServiceContainer,
         log_buffer: LogBuffer,
-        after_apply: Callable[[], None],
+        drive: Callable[[], None],
     ) -> None:
         self.cm = cm
         self.container = container
         self.log_buffer = log_buffer
-        self.after_apply = after_apply
+        self.drive = drive
         self.wake = trio.Event()
-        self._applying = False
 
     @property
     def applied_position(self) -> int:
@@ -314,14 +317,17 @@ class LogAgent:
     def apply_committed(self) -> int:
         buf = self.log_buffer
         cm = self.cm
+        rlog = cm.log
         applied = buf.applied
-        stop = min(cm.commit_position, buf.end)
-        if cm.pending_truncate is not None:
+        stop = min(rlog.commit_position, buf.end)
+        if rlog.pending_truncate is not None:
             # bytes past a truncation the archive agent has not done yet are stale
-            stop = min(stop, cm.pending_truncate)
+            stop = min(stop, rlog.pending_truncate)
         # A leader's own entries of this term are already in its session table; entries
         # of earlier terms (and everything on a follower) are mirrored into it.
-        mirror_end = cm.term_base_position if cm.role is Role.LEADER else cm.commit_position
+        mirror_end = (
+            cm.replication.term_base_position if cm.role is Role.LEADER else rlog.commit_position
+        )
         mirror = applied < mirror_end
         if mirror:
             stop = min(stop, mirror_end)
@@ -335,32 +341,20 @@ class LogAgent:
             consumed = self._apply(applied, stop, mirror)  # one record longer than a chunk
         if consumed:
             buf.applied += consumed
-            buf.release(cm.archive_position)
+            buf.release(rlog.archive_position)
         return consumed
 
     def _apply(self, start: int, stop: int, mirror: bool) -> int:
         if not mirror:
-            own = self.cm.take_own_records(start, stop)
+            own = self.cm.log.take_own_records(start, stop)
             if own:  # a leader's own entries: applied from the messages it encoded
                 return self.container.apply_records(own, start)
         buf = self.log_buffer
         with memoryview(buf.data) as view, view[start - buf.base : stop - buf.base] as chunk:
             return self.container.apply(chunk, start, mirror_into_consensus=mirror)
 
-    def apply_all(self) -> None:
-        """Apply everything committed, from the caller's task (a call from inside
-        ``after_apply`` returns at once: the loop already running picks the work up)."""
-        if self._applying:
-            return
-        self._applying = True
-        try:
-            while self.apply_committed():
-                self.after_apply()
-        finally:
-            self._applying = False
-
     async def run(self) -> None:
         while True:
             await self.wake.wait()
             self.wake = trio.Event()
-            self.apply_all()
+            self.drive()

@@ -1,7 +1,9 @@
 """Leader-side replication: one task per follower ships the log as it is on disk.
 
 A replicator sends ``AppendRequest`` chunks of the leader's log (byte ranges, unchanged,
-never crossing a term boundary) from the follower's ``next_position``: from the
+never crossing a term boundary) from where the consensus module says the follower's next
+append starts (:meth:`~cluster.core.replication.LeaderReplication.next_append`; the
+module records what each request carries, the replicator never changes its state): from the
 in-memory log buffer when the follower is close behind, from the archive when it is
 catching up.  It sends whatever is new in one chunk per wake-up (batching); the archive
 agent calls :meth:`Replicator.pump` before each write so a follower close behind gets
@@ -64,15 +66,14 @@ class Replicator:
         # one number for both the test and the wait: no FP drift
         self.next_heartbeat = -1e18
 
-    def _sync_connection(self) -> None:
+    def _next_append(self) -> int | None:
+        """Where the next append to the follower starts (None: no longer leading it)."""
         link = self.link
-        if link.connects != self.connects:
-            # data sent on a broken connection may be lost: resend from what the
-            # follower has confirmed
-            self.connects = link.connects
-            follower = self.cm.followers.get(self.member_id)
-            if follower is not None and follower.match_position >= 0:
-                follower.next_position = follower.match_position
+        reconnected = link.connects != self.connects
+        # data sent on a broken connection may be lost: the module resends from what the
+        # follower has confirmed
+        self.connects = link.connects
+        return self.cm.replication.next_append(self.member_id, reconnected)
 
     def pump(self) -> bool:
         """Send what is new in the in-memory log now, from the caller's task (the archive
@@ -80,46 +81,49 @@ class Replicator:
 
         Returns False if the replicator's own task has to do the work (a follower
         catching up from the archive, a full or broken link)."""
-        cm = self.cm
+        replication = self.cm.replication
         link = self.link
-        follower = cm.followers.get(self.member_id)
-        if follower is None or not link.is_connected or link.backlog >= MAX_LINK_BACKLOG:
+        if not link.is_connected or link.backlog >= MAX_LINK_BACKLOG:
             return False
-        self._sync_connection()
+        start = self._next_append()
+        if start is None:
+            return False
         buf = self.log_buffer
-        start = follower.next_position
         end = buf.end
         if start >= end:
             return True
         if start < buf.base:
             return False
         limit = start + MAX_CHUNK
-        stop = cm.replication_stop(start, min(end, limit))
+        stop = replication.replication_stop(start, min(end, limit))
         data = buf.copy(start, stop)
         if stop == limit < end:  # cut by the size limit: end at a record boundary
             stop = whole_records_end(start, data)
             data = data[: stop - start] if stop < limit else buf.copy(start, stop)
-        link.send(cm.append_request(self.member_id, start, data))
-        follower.next_position = stop
+        link.send(replication.append_request(self.member_id, start, data))
         self.next_heartbeat = trio.current_time() + self.heartbeat_interval
         return True
 
     async def run(self) -> None:
         cm = self.cm
+        replication = cm.replication
         link = self.link
         while True:
-            follower = cm.followers.get(self.member_id)
-            if follower is None:
+            if replication.next_append(self.member_id) is None:
                 return
             if not link.is_connected:
                 await link.connected.wait()
                 continue
-            self._sync_connection()
+            start = self._next_append()
+            if start is None:
+                return
             end = self.log_buffer.end
-            start = follower.next_position
             if start < end and link.backlog < MAX_LINK_BACKLOG:
+                term = cm.leadership_term_id
                 limit = start + MAX_CHUNK
-                data = await self.read_log(start, cm.replication_stop(start, min(end, limit)))
+                data = await self.read_log(
+                    start, replication.replication_stop(start, min(end, limit))
+                )
                 # (a read may stop early, at a record boundary: where memory begins)
                 stop = start + len(data)
                 if stop == limit < end:  # cut by the size limit: end at a record boundary
@@ -130,19 +134,18 @@ class Replicator:
                         data = await self.read_log(start, stop)
                     stop = start + len(data)
                 if (
-                    cm.followers.get(self.member_id) is not follower
-                    or follower.next_position != start
+                    cm.leadership_term_id != term
+                    or replication.next_append(self.member_id) != start
                 ):
-                    continue
-                link.send(cm.append_request(self.member_id, start, data))
+                    continue  # sent meanwhile, or no longer this leader's follower
+                link.send(replication.append_request(self.member_id, start, data))
                 link.flush()
-                follower.next_position = stop
                 self.next_heartbeat = trio.current_time() + self.heartbeat_interval
                 await trio.lowlevel.checkpoint()
                 continue
             now = trio.current_time()
             if now >= self.next_heartbeat:
-                link.send(cm.append_request(self.member_id, start, b""))
+                link.send(replication.append_request(self.member_id, start, b""))
                 link.flush()
                 self.next_heartbeat = now + self.heartbeat_interval
             with trio.move_on_at(self.next_heartbeat):

@@ -17,23 +17,24 @@ higher term.  The states and messages are Aeron's:
   failover faster); otherwise back to CANVASS at the deadline.
 * **FOLLOWER_BALLOT**: after granting a vote; back to CANVASS if no leader shows up.
 
-Winning hands over to :meth:`ConsensusModule.become_leader`; a leader's AppendRequest of
-a term at least as high as ours ends the election as a follower (in the consensus
-module).  A vote is granted only to a higher term than any this member has voted in or
-seen, and only if the candidate's log is at least as up to date as ours, compared by
-``(last log term, log position)``.
+Winning sets :attr:`Election.won_term`, which the consensus module acts on (the election
+never calls out); a leader's AppendRequest of a term at least as high as ours ends the
+election as a follower (in the consensus module).  A vote is granted only to a higher
+term than any this member has voted in or seen, and only if the candidate's log is at
+least as up to date as ours, compared by ``(last log term, log position)``.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
+import random
+from typing import Protocol
 
 from ..protocol.consensus import CanvassPosition, RequestVote, Vote
 from ..protocol.version import PROTOCOL_VERSION
-
-if TYPE_CHECKING:
-    from .consensus import ConsensusModule
+from . import quorum
+from .base import ConsensusConfig, ConsensusPort
+from .log import ReplicatedLog
 
 
 class ElectionState(enum.IntEnum):
@@ -64,18 +65,48 @@ def log_is_newer(a_term: int, a_position: int, b_term: int, b_position: int) -> 
     return (a_term, a_position) > (b_term, b_position)
 
 
+class Terms(Protocol):
+    """The member's terms as an election reads and raises them."""
+
+    @property
+    def candidate_term_id(self) -> int: ...
+
+    @property
+    def leadership_term_id(self) -> int: ...
+
+    def set_candidate_term(self, term: int) -> None:
+        """Persist ``term`` as the highest seen or voted in, if it is higher."""
+
+
 class Election:
     """One election, from CANVASS until this member leads or follows."""
 
-    def __init__(self, cm: ConsensusModule, now_ns: int, *, is_startup: bool, reason: str) -> None:
-        self.cm = cm
+    def __init__(
+        self,
+        config: ConsensusConfig,
+        log: ReplicatedLog,
+        terms: Terms,
+        consensus: ConsensusPort,
+        rng: random.Random,
+        now_ns: int,
+        *,
+        is_startup: bool,
+        reason: str,
+    ) -> None:
+        self.config = config
+        self.log = log
+        self.terms = terms
+        self.consensus = consensus
+        self.rng = rng
         self.reason = reason
         self.is_startup = is_startup
         self.state = ElectionState.CANVASS
         self.canvass: dict[int, tuple[int, int, int]] = {}  # member -> (log term, pos, term)
         self.votes: dict[int, bool] = {}
-        cfg = cm.config
-        self.canvass_deadline_ns = now_ns + (cfg.startup_canvass_timeout_ns if is_startup else 0)
+        self.won_term: int | None = None
+        """Set once this member has won: the term it leads (the consensus module then
+        makes it leader)."""
+        self.canvass_deadline_ns = now_ns + (config.startup_canvass_timeout_ns if is_startup else 0)
         self.next_status_ns = now_ns
         self.nominate_at_ns = 0
         self.ballot_deadline_ns = 0
@@ -83,19 +114,15 @@ class Election:
     # ------------------------------------------------------------------ helpers
 
     def _my_log(self) -> tuple[int, int]:
-        cm = self.cm
-        return cm.terms.term_at(cm.published_position), cm.published_position
-
-    def _others(self) -> list[int]:
-        me = self.cm.config.member_id
-        return [m for m in self.cm.config.member_ids if m != me]
+        position = self.log.published_position
+        return self.log.terms.term_at(position), position
 
     def _is_candidate(self, need_all: bool) -> bool:
-        others = self._others()
+        others = self.config.others
         reported = [m for m in others if m in self.canvass]
         if need_all and len(reported) < len(others):
             return False
-        if len(reported) + 1 < self.cm.quorum:
+        if not quorum.has_quorum(len(reported) + 1, self.config.member_count):
             return False
         my_term, my_pos = self._my_log()
         return not any(
@@ -108,33 +135,36 @@ class Election:
         self.votes.clear()
         self.next_status_ns = now_ns
 
+    def _count_votes(self) -> None:
+        if quorum.has_quorum(sum(self.votes.values()), self.config.member_count):
+            self.won_term = self.terms.candidate_term_id  # Raft: a majority suffices
+
     # ------------------------------------------------------------------ work
 
     def do_work(self, now_ns: int) -> int:
         state = self.state
-        cfg = self.cm.config
+        cfg = self.config
         if state in (ElectionState.CANVASS, ElectionState.NOMINATE):
             if now_ns >= self.next_status_ns:
                 self._publish_canvass()
                 self.next_status_ns = now_ns + cfg.election_status_interval_ns
             if state is ElectionState.CANVASS:
                 if (
-                    len(cfg.member_ids) == 1
+                    cfg.member_count == 1
                     or self._is_candidate(need_all=True)
                     or (now_ns >= self.canvass_deadline_ns and self._is_candidate(need_all=False))
                 ):
                     self.state = ElectionState.NOMINATE
-                    delay = int(self.cm.rng.random() * cfg.election_timeout_ns / 2)
-                    self.nominate_at_ns = now_ns + (0 if len(cfg.member_ids) == 1 else delay)
+                    delay = int(self.rng.random() * cfg.election_timeout_ns / 2)
+                    self.nominate_at_ns = now_ns + (0 if cfg.member_count == 1 else delay)
                     return 1
             elif now_ns >= self.nominate_at_ns:
                 self._nominate(now_ns)
                 return 1
         elif state is ElectionState.CANDIDATE_BALLOT:
             if now_ns >= self.ballot_deadline_ns:
-                if sum(self.votes.values()) >= self.cm.quorum:
-                    self.cm.become_leader(self.cm.candidate_term_id, now_ns)
-                else:
+                self._count_votes()
+                if self.won_term is None:
                     self._to_canvass(now_ns)
                 return 1
         elif state is ElectionState.FOLLOWER_BALLOT and now_ns >= self.ballot_deadline_ns:
@@ -143,38 +173,37 @@ class Election:
         return 0
 
     def _publish_canvass(self) -> None:
-        cm = self.cm
         log_term, position = self._my_log()
         message = CanvassPosition(
             log_leadership_term_id=log_term,
             log_position=position,
-            leadership_term_id=cm.leadership_term_id,
-            follower_member_id=cm.config.member_id,
+            leadership_term_id=self.terms.leadership_term_id,
+            follower_member_id=self.config.member_id,
             protocol_version=PROTOCOL_VERSION,
         )
-        for member in self._others():
-            cm.consensus.send(member, message)
+        for member in self.config.others:
+            self.consensus.send(member, message)
 
     def _nominate(self, now_ns: int) -> None:
-        cm = self.cm
+        terms = self.terms
         seen = max((c[2] for c in self.canvass.values()), default=-1)
-        term = max(cm.candidate_term_id, seen, cm.leadership_term_id) + 1
-        cm.set_candidate_term(term)
+        term = max(terms.candidate_term_id, seen, terms.leadership_term_id) + 1
+        terms.set_candidate_term(term)
         self.state = ElectionState.CANDIDATE_BALLOT
-        self.votes = {cm.config.member_id: True}
-        self.ballot_deadline_ns = now_ns + cm.config.election_timeout_ns
+        self.votes = {self.config.member_id: True}
+        self.ballot_deadline_ns = now_ns + self.config.election_timeout_ns
         log_term, position = self._my_log()
         request = RequestVote(
             log_leadership_term_id=log_term,
             log_position=position,
             candidate_term_id=term,
-            candidate_member_id=cm.config.member_id,
+            candidate_member_id=self.config.member_id,
             protocol_version=PROTOCOL_VERSION,
         )
-        for member in self._others():
-            cm.consensus.send(member, request)
-        if len(self.votes) == len(cm.config.member_ids):
-            cm.become_leader(term, now_ns)  # a cluster of one
+        for member in self.config.others:
+            self.consensus.send(member, request)
+        if len(self.votes) == self.config.member_count:
+            self.won_term = term  # a cluster of one
 
     # ------------------------------------------------------------------ messages
 
@@ -186,38 +215,36 @@ class Election:
         )
 
     def on_request_vote(self, msg: RequestVote, now_ns: int) -> None:
-        cm = self.cm
+        terms = self.terms
         granted = False
-        if msg.candidate_term_id > cm.candidate_term_id:
-            cm.set_candidate_term(msg.candidate_term_id)
+        if msg.candidate_term_id > terms.candidate_term_id:
+            terms.set_candidate_term(msg.candidate_term_id)
             my_term, my_pos = self._my_log()
             if not log_is_newer(my_term, my_pos, msg.log_leadership_term_id, msg.log_position):
                 granted = True
                 self.state = ElectionState.FOLLOWER_BALLOT
-                self.ballot_deadline_ns = now_ns + cm.config.election_timeout_ns
+                self.ballot_deadline_ns = now_ns + self.config.election_timeout_ns
             elif self.state is ElectionState.CANDIDATE_BALLOT:
                 self._to_canvass(now_ns)  # our ballot's term is now stale
         log_term, position = self._my_log()
-        cm.consensus.send(
+        self.consensus.send(
             msg.candidate_member_id,
             Vote(
                 candidate_term_id=msg.candidate_term_id,
                 log_leadership_term_id=log_term,
                 log_position=position,
                 candidate_member_id=msg.candidate_member_id,
-                follower_member_id=cm.config.member_id,
+                follower_member_id=self.config.member_id,
                 vote=granted,
             ),
         )
 
     def on_vote(self, msg: Vote, now_ns: int) -> None:
-        cm = self.cm
         if (
             self.state is not ElectionState.CANDIDATE_BALLOT
-            or msg.candidate_term_id != cm.candidate_term_id
-            or msg.candidate_member_id != cm.config.member_id
+            or msg.candidate_term_id != self.terms.candidate_term_id
+            or msg.candidate_member_id != self.config.member_id
         ):
             return
         self.votes[msg.follower_member_id] = msg.vote
-        if sum(self.votes.values()) >= cm.quorum:
-            cm.become_leader(msg.candidate_term_id, now_ns)  # Raft: a majority suffices
+        self._count_votes()

@@ -24,7 +24,8 @@ from ..protocol.log import (
 )
 from ..protocol.snapshot import ClientSession as ClientSessionRecord
 from ..service import ClientSession, ClusteredService
-from .consensus import ConsensusModule, EgressPort
+from .base import EgressPort
+from .consensus import ConsensusModule
 from .pending import is_service_message
 
 _decode_log = LOG.decode
@@ -114,14 +115,14 @@ class ServiceContainer:
     def close_client_session(self, cluster_session_id: int) -> bool:
         if cluster_session_id not in self.sessions:
             return False
-        return self.cm.on_service_close_session(cluster_session_id, self._clock_ns())
+        return self.cm.session_manager.on_service_close(cluster_session_id, self._clock_ns())
 
     def schedule_timer(self, correlation_id: int, deadline: int) -> bool:
-        self.cm.schedule_timer(correlation_id, deadline)
+        self.cm.timers.schedule(correlation_id, deadline)
         return True
 
     def cancel_timer(self, correlation_id: int) -> bool:
-        return self.cm.cancel_timer(correlation_id)
+        return self.cm.timers.cancel(correlation_id)
 
     def offer(self, payload: bytes) -> bool:
         """A service message into the log (sequenced by the leader, exactly once)."""

@@ -41,7 +41,6 @@ from ..protocol.snapshot import (
 )
 from .consensus import ConsensusModule
 from .service_container import ServiceContainer
-from .session import ClusterSession, State
 
 CONSENSUS_MODULE_TYPE_ID = 1
 SERVICE_TYPE_ID = 2
@@ -164,19 +163,14 @@ def load_snapshot(
 ) -> None:
     """Restore the consensus module and the container (then start the service with
     ``snapshot.service_state``)."""
-    cm.next_session_id = max(cm.next_session_id, snapshot.module.next_session_id)
-    for record in snapshot.sessions:
-        session = ClusterSession(
-            record.cluster_session_id,
-            record.cluster_session_id,
-            record.correlation_id,
-            record.response_stream_id,
-            record.response_channel,
-            now_ns,
-        )
-        session.state = State.OPEN
-        session.restored_from_snapshot = True
-        cm.sessions[session.cluster_session_id] = session
+    cm.session_manager.restore(
+        (
+            (r.cluster_session_id, r.correlation_id, r.response_stream_id, r.response_channel)
+            for r in snapshot.sessions
+        ),
+        snapshot.module.next_session_id,
+        now_ns,
+    )
     for timer in snapshot.timers:
         cm.timers.schedule(timer.correlation_id, timer.deadline)
     cm.service_messages.restore(
@@ -188,4 +182,4 @@ def load_snapshot(
     container.max_session_id = snapshot.module.next_session_id - 1
     container.log_position = snapshot.log_position
     container.leadership_term_id = snapshot.leadership_term_id
-    cm.applied_position = snapshot.log_position
+    cm.on_applied(snapshot.log_position)

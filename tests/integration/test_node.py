@@ -102,7 +102,7 @@ async def test_echo_reply_carries_log_timestamp(tmp_path: Path) -> None:
                 import time
 
                 assert abs(reply.timestamp - time.time() * 1000) < 5_000
-                assert reply.timestamp <= node.cm.timestamp
+                assert reply.timestamp <= node.cm.log.timestamp
                 del before
 
 

@@ -330,7 +330,7 @@ class Checker:
                 theirs = self.committed[verified:common]
                 if mine != theirs:
                     at = verified + next(k for k in range(len(mine)) if mine[k] != theirs[k])
-                    pending = getattr(cm, "pending_truncate", None)
+                    pending = cm.log.pending_truncate
                     self.fail(
                         f"n{i}: committed log differs from the committed log seen at "
                         f"position {at} (its commit {cm.commit_position}, term {term}"

@@ -22,8 +22,9 @@ from hypothesis.stateful import (
 )
 
 from cluster.archive.record import complete_length, iter_records
-from cluster.core.auth import AdminPrincipals, Authenticator, SessionProxy
-from cluster.core.consensus import ConsensusConfig, ConsensusModule
+from cluster.core.auth import AdminPrincipals, Authenticator, AuthorisationService, SessionProxy
+from cluster.core.base import ConsensusConfig
+from cluster.core.consensus import ConsensusModule
 from cluster.core.session import State
 from cluster.protocol import LOG
 from cluster.protocol import version as pv
@@ -118,7 +119,7 @@ class LogReader:
 
     def __init__(self, cm: ConsensusModule) -> None:
         self.cm = cm
-        self.end = cm.published_position
+        self.end = cm.log.published_position
         self.entries: list[tuple[int, Any]] = []  # (position after the record, message)
 
     def pull(self) -> list[tuple[int, Any]]:
@@ -187,7 +188,11 @@ class RecordingAuthenticator(Authenticator):
 
     def on_connected_session(self, proxy: SessionProxy, now_ms: int) -> None:
         (cm,) = self.cm_ref
-        session = next(s for s in cm.pending_sessions if s.cluster_session_id == proxy.session_id)
+        session = next(
+            s
+            for s in cm.session_manager.pending_sessions
+            if s.cluster_session_id == proxy.session_id
+        )
         self.seen.append(("before", session.state))
         super().on_connected_session(proxy, now_ms)
         self.seen.append(("after", session.state))
@@ -200,6 +205,7 @@ def make(
     *,
     role: Role = Role.LEADER,
     authenticator: Authenticator | None = None,
+    authorisation: AuthorisationService | None = None,
     member_count: int = 1,
     log_position: int = 0,
     **config: Any,
@@ -210,14 +216,14 @@ def make(
     cfg = ConsensusConfig(
         ingress_endpoints=ENDPOINTS, member_ids=tuple(range(member_count)), **config
     )
-    cm = ConsensusModule(cfg, egress, authenticator, log_position=log_position)
+    cm = ConsensusModule(
+        cfg, egress, authenticator, log_position=log_position, authorisation=authorisation
+    )
     egress.cm = cm
     reader = LogReader(cm)
     READERS[id(cm)] = reader
     if role is Role.LEADER:
         lead(cm, TERM, T0)
-    else:
-        cm.last_leader_heard_ns = T0  # a follower with a live leader
     return cm, egress, reader
 
 
@@ -231,12 +237,11 @@ def lead(cm: ConsensusModule, term: int, now: int) -> None:
     cm.become_leader(term, now)
     reader.pull()
     cm.on_archive_position(reader.end, now)
-    for member in cm.followers:
-        cm.on_append_position(
-            AppendPosition(term, reader.end, member, APPEND_POSITION_VERIFIED), now
+    for progress in cm.followers:
+        cm.on_consensus_message(
+            AppendPosition(term, reader.end, progress.member_id, APPEND_POSITION_VERIFIED), now
         )
-    cm.on_applied(reader.end)
-    cm._check_leader_ready(now)
+    cm.on_applied(reader.end, now)
     assert cm.is_ready_leader
 
 
@@ -251,7 +256,7 @@ def connect(
     """Send a SessionConnectRequest; return the egress id the module connected to."""
     egress: RecordingEgress = cm.egress  # type: ignore[assignment]
     before = len(egress.connects())
-    cm.on_session_connect(
+    cm.session_manager.on_connect(
         SessionConnectRequest(correlation_id, 7, version, CHANNEL, credentials), now
     )
     connects = egress.connects()
@@ -270,7 +275,7 @@ def open_session(
     cm: ConsensusModule, reader: LogReader, now: int, *, correlation_id: int = 100
 ) -> int:
     sid = connect(cm, now, correlation_id=correlation_id)
-    cm.on_egress_connected(sid)
+    cm.session_manager.on_egress_connected(sid)
     cm.on_slow_tick(now)
     assert cm.sessions[sid].state is State.OPEN
     commit_all(cm, reader)
@@ -293,7 +298,7 @@ def test_connect_flow_step_by_step() -> None:
 
     sid = connect(cm, T0, correlation_id=42)
     assert sid == 1
-    (pending,) = cm.pending_sessions
+    (pending,) = cm.session_manager.pending_sessions
     assert pending.cluster_session_id == sid
     assert pending.state is State.CONNECTING
     assert sid not in cm.sessions
@@ -305,12 +310,12 @@ def test_connect_flow_step_by_step() -> None:
     assert auth.seen == []
     assert reader.pull() == []
 
-    cm.on_egress_connected(sid)
+    cm.session_manager.on_egress_connected(sid)
     assert pending.state is State.CONNECTING  # only the slow tick moves it on
     cm.on_slow_tick(T0 + 20 * MS)
     assert auth.seen == [("before", State.CONNECTED), ("after", State.AUTHENTICATED)]
     assert pending.state is State.OPEN
-    assert cm.pending_sessions == []
+    assert cm.session_manager.pending_sessions == []
     assert cm.sessions[sid] is pending
 
     new = reader.pull()
@@ -352,7 +357,7 @@ def test_connect_flow_step_by_step() -> None:
 def test_ok_waits_for_quorum_in_a_three_member_cluster() -> None:
     cm, egress, reader = make(member_count=3)
     sid = connect(cm, T0)
-    cm.on_egress_connected(sid)
+    cm.session_manager.on_egress_connected(sid)
     cm.on_slow_tick(T0)
     reader.pull()
     cm.on_archive_position(reader.end)
@@ -363,7 +368,7 @@ def test_ok_waits_for_quorum_in_a_three_member_cluster() -> None:
 def test_ok_retried_on_slow_tick_when_egress_full() -> None:
     cm, egress, reader = make()
     sid = connect(cm, T0)
-    cm.on_egress_connected(sid)
+    cm.session_manager.on_egress_connected(sid)
     cm.on_slow_tick(T0)
     egress.accept = False
     commit_all(cm, reader)
@@ -380,17 +385,17 @@ def test_version_mismatch_is_rejected_with_error() -> None:
     cm, egress, reader = make()
     major = pv.major(pv.PROTOCOL_VERSION)
     sid = connect(cm, T0, version=pv.compose((major + 1) % 256, 0, 0))
-    assert cm.pending_sessions == []
-    assert len(cm.rejected_sessions) == 1
+    assert cm.session_manager.pending_sessions == []
+    assert len(cm.session_manager.rejected_sessions) == 1
     cm.on_slow_tick(T0)
     assert egress.sent == []  # waits for the egress
-    cm.on_egress_connected(sid)
+    cm.session_manager.on_egress_connected(sid)
     cm.on_slow_tick(T0 + 10 * MS)
     (event,) = egress.events(sid)
     assert event.code is EventCode.ERROR
     assert "invalid client version" in event.detail
     assert egress.closes() == [sid]
-    assert cm.rejected_sessions == []
+    assert cm.session_manager.rejected_sessions == []
     assert cm.sessions == {}
     assert cm.counters.rejected_sessions == 1
     assert [type(m) for m in reader.messages()] == [NewLeadershipTermEvent]
@@ -400,7 +405,7 @@ def test_compatible_minor_version_is_accepted() -> None:
     cm, _egress, _reader = make()
     major = pv.major(pv.PROTOCOL_VERSION)
     sid = connect(cm, T0, version=pv.compose(major, 200, 9))
-    cm.on_egress_connected(sid)
+    cm.session_manager.on_egress_connected(sid)
     cm.on_slow_tick(T0)
     assert cm.sessions[sid].state is State.OPEN
 
@@ -410,9 +415,9 @@ def test_concurrent_session_limit() -> None:
     a = open_session(cm, reader, T0, correlation_id=1)
     b = connect(cm, T0, correlation_id=2)  # pending counts too
     c = connect(cm, T0, correlation_id=3)
-    assert len(cm.rejected_sessions) == 1
+    assert len(cm.session_manager.rejected_sessions) == 1
     for egress_id in (b, c):
-        cm.on_egress_connected(egress_id)
+        cm.session_manager.on_egress_connected(egress_id)
     cm.on_slow_tick(T0 + 10 * MS)
     (event,) = egress.events(c)
     assert event.code is EventCode.ERROR
@@ -421,10 +426,10 @@ def test_concurrent_session_limit() -> None:
     assert set(cm.sessions) == {a, b}
     assert c in egress.closes()
     # closing one makes room again
-    cm.on_session_close_request(SessionCloseRequest(TERM, a), T0 + 20 * MS)
+    cm.session_manager.on_close_request(SessionCloseRequest(TERM, a), T0 + 20 * MS)
     d = connect(cm, T0 + 20 * MS, correlation_id=4)
-    assert cm.rejected_sessions == []
-    cm.on_egress_connected(d)
+    assert cm.session_manager.rejected_sessions == []
+    cm.session_manager.on_egress_connected(d)
     cm.on_slow_tick(T0 + 30 * MS)
     assert set(cm.sessions) == {b, d}
 
@@ -439,21 +444,23 @@ def _challenged(
     cm, egress, reader = make(authenticator=auth)
     sid = connect(cm, T0, correlation_id=55, credentials=credentials)
     assert auth.credentials == {sid: credentials}
-    cm.on_egress_connected(sid)
+    cm.session_manager.on_egress_connected(sid)
     cm.on_slow_tick(T0 + 10 * MS)
     (challenge,) = egress.messages(sid, Challenge)
     assert challenge == Challenge(55, sid, b"nonce-%d" % sid)
-    assert cm.pending_sessions[0].state is State.CHALLENGED
+    assert cm.session_manager.pending_sessions[0].state is State.CHALLENGED
     # no answer yet: stays challenged, nothing on the log
     cm.on_slow_tick(T0 + 20 * MS)
-    assert cm.pending_sessions[0].state is State.CHALLENGED
+    assert cm.session_manager.pending_sessions[0].state is State.CHALLENGED
     assert [type(m) for m in reader.messages()] == [NewLeadershipTermEvent]
     return cm, egress, reader, auth, sid
 
 
 def test_challenge_right_response_opens_session() -> None:
     cm, egress, reader, auth, sid = _challenged()
-    cm.on_challenge_response(ChallengeResponse(55, sid, b"answer:nonce-%d" % sid), T0 + 30 * MS)
+    cm.session_manager.on_challenge_response(
+        ChallengeResponse(55, sid, b"answer:nonce-%d" % sid), T0 + 30 * MS
+    )
     assert "challenge_response" in auth.calls
     cm.on_slow_tick(T0 + 40 * MS)
     assert cm.sessions[sid].state is State.OPEN
@@ -465,10 +472,10 @@ def test_challenge_right_response_opens_session() -> None:
 
 def test_challenge_wrong_response_rejects() -> None:
     cm, egress, reader, _auth, sid = _challenged()
-    cm.on_challenge_response(ChallengeResponse(55, sid, b"wrong"), T0 + 30 * MS)
+    cm.session_manager.on_challenge_response(ChallengeResponse(55, sid, b"wrong"), T0 + 30 * MS)
     cm.on_slow_tick(T0 + 40 * MS)
     assert sid not in cm.sessions
-    assert cm.pending_sessions == []
+    assert cm.session_manager.pending_sessions == []
     (event,) = egress.events(sid)
     assert event.code is EventCode.AUTHENTICATION_REJECTED
     assert egress.closes() == [sid]
@@ -478,21 +485,25 @@ def test_challenge_wrong_response_rejects() -> None:
 
 def test_challenge_response_with_wrong_ids_is_ignored_and_counted() -> None:
     cm, _egress, _reader, auth, sid = _challenged()
-    cm.on_challenge_response(ChallengeResponse(56, sid, b"answer:nonce-%d" % sid), T0)
-    cm.on_challenge_response(ChallengeResponse(55, sid + 1, b"answer:nonce-%d" % sid), T0)
+    cm.session_manager.on_challenge_response(
+        ChallengeResponse(56, sid, b"answer:nonce-%d" % sid), T0
+    )
+    cm.session_manager.on_challenge_response(
+        ChallengeResponse(55, sid + 1, b"answer:nonce-%d" % sid), T0
+    )
     assert cm.counters.unknown_session_messages == 2
     assert "challenge_response" not in auth.calls
     cm.on_slow_tick(T0 + 40 * MS)
-    assert cm.pending_sessions[0].state is State.CHALLENGED
+    assert cm.session_manager.pending_sessions[0].state is State.CHALLENGED
 
 
 def test_challenged_session_without_answer_times_out() -> None:
     cm, egress, reader, _auth, sid = _challenged()
     timeout = cm.config.session_timeout_ns
     cm.on_slow_tick(T0 + timeout)
-    assert cm.pending_sessions != []
+    assert cm.session_manager.pending_sessions != []
     cm.on_slow_tick(T0 + timeout + 1)
-    assert cm.pending_sessions == []
+    assert cm.session_manager.pending_sessions == []
     assert sid in egress.closes()
     assert reader.messages(SessionOpenEvent) == []
 
@@ -516,10 +527,10 @@ def test_unknown_session_and_wrong_term_are_ignored_and_counted() -> None:
     assert not cm.on_ingress_message(msg(cm, sid, term=TERM - 1), T0)
     assert not cm.on_ingress_message(msg(cm, sid, term=TERM + 1), T0)
     assert cm.counters.wrong_term_messages == 2
-    cm.on_keepalive(SessionKeepAlive(TERM, sid + 99), T0)
-    cm.on_keepalive(SessionKeepAlive(TERM + 1, sid), T0)
-    cm.on_session_close_request(SessionCloseRequest(TERM, sid + 99), T0)
-    cm.on_session_close_request(SessionCloseRequest(TERM - 1, sid), T0)
+    cm.session_manager.on_keepalive(SessionKeepAlive(TERM, sid + 99), T0)
+    cm.session_manager.on_keepalive(SessionKeepAlive(TERM + 1, sid), T0)
+    cm.session_manager.on_close_request(SessionCloseRequest(TERM, sid + 99), T0)
+    cm.session_manager.on_close_request(SessionCloseRequest(TERM - 1, sid), T0)
     assert cm.counters.unknown_session_messages == 3
     assert cm.counters.wrong_term_messages == 4
     assert reader.messages(SessionMessageHeader) == []
@@ -545,7 +556,7 @@ def test_activity_prevents_timeout(kind: str) -> None:
         now += timeout // 2
         cm.on_slow_tick(now)
         if kind == "keepalive":
-            cm.on_keepalive(SessionKeepAlive(TERM, sid), now)
+            cm.session_manager.on_keepalive(SessionKeepAlive(TERM, sid), now)
         else:
             assert cm.on_ingress_message(msg(cm, sid), now)
     assert now - T0 > 2 * timeout
@@ -581,7 +592,7 @@ def test_pending_session_whose_egress_never_connects_times_out() -> None:
     cm, egress, reader = make()
     sid = connect(cm, T0)
     cm.on_slow_tick(T0 + cm.config.session_timeout_ns + 1)
-    assert cm.pending_sessions == []
+    assert cm.session_manager.pending_sessions == []
     assert egress.closes() == [sid]
     assert reader.messages(SessionOpenEvent) == []
 
@@ -589,7 +600,7 @@ def test_pending_session_whose_egress_never_connects_times_out() -> None:
 def test_close_request_is_client_action() -> None:
     cm, egress, reader = make()
     sid = open_session(cm, reader, T0)
-    cm.on_session_close_request(SessionCloseRequest(TERM, sid), T0 + MS)
+    cm.session_manager.on_close_request(SessionCloseRequest(TERM, sid), T0 + MS)
     (close,) = reader.messages(SessionCloseEvent)
     assert close.close_reason is CloseReason.CLIENT_ACTION
     assert close.cluster_session_id == sid
@@ -601,12 +612,12 @@ def test_close_request_is_client_action() -> None:
 def test_service_close_is_service_action() -> None:
     cm, egress, reader = make()
     sid = open_session(cm, reader, T0)
-    assert not cm.on_service_close_session(sid + 1, T0)
-    assert cm.on_service_close_session(sid, T0 + MS)
+    assert not cm.session_manager.on_service_close(sid + 1, T0)
+    assert cm.session_manager.on_service_close(sid, T0 + MS)
     (close,) = reader.messages(SessionCloseEvent)
     assert close.close_reason is CloseReason.SERVICE_ACTION
     assert egress.events(sid)[-1].code is EventCode.CLOSED
-    assert not cm.on_service_close_session(sid, T0 + 2 * MS)  # already closed
+    assert not cm.session_manager.on_service_close(sid, T0 + 2 * MS)  # already closed
 
 
 def test_service_close_on_follower_is_applied_when_it_leads() -> None:
@@ -615,7 +626,7 @@ def test_service_close_on_follower_is_applied_when_it_leads() -> None:
     follower, _f_egress, f_reader = make(role=Role.FOLLOWER)
     for position, m in leader_log.entries:
         follower.on_replay_log_message(m, position, T0)
-    assert follower.on_service_close_session(sid, T0)
+    assert follower.session_manager.on_service_close(sid, T0)
     assert follower.sessions[sid].state is State.CLOSING
     assert f_reader.messages() == []  # followers never append
     lead(follower, TERM + 1, T0 + SECOND)
@@ -641,15 +652,14 @@ def test_admin_snapshot_request_puts_a_snapshot_action_on_the_log() -> None:
 
 
 def test_admin_request_refused_without_authorisation_or_when_suspended() -> None:
-    cm, egress, reader = make()
-    cm.authorisation = AdminPrincipals({b"root"})
+    cm, egress, reader = make(authorisation=AdminPrincipals({b"root"}))
     sid = open_session(cm, reader, T0)
     cm.on_admin_request(AdminRequest(TERM, sid, 1, AdminRequestType.SNAPSHOT), T0)
     assert egress.messages(sid, AdminResponse)[-1].response_code is (
         AdminResponseCode.UNAUTHORISED_ACCESS
     )
     cm.sessions[sid].encoded_principal = b"root"
-    ok, _ = cm.request_cluster_action(ClusterAction.SUSPEND, T0)
+    ok, _ = cm.control.request(ClusterAction.SUSPEND, T0)
     assert ok
     cm.on_admin_request(AdminRequest(TERM, sid, 2, AdminRequestType.SNAPSHOT), T0)
     refused = egress.messages(sid, AdminResponse)[-1]
@@ -658,7 +668,7 @@ def test_admin_request_refused_without_authorisation_or_when_suspended() -> None
     # while suspended, client messages are held and sequenced on RESUME
     assert cm.on_ingress_message(msg(cm, sid, b"held"), T0)
     assert b"held" not in [m.payload for m in reader.messages(SessionMessageHeader)]
-    ok, _ = cm.request_cluster_action(ClusterAction.RESUME, T0)
+    ok, _ = cm.control.request(ClusterAction.RESUME, T0)
     assert ok
     assert [m.payload for m in reader.messages(SessionMessageHeader)] == [b"held"]
     assert [a.action for a in reader.messages(ClusterActionRequest)] == [
@@ -677,10 +687,10 @@ def test_follower_redirects_once_egress_connected() -> None:
     )  # learn the leader
     egress_id = connect(cm, T0, correlation_id=77)
     assert egress_id < 0  # a local id, not a cluster session id
-    assert cm.pending_sessions == []
+    assert cm.session_manager.pending_sessions == []
     cm.on_slow_tick(T0)
     assert egress.sent == []
-    cm.on_egress_connected(egress_id)
+    cm.session_manager.on_egress_connected(egress_id)
     cm.on_slow_tick(T0 + 10 * MS)
     (event,) = egress.events(egress_id)
     assert event.code is EventCode.REDIRECT
@@ -690,7 +700,7 @@ def test_follower_redirects_once_egress_connected() -> None:
     assert event.leadership_term_id == TERM
     assert egress.closes() == [egress_id]
     assert cm.sessions == {}
-    assert cm.redirect_sessions == []
+    assert cm.session_manager.redirect_sessions == []
     assert cm.counters.redirected_sessions == 1
     assert reader.pull() == []
     # two redirects get distinct egress ids
@@ -701,45 +711,45 @@ def test_follower_redirects_once_egress_connected() -> None:
 def test_follower_ignores_ingress() -> None:
     cm, _egress, reader = make(role=Role.FOLLOWER)
     assert not cm.on_ingress_message(SessionMessageHeader(TERM, 1, 0, b"x"), T0)
-    cm.on_keepalive(SessionKeepAlive(TERM, 1), T0)
-    cm.on_session_close_request(SessionCloseRequest(TERM, 1), T0)
+    cm.session_manager.on_keepalive(SessionKeepAlive(TERM, 1), T0)
+    cm.session_manager.on_close_request(SessionCloseRequest(TERM, 1), T0)
     assert reader.pull() == []
 
 
 def test_egress_failure_drops_pending_session() -> None:
     cm, egress, reader = make()
     sid = connect(cm, T0)
-    cm.on_egress_failed(sid)
-    assert cm.pending_sessions == []
+    cm.session_manager.on_egress_failed(sid)
+    assert cm.session_manager.pending_sessions == []
     assert cm.counters.egress_failures == 1
-    cm.on_egress_connected(sid)  # late news about a dropped session: harmless
+    cm.session_manager.on_egress_connected(sid)  # late news about a dropped session: harmless
     cm.on_slow_tick(T0 + 10 * MS)
     assert cm.sessions == {}
     assert reader.messages(SessionOpenEvent) == []
     assert egress.sent == []
     # and the freed slot counts towards the limit again
-    assert len(cm.sessions) + len(cm.pending_sessions) == 0
+    assert len(cm.sessions) + len(cm.session_manager.pending_sessions) == 0
 
 
 def test_egress_failure_drops_redirect_and_rejected_sessions() -> None:
     follower, f_egress, _ = make(role=Role.FOLLOWER)
     eid = connect(follower, T0)
-    follower.on_egress_failed(eid)
-    assert follower.redirect_sessions == []
-    follower.on_egress_connected(eid)
+    follower.session_manager.on_egress_failed(eid)
+    assert follower.session_manager.redirect_sessions == []
+    follower.session_manager.on_egress_connected(eid)
     follower.on_slow_tick(T0)
     assert f_egress.sent == []
 
     cm, _egress, _ = make()
     sid = connect(cm, T0, version=pv.compose((pv.major(pv.PROTOCOL_VERSION) + 1) % 256, 0, 0))
-    cm.on_egress_failed(sid)
-    assert cm.rejected_sessions == []
+    cm.session_manager.on_egress_failed(sid)
+    assert cm.session_manager.rejected_sessions == []
 
 
 def test_egress_failure_of_open_session_keeps_it_until_timeout() -> None:
     cm, _egress, reader = make()
     sid = open_session(cm, reader, T0)
-    cm.on_egress_failed(sid)
+    cm.session_manager.on_egress_failed(sid)
     assert cm.sessions[sid].state is State.OPEN
     assert not cm.sessions[sid].egress_connected
 
@@ -752,7 +762,7 @@ def test_become_leader_restores_sessions_and_sends_new_leader_event() -> None:
     s1 = open_session(old, old_log, T0, correlation_id=1)
     s2 = open_session(old, old_log, T0, correlation_id=2)
     s3 = open_session(old, old_log, T0, correlation_id=3)
-    old.on_session_close_request(SessionCloseRequest(TERM, s2), T0 + MS)
+    old.session_manager.on_close_request(SessionCloseRequest(TERM, s2), T0 + MS)
     old_log.pull()
 
     cm, egress, reader = make(role=Role.FOLLOWER, log_position=old_log.end)
@@ -760,7 +770,7 @@ def test_become_leader_restores_sessions_and_sends_new_leader_event() -> None:
         cm.on_replay_log_message(m, position, T0 + 2 * MS)
     assert set(cm.sessions) == {s1, s3}
     assert all(s.state is State.OPEN for s in cm.sessions.values())
-    assert cm.next_session_id == s3 + 1
+    assert cm.session_manager.next_session_id == s3 + 1
     assert cm.leadership_term_id == TERM
     assert egress.calls == []  # followers do not connect the egress
 
@@ -773,8 +783,8 @@ def test_become_leader_restores_sessions_and_sends_new_leader_event() -> None:
 
     cm.on_slow_tick(T0 + SECOND + 10 * MS)
     assert egress.messages(None, NewLeaderEvent) == []  # waits for the egress
-    cm.on_egress_connected(s1)
-    cm.on_egress_connected(s3)
+    cm.session_manager.on_egress_connected(s1)
+    cm.session_manager.on_egress_connected(s3)
     cm.on_slow_tick(T0 + SECOND + 20 * MS)
     events = egress.messages(None, NewLeaderEvent)
     assert sorted(e.cluster_session_id for e in events) == [s1, s3]
@@ -814,9 +824,9 @@ def test_timestamps_never_go_backwards_when_clock_does() -> None:
     cm.on_ingress_message(msg(cm, sid), T0 + 10 * SECOND)  # clock jumped back
     cm.on_ingress_message(msg(cm, sid), T0 + 60 * SECOND)
     cm.on_ingress_message(msg(cm, sid), T0)
-    cm.schedule_timer(1, 0)
+    cm.timers.schedule(1, 0)
     cm.consensus_work(T0 - SECOND)
-    cm.on_session_close_request(SessionCloseRequest(TERM, sid), T0 - 2 * SECOND)
+    cm.session_manager.on_close_request(SessionCloseRequest(TERM, sid), T0 - 2 * SECOND)
     lead(cm, TERM + 1, T0 - 3 * SECOND)
     stamps = [m.timestamp for m in reader.messages()]
     assert len(stamps) == 8
@@ -841,9 +851,9 @@ def test_epoch_offset_converts_monotonic_to_epoch_ms() -> None:
     egress = RecordingEgress()
     cm = ConsensusModule(ConsensusConfig(), egress, epoch_offset_ns=5 * SECOND)
     lead(cm, 1, 2 * SECOND)
-    assert cm.timestamp == 7_000
-    assert cm.cluster_time(SECOND) == 7_000  # never behind the last timestamp
-    assert cm.cluster_time(10 * SECOND) == 15_000
+    assert cm.log.timestamp == 7_000
+    assert cm.log.cluster_time(SECOND) == 7_000  # never behind the last timestamp
+    assert cm.log.cluster_time(10 * SECOND) == 15_000
 
 
 # ---------------------------------------------------------------------- timers
@@ -852,7 +862,7 @@ def test_epoch_offset_converts_monotonic_to_epoch_ms() -> None:
 def test_timer_fires_into_the_log_when_due() -> None:
     cm, _egress, reader = make()
     deadline = (T0 + 100 * MS) // MS
-    cm.schedule_timer(7, deadline)
+    cm.timers.schedule(7, deadline)
     assert cm.consensus_work(T0 + 99 * MS) == 0
     assert reader.messages(TimerEvent) == []
     assert cm.consensus_work(T0 + 100 * MS) == 1
@@ -864,18 +874,18 @@ def test_timer_fires_into_the_log_when_due() -> None:
 
 def test_cancelled_timer_does_not_fire() -> None:
     cm, _egress, reader = make()
-    cm.schedule_timer(7, T0 // MS)
-    cm.schedule_timer(8, T0 // MS)
-    assert cm.cancel_timer(7)
-    assert not cm.cancel_timer(7)
+    cm.timers.schedule(7, T0 // MS)
+    cm.timers.schedule(8, T0 // MS)
+    assert cm.timers.cancel(7)
+    assert not cm.timers.cancel(7)
     assert cm.consensus_work(T0 + SECOND) == 1
     assert [t.correlation_id for t in reader.messages(TimerEvent)] == [8]
 
 
 def test_replayed_timer_event_cancels_timer() -> None:
     cm, _egress, reader = make(role=Role.FOLLOWER)
-    cm.schedule_timer(7, 10)
-    cm.schedule_timer(8, 10)
+    cm.timers.schedule(7, 10)
+    cm.timers.schedule(8, 10)
     assert cm.consensus_work(T0) == 0  # followers never fire timers
     cm.timers.cancel(7)  # what applying TimerEvent(7) from the log does (ServiceContainer)
     lead(cm, TERM + 1, T0)
@@ -886,8 +896,8 @@ def test_replayed_timer_event_cancels_timer() -> None:
 def test_rescheduled_timer_uses_new_deadline() -> None:
     cm, _egress, reader = make()
     base = T0 // MS
-    cm.schedule_timer(1, base + 10)
-    cm.schedule_timer(1, base + 50)
+    cm.timers.schedule(1, base + 10)
+    cm.timers.schedule(1, base + 50)
     assert cm.consensus_work(T0 + 20 * MS) == 0
     assert cm.consensus_work(T0 + 50 * MS) == 1
     (timer,) = reader.messages(TimerEvent)
@@ -933,24 +943,26 @@ class SessionMachine(RuleBasedStateMachine):
         self.connect()
         egress_id = self.egress_ids[-1]
         self.connected.add(egress_id)
-        self.cm.on_egress_connected(egress_id)
+        self.cm.session_manager.on_egress_connected(egress_id)
         self.cm.on_slow_tick(self.now)
 
     @precondition(lambda self: bool(self.egress_ids))
     @rule(data=st.data())
     def egress_connected(self, data: st.DataObject) -> None:
         waiting = [
-            s.egress_id for s in self.cm.pending_sessions + self.cm.rejected_sessions
+            s.egress_id
+            for s in self.cm.session_manager.pending_sessions
+            + self.cm.session_manager.rejected_sessions
         ] or self.egress_ids
         egress_id = data.draw(st.sampled_from(waiting))
         self.connected.add(egress_id)
-        self.cm.on_egress_connected(egress_id)
+        self.cm.session_manager.on_egress_connected(egress_id)
 
     @precondition(lambda self: bool(self.egress_ids))
     @rule(data=st.data())
     def egress_failed(self, data: st.DataObject) -> None:
         egress_id = data.draw(st.sampled_from(self.egress_ids))
-        self.cm.on_egress_failed(egress_id)
+        self.cm.session_manager.on_egress_failed(egress_id)
 
     @rule(
         dt=st.one_of(
@@ -981,22 +993,24 @@ class SessionMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def keepalive(self, data: st.DataObject) -> None:
-        self.cm.on_keepalive(SessionKeepAlive(TERM, self._session_id(data)), self.now)
+        self.cm.session_manager.on_keepalive(
+            SessionKeepAlive(TERM, self._session_id(data)), self.now
+        )
 
     @rule(data=st.data())
     def close(self, data: st.DataObject) -> None:
-        self.cm.on_session_close_request(
+        self.cm.session_manager.on_close_request(
             SessionCloseRequest(TERM, self._session_id(data)), self.now
         )
 
     @rule(data=st.data())
     def service_close(self, data: st.DataObject) -> None:
-        self.cm.on_service_close_session(self._session_id(data), self.now)
+        self.cm.session_manager.on_service_close(self._session_id(data), self.now)
 
     @rule(data=st.data())
     def archive_position(self, data: st.DataObject) -> None:
         self.reader.pull()
-        boundaries = [p for p, _ in self.reader.entries if p > self.cm.archive_position]
+        boundaries = [p for p, _ in self.reader.entries if p > self.cm.log.archive_position]
         if boundaries:
             self.cm.on_archive_position(data.draw(st.sampled_from(boundaries)))
 
@@ -1040,8 +1054,15 @@ class SessionMachine(RuleBasedStateMachine):
                 assert sid in self.opened
                 assert sid not in self.closed
         assert set(self.cm.sessions) == set(self.opened) - self.closed
-        assert len(self.cm.sessions) + len(self.cm.pending_sessions) <= self.max_sessions
-        assert self.cm.commit_position <= self.cm.archive_position <= self.cm.published_position
+        assert (
+            len(self.cm.sessions) + len(self.cm.session_manager.pending_sessions)
+            <= self.max_sessions
+        )
+        assert (
+            self.cm.commit_position
+            <= self.cm.log.archive_position
+            <= self.cm.log.published_position
+        )
 
     @invariant()
     def ok_only_after_commit(self) -> None:
@@ -1073,7 +1094,7 @@ TestSessionMachine.settings = settings(
 
 def test_fired_timer_survives_a_step_down_before_its_event_commits() -> None:
     cm, _egress, reader = make(member_count=3)
-    cm.schedule_timer(5, 10)
+    cm.timers.schedule(5, 10)
     assert cm.consensus_work(T0) == 1  # TimerEvent appended, not yet committed
     assert [t.correlation_id for t in reader.messages(TimerEvent)] == [5]
     assert len(cm.timers) == 0

@@ -15,7 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster.archive.record import iter_records
-from cluster.core.consensus import ConsensusConfig, ConsensusModule
+from cluster.core.base import ConsensusConfig, Event
+from cluster.core.consensus import ConsensusModule
+from cluster.core.driver import drive
 from cluster.core.election import ElectionState
 from cluster.protocol.codec import LOG
 from cluster.protocol.consensus import (
@@ -77,6 +79,47 @@ class Storage:
         pass
 
 
+class MemoryShell:
+    """The driver's shell for one member: its "archive" is a bytearray that takes each
+    log batch at once; applying is only moving the applied position."""
+
+    def __init__(self, cluster: Cluster, i: int) -> None:
+        self.cluster = cluster
+        self.i = i
+        self.cm = cluster.members[i]
+        self.disk = cluster.disk[i]
+
+    @property
+    def applied_position(self) -> int:
+        return self.cluster.applied[self.i]
+
+    def on_event(self, event: Event) -> None:
+        pass
+
+    def persist(self) -> None:
+        cm = self.cm
+        truncate = cm.log.pending_truncate
+        if truncate is not None:
+            del self.disk[truncate:]
+            cm.on_truncated(truncate)
+        batch = cm.take_log_batch()
+        if batch is not None:
+            start, data = batch
+            assert start == len(self.disk)
+            self.disk += data
+            cm.on_archive_position(len(self.disk), self.cluster.now)
+
+    def apply(self, commit_position: int) -> bool:
+        applied = self.cluster.applied
+        if commit_position <= applied[self.i]:
+            return False
+        applied[self.i] = commit_position
+        return True
+
+    def flush(self) -> None:
+        pass
+
+
 class Cluster:
     def __init__(self, n: int, seed: int = 0) -> None:
         self.rng = random.Random(seed)
@@ -84,6 +127,7 @@ class Cluster:
         self.now = SECOND
         self.members: dict[int, ConsensusModule] = {}
         self.disk: dict[int, bytearray] = {}
+        self.applied: dict[int, int] = {}
         self.leaders: dict[int, int] = {}  # term -> leader
         self.down: set[int] = set()
         for i in range(n):
@@ -102,20 +146,12 @@ class Cluster:
             )
             self.members[i] = cm
             self.disk[i] = bytearray()
+            self.applied[i] = 0
             cm.enter_election(self.now, "start-up", is_startup=True)
 
     def persist(self, i: int) -> None:
-        cm = self.members[i]
-        if cm.pending_truncate is not None:
-            del self.disk[i][cm.pending_truncate :]
-            cm.on_truncated(cm.pending_truncate)
-        batch = cm.take_log_batch()
-        if batch is not None:
-            start, data = batch
-            assert start == len(self.disk[i])
-            self.disk[i] += data
-            cm.on_archive_position(len(self.disk[i]), self.now)
-        cm.on_applied(cm.commit_position)
+        """Drive member ``i`` with the driver the node uses (its shell: a bytearray)."""
+        drive(self.members[i], MemoryShell(self, i), self.now)
 
     def step(self, dt: int = 10 * MS) -> None:
         self.now += dt
@@ -140,19 +176,17 @@ class Cluster:
                 continue
             # the leader ships its whole log to every follower (the shell's replicator)
             if cm.role is Role.LEADER:
-                for f in cm.followers.values():
+                replication = cm.replication
+                for member in [p.member_id for p in cm.followers]:
+                    start = replication.next_append(member)
+                    assert start is not None
                     end = len(self.disk[i])
-                    if f.next_position < end:
-                        stop = cm.replication_stop(f.next_position, end)
-                        data = bytes(self.disk[i][f.next_position : stop])
-                        cm.consensus.send(
-                            f.member_id, cm.append_request(f.member_id, f.next_position, data)
-                        )
-                        f.next_position = stop
+                    if start < end:
+                        stop = replication.replication_stop(start, end)
+                        data = bytes(self.disk[i][start:stop])
+                        cm.consensus.send(member, replication.append_request(member, start, data))
                     elif self.rng.random() < 0.2:
-                        cm.consensus.send(
-                            f.member_id, cm.append_request(f.member_id, f.next_position, b"")
-                        )
+                        cm.consensus.send(member, replication.append_request(member, start, b""))
             cm.consensus_work(self.now)
             self.persist(i)
         self.check()
@@ -189,7 +223,7 @@ class Cluster:
         leader = self.leader()
         assert leader is not None
         self.append(b"x")
-        end = leader.published_position
+        end = leader.log.published_position
         self.run_until(lambda: all(cm.commit_position >= end for cm in self.members.values()))
         return leader
 
@@ -197,7 +231,9 @@ class Cluster:
         """Append a fake client message on the leader (no session checks)."""
         leader = self.leader()
         assert leader is not None
-        return leader._append(SessionMessageHeader(leader.leadership_term_id, 1, 0, payload))
+        return leader.log.append(
+            SessionMessageHeader(leader.leadership_term_id, 1, 0, payload), True
+        )
 
 
 def payloads(disk: bytes) -> list[bytes]:
@@ -219,7 +255,7 @@ def test_three_members_elect_one_leader_and_replicate() -> None:
     assert all(cm.leader_member_id == leader.config.member_id for cm in followers)
     for i in range(20):
         c.append(f"m{i}".encode())
-    end = leader.published_position
+    end = leader.log.published_position
     c.run_until(lambda: all(cm.commit_position >= end for cm in c.members.values()))
     assert len({bytes(d) for d in c.disk.values()}) == 1
     assert payloads(c.disk[0]) == [f"m{i}".encode() for i in range(20)]
@@ -237,7 +273,7 @@ def test_leader_failure_elects_a_new_leader_that_keeps_committed_entries() -> No
     assert old is not None
     for i in range(10):
         c.append(f"a{i}".encode())
-    end = old.published_position
+    end = old.log.published_position
     c.run_until(lambda: old.commit_position >= end)
     c.down.add(old.config.member_id)
     c.run_until(lambda: c.leader() is not None and c.leader() is not old)
@@ -255,7 +291,7 @@ def test_deposed_leaders_uncommitted_entries_are_truncated() -> None:
     me = old.config.member_id
     others = [i for i in c.members if i != me]
     c.append(b"committed")
-    end = old.published_position
+    end = old.log.published_position
     c.run_until(lambda: old.commit_position >= end)
     # cut the leader off, then let it append entries no one else gets
     for o in others:
@@ -270,7 +306,7 @@ def test_deposed_leaders_uncommitted_entries_are_truncated() -> None:
     c.run_until(
         lambda: (
             old.role is Role.FOLLOWER
-            and old.commit_position >= new.commit_position >= new.published_position
+            and old.commit_position >= new.commit_position >= new.log.published_position
         )
     )
     assert old.counters.truncations >= 1
@@ -352,7 +388,7 @@ def test_random_crashes_and_partitions_keep_committed_logs_consistent(seed: int,
     leader = c.leader()
     assert leader is not None
     leader._append(SessionMessageHeader(leader.leadership_term_id, 1, 0, b"final"))
-    end = leader.published_position
+    end = leader.log.published_position
     c.run_until(lambda: all(cm.commit_position >= end for cm in c.members.values()))
     logs = {bytes(c.disk[i][:end]) for i in c.members}
     assert len(logs) == 1
@@ -399,7 +435,7 @@ def test_commit_position_rides_on_appends_and_the_slow_tick_sends_the_rest() -> 
     AppendRequest has told, once."""
     c = Cluster(3, seed=5)
     leader = c.leader_with_a_committed_entry()
-    first, second = sorted(leader.followers)
+    first, second = sorted(p.member_id for p in leader.followers)
     term = leader.leadership_term_id
 
     def commits_sent() -> dict[int, int]:
@@ -412,9 +448,9 @@ def test_commit_position_rides_on_appends_and_the_slow_tick_sends_the_rest() -> 
         return sent
 
     c.append(b"y")
-    middle = leader.published_position
+    middle = leader.log.published_position
     c.append(b"z")
-    last = leader.published_position
+    last = leader.log.published_position
     c.persist(leader.config.member_id)
     commits_sent()
     # a quorum holds "y": no CommitPosition goes out
@@ -424,7 +460,7 @@ def test_commit_position_rides_on_appends_and_the_slow_tick_sends_the_rest() -> 
     assert leader.commit_position == middle
     assert commits_sent() == {}
     # an AppendRequest to the first follower carries it ...
-    assert leader.append_request(first, middle, b"").commit_position == middle
+    assert leader.replication.append_request(first, middle, b"").commit_position == middle
     # ... so the slow tick tells only the second one, and only once
     leader.on_slow_tick(c.now + 1)
     assert commits_sent() == {second: middle}

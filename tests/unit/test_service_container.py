@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from cluster.archive.record import RECORD_HEADER_LENGTH, encode_record, iter_records
-from cluster.core.consensus import ConsensusConfig, ConsensusModule
+from cluster.core.base import ConsensusConfig
+from cluster.core.consensus import ConsensusModule
 from cluster.core.service_container import ServiceContainer
 from cluster.core.session import State
 from cluster.protocol import LOG, ProtocolError, encode
@@ -119,7 +120,7 @@ class Node:
         if role is Role.LEADER:
             self.cm.become_leader(TERM, self.now)
             # complete the election: the term's first entry durable, committed, applied
-            end = self.cm.published_position
+            end = self.cm.log.published_position
             self.cm.on_archive_position(end, self.now)
             self.cm.on_applied(end)
             self.cm.consensus_work(self.now)
@@ -132,11 +133,11 @@ class Node:
         self.cm.on_slow_tick(self.now)
 
     def open(self, correlation_id: int = 1) -> int:
-        sid = self.cm.next_session_id
-        self.cm.on_session_connect(
+        sid = self.cm.session_manager.next_session_id
+        self.cm.session_manager.on_connect(
             SessionConnectRequest(correlation_id, 3, pv.PROTOCOL_VERSION, CHANNEL), self.now
         )
-        self.cm.on_egress_connected(sid)
+        self.cm.session_manager.on_egress_connected(sid)
         self.tick()
         assert self.cm.sessions[sid].state is State.OPEN
         return sid
@@ -177,9 +178,9 @@ def test_callbacks_in_log_order() -> None:
     node.send(a, b"a1")
     node.send(b, b"b1")
     node.send(a, b"a2")
-    node.cm.schedule_timer(77, node.cm.timestamp)
+    node.cm.timers.schedule(77, node.cm.log.timestamp)
     node.tick()
-    node.cm.on_session_close_request(SessionCloseRequest(TERM, a), node.now)
+    node.cm.session_manager.on_close_request(SessionCloseRequest(TERM, a), node.now)
     applied = node.apply_all()
 
     # the callbacks follow the log exactly
@@ -210,7 +211,7 @@ def test_callbacks_in_log_order() -> None:
         "close",
     ]
     assert expected[-1][3] is CloseReason.CLIENT_ACTION
-    assert node.container.log_position == node.applied == node.cm.published_position
+    assert node.container.log_position == node.applied == node.cm.log.published_position
     assert node.container.applied_messages == 3
     assert node.container.leadership_term_id == TERM
     assert set(node.container.sessions) == {b}
@@ -224,7 +225,7 @@ def test_replies_carry_the_log_entry_timestamp_and_go_to_egress() -> None:
     node.send(sid, b"y", dt=13 * MS)
     stamps = [
         m.timestamp
-        for m in (LOG.decode(body) for _, body in iter_records(node.cm.log_buffer))
+        for m in (LOG.decode(body) for _, body in iter_records(node.cm.log.buffer))
         if isinstance(m, SessionMessageHeader)
     ]
     assert stamps[0] < stamps[1]
@@ -414,11 +415,11 @@ def _scripted_run(node: Node, *, from_own_records: bool) -> None:
     for i in range(40):
         node.send(a if i % 3 else b, b"m%d" % i)
         if i == 10:
-            node.cm.schedule_timer(77, node.cm.timestamp)
+            node.cm.timers.schedule(77, node.cm.log.timestamp)
             node.tick()
         if i % 7 == 0:
             node.tick()
-    node.cm.on_session_close_request(SessionCloseRequest(TERM, a), node.now)
+    node.cm.session_manager.on_close_request(SessionCloseRequest(TERM, a), node.now)
     data = node.log_bytes()
     base = node.applied
     end = base + len(data)
@@ -426,7 +427,7 @@ def _scripted_run(node: Node, *, from_own_records: bool) -> None:
 
     def apply(position: int, stop: int) -> int:
         if from_own_records:
-            records = node.cm.take_own_records(position, stop)
+            records = node.cm.log.take_own_records(position, stop)
             return node.container.apply_records(records, position)
         return node.container.apply(data[position - base : stop - base], position)
 
@@ -443,7 +444,7 @@ def _scripted_run(node: Node, *, from_own_records: bool) -> None:
 def test_leader_applies_its_own_records_exactly_as_decoding_them() -> None:
     decoded, own = Node(), Node()
     decoded.apply_all()
-    own.cm.take_own_records(own.applied, own.applied)  # the term's first entry: applied
+    own.cm.log.take_own_records(own.applied, own.applied)  # the term's first entry: applied
     own.apply_all()
     _scripted_run(decoded, from_own_records=False)
     _scripted_run(own, from_own_records=True)
@@ -452,7 +453,7 @@ def test_leader_applies_its_own_records_exactly_as_decoding_them() -> None:
     assert own.container.log_position == decoded.container.log_position
     assert own.container.applied_messages == decoded.container.applied_messages
     assert len(own.service.events) > 40
-    assert not own.cm.own_records  # every record taken once
+    assert not own.cm.log.own_records  # every record taken once
 
 
 def test_own_records_start_where_asked_and_are_dropped_behind() -> None:
@@ -461,20 +462,20 @@ def test_own_records_start_where_asked_and_are_dropped_behind() -> None:
     sid = node.open()
     node.send(sid, b"x")
     node.send(sid, b"y")
-    records = list(node.cm.own_records)
+    records = list(node.cm.log.own_records)
     assert [r[0] for r in records[1:]] == [r[1] for r in records[:-1]]  # contiguous
     start, end = records[-2][0], records[-1][1]
-    assert node.cm.take_own_records(start, end - 1) == [records[-2]]  # whole records only
-    assert node.cm.own_records[0] == records[-1]
+    assert node.cm.log.take_own_records(start, end - 1) == [records[-2]]  # whole records only
+    assert node.cm.log.own_records[0] == records[-1]
     # asked from inside a record: nothing, and what lies before is dropped for good
-    assert node.cm.take_own_records(records[-1][0] + 1, end) == []
-    assert not node.cm.own_records
+    assert node.cm.log.take_own_records(records[-1][0] + 1, end) == []
+    assert not node.cm.log.own_records
 
 
 def test_own_records_forgotten_when_the_leader_steps_down() -> None:
     node = Node()
     sid = node.open()
     node.send(sid, b"x")
-    assert node.cm.own_records
+    assert node.cm.log.own_records
     node.cm.enter_election(node.now, "test")
-    assert not node.cm.own_records
+    assert not node.cm.log.own_records

@@ -1,0 +1,151 @@
+"""What the consensus module's parts share: its configuration, its counters, the ports
+its output leaves through, and the events it hands to the shell.
+
+The ports only enqueue: a call never re-enters the consensus module and never blocks.
+What the shell must *do* (persist the log, apply it, react to a role change) is handed
+out instead (``take_log_batch``, ``commit_position``, ``take_events``) and the shell
+reports back what it did (``on_archive_position``, ``on_truncated``, ``on_applied``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..protocol import version as protocol_version
+from ..protocol.consensus import ConsensusMessage
+from ..protocol.egress import EgressMessage
+from ..protocol.enums import Role
+
+
+@dataclass(slots=True)
+class ConsensusConfig:
+    member_id: int = 0
+    member_ids: tuple[int, ...] = (0,)
+    session_timeout_ns: int = 10_000_000_000
+    max_concurrent_sessions: int = 10
+    ingress_endpoints: str = ""
+    app_version: int = protocol_version.compose(0, 0, 1)
+    leader_heartbeat_interval_ns: int = 200_000_000
+    leader_heartbeat_timeout_ns: int = 10_000_000_000
+    election_timeout_ns: int = 1_000_000_000
+    election_status_interval_ns: int = 100_000_000
+    startup_canvass_timeout_ns: int = 60_000_000_000
+
+    @property
+    def member_count(self) -> int:
+        return len(self.member_ids)
+
+    @property
+    def others(self) -> list[int]:
+        """Every member but this one."""
+        return [m for m in self.member_ids if m != self.member_id]
+
+
+@dataclass(slots=True)
+class Counters:
+    """Things counted rather than raised (operators see them in describe/TUI)."""
+
+    unknown_session_messages: int = 0
+    wrong_term_messages: int = 0
+    held_messages_dropped: int = 0
+    """Messages refused because the SUSPENDED module's hold queue was full."""
+    rejected_sessions: int = 0
+    redirected_sessions: int = 0
+    timed_out_sessions: int = 0
+    egress_failures: int = 0
+    elections: int = 0
+    truncations: int = 0
+    truncated_bytes: int = 0
+
+
+class EgressPort(Protocol):
+    """Where the consensus module's egress goes; every method only enqueues."""
+
+    def connect(self, egress_id: int, channel: str) -> None:
+        """Start connecting to a client's egress channel ``host:port``."""
+
+    def send(self, egress_id: int, message: EgressMessage) -> bool:
+        """Queue a message; False if the egress is unknown or its backlog is full."""
+
+    def close(self, egress_id: int) -> None:
+        """Flush what is queued, then close the egress connection."""
+
+
+class ConsensusPort(Protocol):
+    """Member-to-member messages; sending only enqueues and may silently drop."""
+
+    def send(self, member_id: int, message: ConsensusMessage) -> bool: ...
+
+
+class StoragePort(Protocol):
+    """The few durable writes the consensus module makes itself (rare, synchronous)."""
+
+    def save_candidate_term(self, candidate_term_id: int) -> None:
+        """Persist the highest term voted in or seen, before it is acted upon."""
+
+    def record_term(self, leadership_term_id: int, base_position: int, timestamp: int) -> None:
+        """Persist the start of a term in the recording log."""
+
+    def remove_terms_from(self, position: int) -> None:
+        """Forget terms starting at or after a truncation point."""
+
+
+class NoConsensus:
+    """A ConsensusPort for a cluster of one: nobody to send to."""
+
+    def send(self, member_id: int, message: ConsensusMessage) -> bool:
+        return False
+
+
+class NoStorage:
+    """A StoragePort that keeps nothing (tests of the core alone)."""
+
+    def save_candidate_term(self, candidate_term_id: int) -> None:
+        pass
+
+    def record_term(self, leadership_term_id: int, base_position: int, timestamp: int) -> None:
+        pass
+
+    def remove_terms_from(self, position: int) -> None:
+        pass
+
+
+class TermView(Protocol):
+    """The consensus module's term and leader, as its parts read them."""
+
+    @property
+    def leadership_term_id(self) -> int: ...
+
+    @property
+    def leader_member_id(self) -> int: ...
+
+    @property
+    def is_ready_leader(self) -> bool:
+        """Leader with its election complete: it takes client work."""
+        ...
+
+    @property
+    def in_election(self) -> bool: ...
+
+
+# ---------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class RoleChanged:
+    """This member's role changed (a leader stepping down, a follower winning)."""
+
+    role: Role
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderReady:
+    """This leader's election is complete: its term's first entry is committed and
+    applied, so every earlier entry is too; the service may now send real egress."""
+
+    leadership_term_id: int
+    log_position: int
+
+
+Event = RoleChanged | LeaderReady

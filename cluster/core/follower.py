@@ -1,0 +1,184 @@
+"""A follower's side of replication: log matching, the commit position it may use, and
+its AppendPosition reports (Raft's AppendEntries receiver, in byte positions).
+
+The leader ships its log as byte ranges (:class:`AppendRequest`), each within one term.
+A follower appends a range only where its own log agrees with the leader's up to the
+range's start (the term of the entry ending there is the request's ``prev_term_id``);
+entries it already holds from the same term at the same positions are the same entries
+and are skipped, and it truncates only from the first entry that really differs (never
+below its commit position).  ``verified_end`` is how far its log is known to match the
+current leader's: it reports that (once durable) as VERIFIED, anything else as a hint
+of where to resend from.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..protocol.consensus import APPEND_POSITION_VERIFIED, AppendPosition, AppendRequest
+from .base import ConsensusConfig, ConsensusPort, Counters, StoragePort, TermView
+from .log import ReplicatedLog
+
+log = logging.getLogger("cluster.consensus")
+
+
+class FollowerReplica:
+    """The follower's log matching and reporting (idle while this member leads)."""
+
+    __slots__ = (
+        "_last_reported",
+        "_next_report_ns",
+        "config",
+        "consensus",
+        "counters",
+        "leader_commit_position",
+        "log",
+        "storage",
+        "verified_end",
+        "view",
+    )
+
+    def __init__(
+        self,
+        config: ConsensusConfig,
+        log: ReplicatedLog,
+        view: TermView,
+        consensus: ConsensusPort,
+        storage: StoragePort,
+        counters: Counters,
+    ) -> None:
+        self.config = config
+        self.log = log
+        self.view = view
+        self.consensus = consensus
+        self.storage = storage
+        self.counters = counters
+        self.verified_end = -1
+        """How far this log is known to match the current leader's (-1: not at all)."""
+        self.leader_commit_position = -1
+        self._last_reported: tuple[int, int] = (-1, -1)
+        self._next_report_ns = 0
+
+    def new_leader(self) -> None:
+        """Following another leader (or none yet): nothing is verified against it."""
+        self.verified_end = -1
+        self.leader_commit_position = -1
+
+    def on_append_request(self, msg: AppendRequest, now_ns: int) -> None:
+        """Apply ``msg`` from the leader this member now follows."""
+        rlog = self.log
+        terms = rlog.terms
+        start = msg.log_position
+        end = rlog.published_position
+        if start > end:
+            self.send_position(msg.leader_member_id, end, False)  # a gap: send from end
+            return
+        if terms.term_at(start) != msg.prev_term_id:
+            # Our entry ending at `start` is from another term: ask the leader to go back
+            # to where that term of ours began.  Nothing is truncated yet: only entries
+            # that really differ are, once the leader sends them (below).
+            hint = terms.term_start_containing(start)
+            self.send_position(msg.leader_member_id, min(hint, start), False)
+            return
+        data = msg.data
+        end_of_data = start + len(data)
+        if data:
+            commit = rlog.commit_position
+            if start < commit:
+                skip = min(len(data), commit - start)  # identical, committed
+                data = data[skip:]
+                start += skip
+            if data and start < rlog.published_position:
+                # Entries we hold from the same term at the same positions are the same
+                # entries (log matching): skip them, truncate only from the first one
+                # that differs.
+                our_term, _ = terms.term_for_data_at(start)
+                if our_term == msg.data_term_id:
+                    same_until = min(
+                        rlog.published_position,
+                        end_of_data,
+                        terms.next_base_after(start) or rlog.published_position,
+                    )
+                    data = data[same_until - start :]
+                    start = same_until
+            if data:
+                if start < rlog.published_position:
+                    self._truncate(start)
+                if msg.data_term_id != terms.last_term:
+                    if msg.data_term_id < terms.last_term:
+                        terms.truncate(start)
+                        self.storage.remove_terms_from(start)
+                    terms.append(msg.data_term_id, msg.term_base_log_position)
+                    self.storage.record_term(
+                        msg.data_term_id, msg.term_base_log_position, rlog.cluster_time(now_ns)
+                    )
+                rlog.append_data(data)
+            self.verified_end = max(self.verified_end, end_of_data)
+        else:
+            self.verified_end = max(self.verified_end, start)
+        self.advance_commit(msg.commit_position)
+        if not msg.data:
+            self.report(now_ns, force=True)
+
+    def advance_commit(self, leader_commit: int) -> None:
+        """The leader's commit position is at least ``leader_commit``: commit what of it
+        this log holds and has verified."""
+        if leader_commit > self.leader_commit_position:
+            self.leader_commit_position = leader_commit
+        rlog = self.log
+        position = min(self.leader_commit_position, self.verified_end, rlog.published_position)
+        if rlog.pending_truncate is not None:
+            # until the archive has dropped the old bytes, positions past the truncation
+            # point name bytes that are still the old ones there
+            position = min(position, rlog.pending_truncate)
+        rlog.commit(position)
+
+    def _truncate(self, position: int) -> None:
+        """Drop the log from ``position`` on (never below the commit position)."""
+        rlog = self.log
+        if position >= rlog.published_position:
+            return
+        self.counters.truncations += 1
+        self.counters.truncated_bytes += rlog.published_position - position
+        log.warning(
+            "member %d truncates its log from %d to %d (uncommitted entries of an old term)",
+            self.config.member_id,
+            rlog.published_position,
+            position,
+        )
+        rlog.truncate(position)
+        if rlog.terms.truncate(position):
+            self.storage.remove_terms_from(position)
+        self.verified_end = min(self.verified_end, position)
+
+    def report(self, now_ns: int, *, force: bool) -> None:
+        """Tell the leader how far this log is durable and verified: at once when
+        ``force``d or changed, else once a heartbeat interval."""
+        view = self.view
+        if view.leader_member_id < 0 or view.leader_member_id == self.config.member_id:
+            return  # no leader, or this member leads
+        rlog = self.log
+        if self.verified_end >= 0:
+            position, verified = min(rlog.archive_position, self.verified_end), True
+        else:
+            position, verified = rlog.published_position, False
+        key = (view.leadership_term_id, position if verified else -position - 1)
+        if force or key != self._last_reported or now_ns >= self._next_report_ns:
+            self.send_position(view.leader_member_id, position, verified)
+            self._last_reported = key
+            self._next_report_ns = now_ns + self.config.leader_heartbeat_interval_ns
+
+    def send_position(
+        self, member: int, position: int, verified: bool, *, term: int | None = None
+    ) -> None:
+        if member < 0 or member == self.config.member_id:
+            return
+        self.consensus.send(
+            member,
+            AppendPosition(
+                leadership_term_id=self.view.leadership_term_id if term is None else term,
+                log_position=position,
+                follower_member_id=self.config.member_id,
+                flags=APPEND_POSITION_VERIFIED if verified else 0,
+            ),
+        )

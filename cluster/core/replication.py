@@ -1,0 +1,146 @@
+"""A leader's side of replication: where each follower's next AppendRequest starts,
+what the followers acknowledge, and the commit position a quorum of them makes.
+
+The shell's replicators (``cluster.agents.replication``) move the bytes; they ask this
+part where to send from (:meth:`LeaderReplication.next_append`) and build each request
+through it (:meth:`LeaderReplication.append_request`), which records what was sent.
+Nothing outside the core changes a follower's :class:`~cluster.core.tracker.Progress`.
+"""
+
+from __future__ import annotations
+
+from ..protocol.consensus import (
+    APPEND_POSITION_VERIFIED,
+    AppendPosition,
+    AppendRequest,
+    CommitPosition,
+)
+from .base import ConsensusConfig, ConsensusPort, TermView
+from .log import ReplicatedLog
+from .tracker import ProgressTracker
+
+
+class LeaderReplication:
+    """The leader's replication state for its term (idle on a follower)."""
+
+    __slots__ = (
+        "_next_heartbeat_ns",
+        "config",
+        "consensus",
+        "log",
+        "progress",
+        "term_base_position",
+        "view",
+    )
+
+    def __init__(
+        self, config: ConsensusConfig, log: ReplicatedLog, view: TermView, consensus: ConsensusPort
+    ) -> None:
+        self.config = config
+        self.log = log
+        self.view = view
+        self.consensus = consensus
+        self.progress = ProgressTracker(config.member_count)
+        self.term_base_position = -1
+        """Where this leader's term began: only entries after it commit by counting."""
+        self._next_heartbeat_ns = 0
+
+    def start(self, position: int, now_ns: int) -> None:
+        """A new term from ``position``: every follower is sent the log from there."""
+        self.term_base_position = position
+        self.progress.reset(self.config.others, position, now_ns)
+
+    def stop(self) -> None:
+        self.progress.clear()
+
+    def on_append_position(self, msg: AppendPosition, now_ns: int) -> bool:
+        """A follower's report in this leader's term; True if it acknowledged more log
+        (the commit position may move)."""
+        progress = self.progress.get(msg.follower_member_id)
+        if progress is None:
+            return False
+        progress.heard(now_ns)
+        if msg.flags & APPEND_POSITION_VERIFIED:
+            progress.maybe_update(msg.log_position)
+            return True
+        progress.maybe_decr_to(msg.log_position)
+        return False
+
+    def quorum_position(self) -> int | None:
+        """The commit position a quorum makes, if it is past the current one and
+        within this leader's term (None otherwise)."""
+        rlog = self.log
+        position = self.progress.committed(rlog.archive_position)
+        # Only an entry of the current term may be committed by counting replicas (Raft
+        # section 5.4.2); earlier entries commit with it.
+        if position > self.term_base_position and position > rlog.commit_position:
+            return position
+        return None
+
+    def next_append(self, member_id: int, reconnected: bool = False) -> int | None:
+        """Where the next AppendRequest to ``member_id`` starts (None: not a follower of
+        this leader).  ``reconnected``: its link broke since the last one, so what was
+        sent on it may be lost; resend from what it has confirmed."""
+        progress = self.progress.get(member_id)
+        if progress is None:
+            return None
+        if reconnected:
+            progress.reset_to_match()
+        return progress.next_position
+
+    def append_request(self, member_id: int, start: int, data: bytes) -> AppendRequest:
+        """The AppendRequest that ships ``data`` (the log from ``start``) to a follower;
+        the follower's next append starts after it.  ``data`` must not cross a term
+        boundary (see :meth:`replication_stop`)."""
+        terms = self.log.terms
+        term, base = terms.term_for_data_at(start)
+        commit = self.log.commit_position
+        progress = self.progress.get(member_id)
+        if progress is not None:
+            progress.sent_commit(commit)
+            if data:
+                progress.sent(start + len(data))
+        return AppendRequest(
+            leadership_term_id=self.view.leadership_term_id,
+            leader_member_id=self.config.member_id,
+            log_position=start,
+            prev_term_id=terms.term_at(start),
+            data_term_id=term,
+            term_base_log_position=base,
+            commit_position=commit,
+            data=data,
+        )
+
+    def replication_stop(self, start: int, limit: int) -> int:
+        """End of the chunk to ship from ``start``: at most ``limit``, within one term."""
+        boundary = self.log.terms.next_base_after(start)
+        return limit if boundary is None else min(limit, boundary)
+
+    def send_commit_position(self, *, every: bool = False) -> None:
+        """A CommitPosition to each follower that no AppendRequest has told the current
+        commit position (every slow tick, so followers learn it within one, and before a
+        leader stops), or to ``every`` follower (the heartbeat)."""
+        position = self.log.commit_position
+        message: CommitPosition | None = None
+        for progress in self.progress:
+            if every or progress.commit_sent < position:
+                if message is None:
+                    message = CommitPosition(
+                        leadership_term_id=self.view.leadership_term_id,
+                        log_position=position,
+                        leader_member_id=self.config.member_id,
+                    )
+                self.consensus.send(progress.member_id, message)
+                progress.sent_commit(position)
+
+    def on_slow_tick(self, now_ns: int) -> bool:
+        """The commit heartbeat (to every follower each heartbeat interval, else to
+        those no append told); False if too few followers were heard from lately to make
+        a quorum (the leader must step down)."""
+        cfg = self.config
+        if now_ns >= self._next_heartbeat_ns:
+            self.send_commit_position(every=True)
+            self._next_heartbeat_ns = now_ns + cfg.leader_heartbeat_interval_ns
+        else:
+            self.send_commit_position()
+        return self.progress.quorum_active(now_ns, cfg.leader_heartbeat_timeout_ns)

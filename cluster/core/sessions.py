@@ -1,0 +1,514 @@
+"""The session manager: every client session from its connect request to its close.
+
+Aeron's consensus module keeps sessions in four groups, and so does this one:
+
+* **pending**: a ready leader accepted a connect request; the session connects its
+  egress and authenticates (challenge/response) before it opens;
+* **redirect**: a member that is not a ready leader got the request; once its egress
+  is up and a leader is known, it is told where the leader is (REDIRECT) and closed;
+* **rejected**: refused (version, session limit, authentication); told why, then closed;
+* **open**: its SessionOpenEvent is on the log.  The client hears OK only once that
+  event is committed, so it never holds a session a new leader could not know about.
+
+Open sessions time out after ``session_timeout_ns`` without activity; a leader that
+steps down redirects its pending sessions; a new leader re-dials every open session's
+egress and sends it a NewLeaderEvent.  Only the consensus module calls this manager;
+log entries go out through the ``append`` callable it is given.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from ..protocol import version as protocol_version
+from ..protocol.egress import Challenge, NewLeaderEvent, SessionEvent
+from ..protocol.enums import CloseReason, EventCode
+from ..protocol.ingress import (
+    ChallengeResponse,
+    SessionCloseRequest,
+    SessionConnectRequest,
+    SessionKeepAlive,
+)
+from ..protocol.log import LogMessage, SessionCloseEvent, SessionOpenEvent
+from .auth import Authenticator
+from .base import ConsensusConfig, Counters, EgressPort, TermView
+from .log import ReplicatedLog
+from .session import ClusterSession, State
+
+log = logging.getLogger("cluster.consensus")
+
+EGRESS_RETRY_NS = 1_000_000_000
+"""How often a leader re-dials the lost egress of an open session."""
+
+
+class PendingSessionProxy:
+    """The :class:`~cluster.core.auth.SessionProxy` handed to the authenticator."""
+
+    __slots__ = ("_egress", "_session")
+
+    def __init__(self, egress: EgressPort, session: ClusterSession) -> None:
+        self._egress = egress
+        self._session = session
+
+    @property
+    def session_id(self) -> int:
+        return self._session.cluster_session_id
+
+    def challenge(self, encoded_challenge: bytes) -> bool:
+        s = self._session
+        sent = self._egress.send(
+            s.egress_id, Challenge(s.correlation_id, s.cluster_session_id, encoded_challenge)
+        )
+        if sent:
+            s.state = State.CHALLENGED
+        return sent
+
+    def authenticate(self, encoded_principal: bytes = b"") -> bool:
+        self._session.encoded_principal = encoded_principal
+        self._session.state = State.AUTHENTICATED
+        return True
+
+    def reject(self) -> None:
+        self._session.state = State.REJECTED
+        self._session.rejection = (
+            EventCode.AUTHENTICATION_REJECTED,
+            "session failed authentication",
+        )
+
+
+class SessionManager:
+    """Pending, redirected, rejected and open sessions of one member."""
+
+    def __init__(
+        self,
+        config: ConsensusConfig,
+        egress: EgressPort,
+        authenticator: Authenticator,
+        log: ReplicatedLog,
+        append: Callable[[LogMessage], int],
+        view: TermView,
+        counters: Counters,
+    ) -> None:
+        self.config = config
+        self.egress = egress
+        self.authenticator = authenticator
+        self.log = log
+        self.append = append
+        self.view = view
+        self.counters = counters
+        self.sessions: dict[int, ClusterSession] = {}
+        """Open sessions by id (never replaced: cleared and refilled)."""
+        self.pending_sessions: list[ClusterSession] = []
+        self.rejected_sessions: list[ClusterSession] = []
+        self.redirect_sessions: list[ClusterSession] = []
+        self.next_session_id = 1
+        self._next_local_egress_id = -1
+        self._awaiting_ok: list[ClusterSession] = []
+
+    # ------------------------------------------------------------------ requests
+
+    def on_connect(self, request: SessionConnectRequest, now_ns: int) -> None:
+        # Only a ready leader assigns session ids: before its log of earlier terms is
+        # applied it does not know every id in use.  Until then, redirect (to itself,
+        # once ready).
+        ready = self.view.is_ready_leader
+        if ready:
+            session_id = self.next_session_id
+            self.next_session_id += 1
+            egress_id = session_id
+        else:
+            session_id = -1
+            egress_id = self._next_local_egress_id
+            self._next_local_egress_id -= 1
+        session = ClusterSession(
+            session_id,
+            egress_id,
+            request.correlation_id,
+            request.response_stream_id,
+            request.response_channel,
+            now_ns,
+        )
+        session.state = State.CONNECTING
+        self.egress.connect(egress_id, request.response_channel)
+        if not ready:
+            self.redirect_sessions.append(session)
+            return
+        if not protocol_version.is_compatible(request.version):
+            session.rejection = (
+                EventCode.ERROR,
+                f"invalid client version {protocol_version.to_string(request.version)}, "
+                f"cluster is {protocol_version.to_string(protocol_version.PROTOCOL_VERSION)}",
+            )
+            self.rejected_sessions.append(session)
+        elif len(self.sessions) + len(self.pending_sessions) >= self.config.max_concurrent_sessions:
+            session.rejection = (EventCode.ERROR, "concurrent session limit")
+            self.rejected_sessions.append(session)
+        else:
+            self.authenticator.on_connect_request(
+                session_id, request.encoded_credentials, self.log.cluster_time(now_ns)
+            )
+            self.pending_sessions.append(session)
+
+    def lookup_open(
+        self, cluster_session_id: int, leadership_term_id: int
+    ) -> ClusterSession | None:
+        """The open session a client message names, if it names one in the current term
+        (anything else is counted)."""
+        session = self.sessions.get(cluster_session_id)
+        if session is None or session.state is not State.OPEN:
+            self.counters.unknown_session_messages += 1
+            return None
+        if leadership_term_id != self.view.leadership_term_id:
+            self.counters.wrong_term_messages += 1
+            return None
+        return session
+
+    def on_keepalive(self, msg: SessionKeepAlive, now_ns: int) -> None:
+        if not self.view.is_ready_leader:
+            return
+        session = self.lookup_open(msg.cluster_session_id, msg.leadership_term_id)
+        if session is not None:
+            session.time_of_last_activity_ns = now_ns
+
+    def on_close_request(self, msg: SessionCloseRequest, now_ns: int) -> None:
+        if not self.view.is_ready_leader:
+            return
+        session = self.lookup_open(msg.cluster_session_id, msg.leadership_term_id)
+        if session is not None:
+            self._close(session, CloseReason.CLIENT_ACTION, now_ns)
+
+    def on_challenge_response(self, msg: ChallengeResponse, now_ns: int) -> None:
+        for session in self.pending_sessions:
+            if (
+                session.cluster_session_id == msg.cluster_session_id
+                and session.correlation_id == msg.correlation_id
+                and session.state is State.CHALLENGED
+            ):
+                session.time_of_last_activity_ns = now_ns
+                self.authenticator.on_challenge_response(
+                    session.cluster_session_id,
+                    msg.encoded_credentials,
+                    self.log.cluster_time(now_ns),
+                )
+                return
+        self.counters.unknown_session_messages += 1
+
+    def on_service_close(self, cluster_session_id: int, now_ns: int) -> bool:
+        """The clustered service asked to close a session (SERVICE_ACTION)."""
+        session = self.sessions.get(cluster_session_id)
+        if session is None or session.state is not State.OPEN:
+            return False
+        if self.view.is_ready_leader:
+            self._close(session, CloseReason.SERVICE_ACTION, now_ns)
+        else:
+            session.state = State.CLOSING  # the leader will put the close on the log
+        return True
+
+    # ------------------------------------------------------------------ egress status
+
+    def on_egress_connected(self, egress_id: int) -> None:
+        session = self._find_by_egress(egress_id)
+        if session is not None:
+            session.egress_connected = True
+            session.egress_retry_ns = None
+
+    def on_egress_failed(self, egress_id: int) -> None:
+        """The egress connection could not be made or broke."""
+        self.counters.egress_failures += 1
+        session = self._find_by_egress(egress_id)
+        if session is None:
+            return
+        session.egress_connected = False
+        if session.state is State.OPEN and self.view.is_ready_leader:
+            # The client may still be there (a reset connection): dial it again soon;
+            # if it is gone, the session times out as usual.
+            session.egress_retry_ns = 0
+            return
+        if session.state is not State.OPEN:
+            # nobody to tell: drop a session that never opened
+            for group in (self.pending_sessions, self.redirect_sessions, self.rejected_sessions):
+                if session in group:
+                    group.remove(session)
+            session.state = State.CLOSED
+
+    def _find_by_egress(self, egress_id: int) -> ClusterSession | None:
+        session = self.sessions.get(egress_id) if egress_id > 0 else None
+        if session is not None:
+            return session
+        for group in (self.pending_sessions, self.redirect_sessions, self.rejected_sessions):
+            for candidate in group:
+                if candidate.egress_id == egress_id:
+                    return candidate
+        return None
+
+    # ------------------------------------------------------------------ leadership
+
+    def on_commit(self, position: int) -> None:
+        """The commit position reached ``position``: sessions whose SessionOpenEvent it
+        covers hear OK."""
+        if self._awaiting_ok:
+            still: list[ClusterSession] = []
+            for session in self._awaiting_ok:
+                if session.opened_log_position <= position:
+                    self._send_open_event(session)
+                else:
+                    still.append(session)
+            self._awaiting_ok = still
+
+    def step_down(self) -> None:
+        """This leader steps down: connecting clients are redirected to whoever leads
+        next, not left waiting; open sessions' egress is closed (the next leader
+        re-dials it)."""
+        self.redirect_sessions.extend(self.pending_sessions)
+        self.pending_sessions.clear()
+        for session in self.sessions.values():
+            self.egress.close(session.egress_id)
+            session.egress_connected = False
+        self._awaiting_ok.clear()
+
+    def follow(self) -> None:
+        """Following a new leader: it has every session live, snapshot ones included."""
+        for session in self.sessions.values():
+            session.restored_from_snapshot = False
+
+    def lead(self, now_ns: int) -> None:
+        """This leader is ready: re-dial every open session and tell it of the new
+        leader (sessions loaded from a snapshot are closed instead)."""
+        for session in self.sessions.values():
+            if session.restored_from_snapshot:
+                # sessions loaded from a snapshot are not reconnected; the timeout check
+                # closes them at once with a SessionCloseEvent on the log
+                session.time_of_last_activity_ns = now_ns - self.config.session_timeout_ns - 1
+                continue
+            session.time_of_last_activity_ns = now_ns
+            session.has_new_leader_event_pending = True
+            session.egress_connected = False
+            self.egress.connect(session.egress_id, session.response_channel)
+
+    def reset(self, sessions: Iterable[tuple[int, int, str, bytes]], now_ns: int) -> None:
+        """Rebuild the open sessions from the service's committed view: ``(id,
+        response_stream_id, response_channel, encoded_principal)`` each.  Used when a
+        leader steps down: sessions it opened or closed in entries that never committed
+        must not survive in its table."""
+        self.sessions.clear()
+        for session_id, stream_id, channel, principal in sessions:
+            session = ClusterSession(session_id, session_id, 0, stream_id, channel, now_ns)
+            session.state = State.OPEN
+            session.encoded_principal = principal
+            self.sessions[session_id] = session
+            self.next_session_id = max(self.next_session_id, session_id + 1)
+
+    def restore(
+        self,
+        sessions: Iterable[tuple[int, int, int, str]],
+        next_session_id: int,
+        now_ns: int,
+    ) -> None:
+        """Sessions from a snapshot: ``(id, correlation_id, response_stream_id,
+        response_channel)`` each.  They are closed by the first election this member
+        leads (their clients do not know of this member)."""
+        self.next_session_id = max(self.next_session_id, next_session_id)
+        for session_id, correlation_id, stream_id, channel in sessions:
+            session = ClusterSession(
+                session_id, session_id, correlation_id, stream_id, channel, now_ns
+            )
+            session.state = State.OPEN
+            session.restored_from_snapshot = True
+            self.sessions[session_id] = session
+
+    # ------------------------------------------------------------------ the log
+
+    def mirror_open(self, message: SessionOpenEvent, position: int, now_ns: int) -> None:
+        """A SessionOpenEvent of another leader was applied here."""
+        session = ClusterSession(
+            message.cluster_session_id,
+            message.cluster_session_id,
+            message.correlation_id,
+            message.response_stream_id,
+            message.response_channel,
+            now_ns,
+        )
+        session.state = State.OPEN
+        session.opened_log_position = position
+        session.encoded_principal = message.encoded_principal
+        self.sessions[session.cluster_session_id] = session
+        if message.cluster_session_id >= self.next_session_id:
+            self.next_session_id = message.cluster_session_id + 1
+
+    def mirror_close(self, message: SessionCloseEvent) -> None:
+        self.sessions.pop(message.cluster_session_id, None)
+
+    # ------------------------------------------------------------------ slow tick
+
+    def send_redirects_and_rejections(self, now_ns: int) -> int:
+        work = 0
+        view = self.view
+        if self.redirect_sessions:
+            remaining = []
+            for session in self.redirect_sessions:
+                if not session.egress_connected or view.leader_member_id < 0 or view.in_election:
+                    if now_ns - session.time_of_last_activity_ns > self.config.session_timeout_ns:
+                        self.egress.close(session.egress_id)  # no leader emerged in time
+                        work += 1
+                    else:
+                        remaining.append(session)  # redirect once a leader is known
+                    continue
+                self.send_event(session, EventCode.REDIRECT, self.config.ingress_endpoints)
+                self.egress.close(session.egress_id)
+                self.counters.redirected_sessions += 1
+                work += 1
+            self.redirect_sessions = remaining
+        if self.rejected_sessions:
+            remaining = []
+            for session in self.rejected_sessions:
+                if not session.egress_connected:
+                    remaining.append(session)
+                    continue
+                self._reject(session)
+                work += 1
+            self.rejected_sessions = remaining
+        return work
+
+    def send_event(self, session: ClusterSession, code: EventCode, detail: str) -> bool:
+        view = self.view
+        return self.egress.send(
+            session.egress_id,
+            SessionEvent(
+                cluster_session_id=session.cluster_session_id,
+                correlation_id=session.correlation_id,
+                leadership_term_id=view.leadership_term_id,
+                leader_member_id=view.leader_member_id,
+                code=code,
+                version=protocol_version.PROTOCOL_VERSION,
+                detail=detail,
+            ),
+        )
+
+    def _reject(self, session: ClusterSession) -> None:
+        code, detail = session.rejection or (EventCode.ERROR, "rejected")
+        self.send_event(session, EventCode(code), detail)
+        self.egress.close(session.egress_id)
+        session.state = State.CLOSED
+        self.counters.rejected_sessions += 1
+
+    def process_pending(self, now_ns: int) -> int:
+        """Move pending sessions on: connected, authenticated, opened, rejected or
+        timed out (a ready leader, every slow tick)."""
+        if not self.pending_sessions:
+            return 0
+        work = 0
+        now_ms = self.log.cluster_time(now_ns)
+        remaining: list[ClusterSession] = []
+        for session in self.pending_sessions:
+            if session.state is State.CONNECTING and session.egress_connected:
+                session.state = State.CONNECTED
+                work += 1
+            if session.state is State.CONNECTED:
+                self.authenticator.on_connected_session(
+                    PendingSessionProxy(self.egress, session), now_ms
+                )
+            elif session.state is State.CHALLENGED:
+                self.authenticator.on_challenged_session(
+                    PendingSessionProxy(self.egress, session), now_ms
+                )
+            if session.state is State.AUTHENTICATED:
+                self._open(session, now_ns)
+                work += 1
+                continue
+            if session.state is State.REJECTED and session.egress_connected:
+                self._reject(session)
+                work += 1
+                continue
+            if now_ns - session.time_of_last_activity_ns > self.config.session_timeout_ns:
+                self.counters.timed_out_sessions += 1
+                log.info(
+                    "pending session %d timed out in %s",
+                    session.cluster_session_id,
+                    session.state.name,
+                )
+                self.egress.close(session.egress_id)
+                session.state = State.CLOSED
+                work += 1
+                continue
+            remaining.append(session)
+        self.pending_sessions = remaining
+        return work
+
+    def _open(self, session: ClusterSession, now_ns: int) -> None:
+        timestamp = self.log.stamp(now_ns)
+        session.opened_log_position = self.append(
+            SessionOpenEvent(
+                leadership_term_id=self.view.leadership_term_id,
+                correlation_id=session.correlation_id,
+                cluster_session_id=session.cluster_session_id,
+                timestamp=timestamp,
+                response_stream_id=session.response_stream_id,
+                response_channel=session.response_channel,
+                encoded_principal=session.encoded_principal,
+            )
+        )
+        session.state = State.OPEN
+        session.time_of_last_activity_ns = now_ns
+        self.sessions[session.cluster_session_id] = session
+        # OK goes out once the SessionOpenEvent is committed, so a client never holds a
+        # session that a new leader could not know about.
+        session.has_open_event_pending = True
+        self._awaiting_ok.append(session)
+
+    def _send_open_event(self, session: ClusterSession) -> None:
+        if session.state is not State.OPEN:
+            return
+        if self.send_event(session, EventCode.OK, ""):
+            session.has_open_event_pending = False
+
+    def check(self, now_ns: int) -> int:
+        """Open sessions: egress re-dials, closes asked for by the service, timeouts,
+        NewLeaderEvents and OKs still to send (a ready leader, every slow tick)."""
+        work = 0
+        timeout = self.config.session_timeout_ns
+        commit = self.log.commit_position
+        for session in list(self.sessions.values()):
+            if session.egress_retry_ns is not None and now_ns >= session.egress_retry_ns:
+                session.egress_retry_ns = now_ns + EGRESS_RETRY_NS  # until it connects
+                self.egress.connect(session.egress_id, session.response_channel)
+            if session.state is State.CLOSING:
+                self._close(session, session.close_reason or CloseReason.SERVICE_ACTION, now_ns)
+                work += 1
+            elif now_ns - session.time_of_last_activity_ns > timeout:
+                log.info("session %d timed out", session.cluster_session_id)
+                self.counters.timed_out_sessions += 1
+                self._close(session, CloseReason.TIMEOUT, now_ns)
+                work += 1
+            elif session.has_new_leader_event_pending and session.egress_connected:
+                view = self.view
+                if self.egress.send(
+                    session.egress_id,
+                    NewLeaderEvent(
+                        leadership_term_id=view.leadership_term_id,
+                        cluster_session_id=session.cluster_session_id,
+                        leader_member_id=view.leader_member_id,
+                        ingress_endpoints=self.config.ingress_endpoints,
+                    ),
+                ):
+                    session.has_new_leader_event_pending = False
+                    work += 1
+            elif session.has_open_event_pending and session.opened_log_position <= commit:
+                self._send_open_event(session)  # retry a send that found no room
+        return work
+
+    def _close(self, session: ClusterSession, reason: CloseReason, now_ns: int) -> None:
+        timestamp = self.log.stamp(now_ns)
+        self.append(
+            SessionCloseEvent(
+                leadership_term_id=self.view.leadership_term_id,
+                cluster_session_id=session.cluster_session_id,
+                timestamp=timestamp,
+                close_reason=reason,
+            )
+        )
+        session.close_reason = reason
+        session.state = State.CLOSED
+        del self.sessions[session.cluster_session_id]
+        self.send_event(session, EventCode.CLOSED, reason.name)
+        self.egress.close(session.egress_id)
