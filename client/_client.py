@@ -9,8 +9,8 @@ Ingress is one TCP connection to the leader on which the client only writes.
 The decisions are sans-IO: :class:`~client._connect.AsyncConnect` for the handshake,
 :class:`~client._session.Session` for the open session (its state, the queued ingress
 frames, the received messages, what an egress message means).  This module owns the
-public API and wires the tasks, and drives the handshake (:class:`Handshake`);
-:mod:`client._ingress` holds the ingress side of the shell.
+public API and wires the tasks; :mod:`client._handshake` and :mod:`client._ingress` hold
+the rest of the shell.
 
 Tasks, all in one task group owned by :func:`connect`::
 
@@ -22,13 +22,13 @@ Tasks, all in one task group owned by :func:`connect`::
     ingress manager    reconnects to the leader after a break or a NewLeaderEvent
     keepalive          sends SessionKeepAlive when nothing was sent for a while
 
-The first three are here, the rest in :mod:`client._ingress`.
+The first two are here, the connectors in :mod:`client._handshake`, the rest in
+:mod:`client._ingress`.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -36,13 +36,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from cluster.protocol import (
-    DEFAULT_MAX_FRAME_SIZE,
-    EGRESS,
-    FrameDecoder,
-    ProtocolError,
-    encode_frame,
-)
+from cluster.protocol import DEFAULT_MAX_FRAME_SIZE, EGRESS, FrameDecoder, ProtocolError
 from cluster.protocol.codec import encode_into
 from cluster.protocol.egress import AdminResponse
 from cluster.protocol.enums import AdminRequestType, CloseReason
@@ -54,20 +48,12 @@ from cluster.protocol.ingress import (
     SessionMessageHeader,
 )
 
-from ._connect import AsyncConnect, ConnectIngress, Done, Fail, SendMessage
+from ._connect import AsyncConnect, Done
 from ._credentials import CredentialsSupplier, as_credentials_supplier
 from ._endpoints import Endpoint, format_endpoints, parse_endpoints
 from ._exception_groups import raise_unwrapped
-from ._ingress import (
-    NETWORK_ERRORS,
-    RECEIVE_SIZE,
-    RETRY_DELAY_MIN,
-    Ingress,
-    IngressWriter,
-    aclose_quietly,
-    retry_delay,
-    try_connect,
-)
+from ._handshake import Handshake
+from ._ingress import NETWORK_ERRORS, RECEIVE_SIZE, RETRY_DELAY_MIN, Ingress, IngressWriter
 from ._session import Action, Reconnect, Session
 from ._sync import Backend, Broadcast
 from .errors import ConnectTimeoutError, SessionClosedError
@@ -82,144 +68,6 @@ _HEADER_ZERO = bytes(HEADER_LENGTH)
 _CLOSE_FLUSH_TIMEOUT = 1.0  # close() waits this long for the SessionCloseRequest to go out
 
 _EGRESS_ERRORS: tuple[type[BaseException], ...] = (ProtocolError, *NETWORK_ERRORS)
-
-
-# ---------------------------------------------------------------------- the handshake
-
-
-class Handshake:
-    """Runs one connect handshake over real connections: dial members, run AsyncConnect.
-
-    While the session is not open, egress messages (from the egress readers), ingress
-    connections made (by the connector tasks) and connections lost (by the writer) wait
-    in one queue for the task running :meth:`drive`, which feeds them to the state
-    machine and carries out its actions.
-    ``spawn`` starts a task in the client's task group; ``max_events`` bounds the egress
-    messages queued before the session opens (as ``max_egress_backlog`` does after).
-    """
-
-    def __init__(
-        self,
-        session: Session,
-        writer: IngressWriter,
-        backend: Backend,
-        spawn: Callable[..., None],
-        *,
-        max_events: int,
-    ) -> None:
-        self._session = session
-        self._writer = writer
-        self._spawn = spawn
-        self._max_events = max_events
-        self._events: deque[tuple[str, Any]] = deque()
-        self.changed = Broadcast(backend)
-        self._connector_scope: anyio.CancelScope | None = None
-
-    def on_egress(self, message: Any) -> None:
-        """An egress message before the session opened: queue it (while there is room)."""
-        if self._session.close_reason is None and len(self._events) < self._max_events:
-            self._events.append(("egress", message))
-            self.changed.notify()
-
-    def on_lost(self, ingress: Ingress) -> None:
-        """An ingress connection broke or was dropped before the session opened."""
-        self._events.append(("lost", ingress))
-        self.changed.notify()
-
-    def take_leftovers(self) -> list[tuple[str, Any]]:
-        """The events still queued, oldest first; the queue is left empty."""
-        leftovers = list(self._events)
-        self._events.clear()
-        return leftovers
-
-    # ------------------------------------------------------------------ connectors
-
-    def start_connectors(self, members: Mapping[int, Endpoint]) -> None:
-        self.stop_connectors()
-        scope = anyio.CancelScope()
-        self._connector_scope = scope
-        self._spawn(self._connect_members, dict(members), scope)
-
-    def stop_connectors(self) -> None:
-        if self._connector_scope is not None:
-            self._connector_scope.cancel()
-            self._connector_scope = None
-
-    async def _connect_members(
-        self, members: dict[int, Endpoint], scope: anyio.CancelScope
-    ) -> None:
-        """Dial every member at once; cancelled by ``scope`` once one is chosen."""
-        with scope:
-            async with anyio.create_task_group() as tg:
-                for member_id, endpoint in members.items():
-                    tg.start_soon(self._connector, member_id, endpoint, scope)
-
-    async def _connector(
-        self, member_id: int, endpoint: Endpoint, scope: anyio.CancelScope
-    ) -> None:
-        """Dial one member until it answers (members that refuse are retried)."""
-        stream: anyio.abc.SocketStream | None = None
-        attempt = 0
-        while stream is None:
-            stream = await try_connect(endpoint)
-            if stream is None:
-                attempt += 1
-                await anyio.sleep(retry_delay(attempt))
-        session = self._session
-        if scope.cancel_called or session.open or session.close_reason is not None:
-            await aclose_quietly(stream)
-            return
-        self._events.append(("connected", self._writer.new_ingress(member_id, endpoint, stream)))
-        self.changed.notify()
-
-    # ------------------------------------------------------------------ the handshake
-
-    async def drive(self, machine: AsyncConnect, response_channel: str) -> tuple[Done, Ingress]:
-        """Run ``machine`` until the session is granted: return ``Done`` and the ingress
-        that carried the handshake (it may have broken since).  Raises the error of a
-        ``Fail``.  The caller stops the connectors, whatever the outcome."""
-        writer = self._writer
-        actions = deque(machine.on_egress_bound(response_channel))
-        chosen: Ingress | None = None
-        while True:
-            while actions:
-                action = actions.popleft()
-                if isinstance(action, ConnectIngress):
-                    if chosen is not None:
-                        writer.drop(chosen)
-                        chosen = None
-                    self.start_connectors(action.members)
-                elif isinstance(action, SendMessage):
-                    assert chosen is not None
-                    assert chosen.member_id == action.member_id
-                    try:
-                        await chosen.stream.send(encode_frame(action.message))
-                    except NETWORK_ERRORS:
-                        writer.drop(chosen)  # queues a "lost" event
-                    else:
-                        actions.extend(machine.on_sent())
-                elif isinstance(action, Done):
-                    assert chosen is not None
-                    return action, chosen
-                elif isinstance(action, Fail):
-                    raise action.error
-            while not self._events:
-                await self.changed.wait()
-            kind, item = self._events.popleft()
-            if kind == "egress":
-                actions.extend(machine.on_egress_message(item))
-            elif kind == "connected":
-                new = machine.on_ingress_connected(item.member_id)
-                if new:
-                    chosen = item
-                    self.stop_connectors()
-                    writer.install(item)
-                    actions.extend(new)
-                else:
-                    await writer.close_ingress(item)
-            elif kind == "lost" and chosen is not None and item is chosen:
-                actions.extend(machine.on_ingress_lost(chosen.member_id))
-                chosen = None
 
 
 class ClusterClient:

@@ -1,6 +1,6 @@
 """The connect handshake as a sans-IO state machine (Aeron's ``AsyncConnect``).
 
-No sockets, no clocks, no async: the I/O shell (:mod:`client._client`) feeds events in
+No sockets, no clocks, no async: the I/O shell (:mod:`client._handshake`) feeds events in
 and carries out the actions that come back.  The sequence, as in Aeron::
 
     CREATE_EGRESS_SUBSCRIPTION  --on_egress_bound(channel)-->        (ConnectIngress)
