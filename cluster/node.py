@@ -39,37 +39,31 @@ from .agents.egress import EgressPublisher
 from .agents.ingress import IngressAgent, IngressInbox
 from .agents.log import ArchiveAgent, LogAgent, LogBuffer
 from .agents.replication import Replicator
+from .agents.snapshot import SnapshotAgent
 from .agents.worker import WorkerThread
-from .archive.errors import ArchiveCorruptionError, ArchiveError
+from .archive.errors import ArchiveError
 from .archive.node_state import NodeState
-from .archive.record import RecordError
-from .archive.recording_log import CM_SERVICE_ID, ENTRY_TYPE_SNAPSHOT, RecordingLog
+from .archive.recording_log import CM_SERVICE_ID, RecordingLog
 from .archive.segments import Archive
-from .archive.snapshots import encode_snapshot, read_snapshot, snapshot_path, write_snapshot
+from .archive.storage import NodeStorage
 from .config import ConfigError, NodeConfig, describe, format_ingress_endpoints, load_config
 from .core.auth import AdminPrincipals, Authenticator, AuthorisationService
 from .core.base import ConsensusConfig, Event, LeaderReady, RoleChanged
 from .core.consensus import ConsensusModule
 from .core.driver import drive
 from .core.service_container import ServiceContainer
-from .core.snapshot import (
-    LoadedSnapshot,
-    SnapshotError,
-    load_snapshot,
-    parse_snapshot,
-    take_snapshot,
-)
 from .core.terms import TermHistory
+from .protocol.admin import MemberStatus
 from .protocol.consensus import ConsensusMessage
-from .protocol.enums import CLUSTER_ACTION_FLAG_TERMINATE, ClusterAction, Role
-from .protocol.log import ClusterActionRequest
+from .protocol.enums import ClusterAction, Role
+from .recovery import recover
 from .service import ClusteredService
+from .status import member_status
 from .transport.base import Network
 from .transport.tcp import TcpNetwork
 
 log = logging.getLogger("cluster.node")
 
-REPLAY_CHUNK = 8 << 20
 STATE_SAVE_INTERVAL = 1.0
 """Seconds between saves of the applied position to ``node-state.json``."""
 
@@ -147,12 +141,13 @@ class Node:
         self._ready = trio.Event()
         self._stopping = False
         self._nursery: trio.Nursery | None = None
+        self._started_ns = self.now_ns()
 
     @property
     def data_dir(self) -> Path:
         return Path(self.config.dir)
 
-    def _now_ns(self) -> int:
+    def now_ns(self) -> int:
         return self._clock_ns()
 
     # ------------------------------------------------------------------ start-up
@@ -168,21 +163,6 @@ class Node:
             verify_from=latest.log_position if latest is not None else 0,
         )
         self.node_state = NodeState(self.data_dir)
-
-    # the consensus module's StoragePort
-
-    def save_candidate_term(self, candidate_term_id: int) -> None:
-        self.node_state.save(candidate_term_id=candidate_term_id)
-
-    def record_term(self, leadership_term_id: int, base_position: int, timestamp: int) -> None:
-        existing = self.recording_log.get_term_entry(leadership_term_id)
-        if existing is None or existing.term_base_log_position != base_position:
-            if existing is not None:
-                self.recording_log.remove_terms_from(existing.term_base_log_position)
-            self.recording_log.append_term(leadership_term_id, base_position, timestamp)
-
-    def remove_terms_from(self, position: int) -> None:
-        self.recording_log.remove_terms_from(position)
 
     def _build(self) -> None:
         cfg = self.config
@@ -226,18 +206,24 @@ class Node:
             log_position=position,
             epoch_offset_ns=self.epoch_offset_ns,
             consensus=self.links,
-            storage=self,
+            storage=NodeStorage(self.recording_log, self.node_state),
             terms=terms,
             candidate_term_id=self.node_state.candidate_term_id,
             rng=self.rng,
             authorisation=self._authorisation(),
         )
         self.container = ServiceContainer(
-            self.service, self.cm, self.egress, member_id=cfg.member_id, clock_ns=self._now_ns
+            self.service, self.cm, self.egress, member_id=cfg.member_id, clock_ns=self.now_ns
         )
-        self.container.on_cluster_action = self._on_cluster_action
-        self.snapshots_taken = 0
-        self.recovered_position = 0
+        self.snapshots = SnapshotAgent(
+            self.data_dir,
+            self.recording_log,
+            self.cm,
+            self.container,
+            self.run_blocking,
+            self.shutdown,
+        )
+        self.container.on_cluster_action = self.snapshots.on_cluster_action
         self.log_buffer = LogBuffer(0)
         self.archive_lock = trio.Lock()
         self.log_taken = trio.Event()
@@ -250,7 +236,7 @@ class Node:
             lock=self.archive_lock,
             on_taken=self._on_log_taken,
             on_truncated=self._on_truncated,
-            clock_ns=self._now_ns,
+            clock_ns=self.now_ns,
             inline=cfg.archive_io != "thread",
         )
         self.log_agent = LogAgent(self.cm, self.container, self.log_buffer, self._kick)
@@ -280,137 +266,72 @@ class Node:
         log.info("admin actions allowed for principals: %s", sorted(principals) or "none")
         return AdminPrincipals(principals)
 
-    def _load_latest_snapshot(self) -> LoadedSnapshot | None:
-        """The newest valid snapshot in the recording log that loads; older ones if not."""
-        candidates = [
-            e
-            for e in self.recording_log.entries
-            if e.is_valid and e.type == ENTRY_TYPE_SNAPSHOT and e.service_id == CM_SERVICE_ID
-        ]
-        for entry in reversed(candidates):
-            path = snapshot_path(self.data_dir, entry.log_position, entry.leadership_term_id)
-            if entry.log_position > self.archive.position:
-                log.error("snapshot %s is beyond the end of the archive: skipped", path)
-                continue
-            try:
-                return parse_snapshot(read_snapshot(path))
-            except (ArchiveError, SnapshotError) as exc:
-                log.error("cannot load snapshot %s (%s): trying an older one", path, exc)
-        return None
-
     def _recover(self) -> int:
-        """Load the latest snapshot, then replay the log after it up to the known commit.
-
-        In a cluster of one, everything durable is committed.  Otherwise only the saved
-        commit position is known to be committed: later entries wait in the log buffer
-        until the leader's commit position covers them (or a new leader truncates them).
-        """
-        start = time.perf_counter()
-        snapshot = self._load_latest_snapshot()
-        position = 0
-        if snapshot is not None:
-            load_snapshot(snapshot, self.cm, self.container, self._now_ns())
-            position = snapshot.log_position
-            self.container.start(snapshot.service_state)
-            log.info(
-                "loaded snapshot at log position %d (term %d): %d sessions, %d timers",
-                position,
-                snapshot.leadership_term_id,
-                len(snapshot.sessions),
-                len(snapshot.timers),
-            )
-        else:
-            self.container.start(None)
-        snapshot_position = position
-        end = self.archive.position
-        limit = end if len(self.members) == 1 else min(end, self.node_state.commit_position)
-        chunk = REPLAY_CHUNK
-        while position < limit:
-            data = self.archive.read(position, min(limit, position + chunk))
-            try:
-                consumed = self.container.apply(data, position, mirror_into_consensus=True)
-            except RecordError as exc:
-                raise ArchiveCorruptionError(
-                    self.data_dir / "archive", position + exc.offset, exc.reason
-                ) from None
-            if consumed == 0:
-                chunk *= 2  # one record larger than the chunk
-                continue
-            position += consumed
-        self.log_buffer.base = self.log_buffer.applied = position
-        self.log_buffer.data = (
-            bytearray(self.archive.read(position, end)) if end > position else bytearray()
+        position = recover(
+            data_dir=self.data_dir,
+            recording_log=self.recording_log,
+            archive=self.archive,
+            cm=self.cm,
+            container=self.container,
+            log_buffer=self.log_buffer,
+            known_commit=None if len(self.members) == 1 else self.node_state.commit_position,
+            now_ns=self.now_ns(),
         )
-        self.archive_agent.written = end
-        self.cm.restore(position)
-        self.recovered_position = position
-        if end:
-            log.info(
-                "replayed %d bytes of log (%d..%d of %d, %d messages) in %.3fs",
-                position - snapshot_position,
-                snapshot_position,
-                position,
-                end,
-                self.container.applied_messages,
-                time.perf_counter() - start,
-            )
+        self.archive_agent.written = self.archive.position
         return position
 
-    # ------------------------------------------------------------------ snapshots and actions
+    @property
+    def recovered_position(self) -> int:
+        return self.snapshots.recovered_position
 
-    def _on_cluster_action(self, position: int, action: ClusterActionRequest) -> None:
-        """Every member applies cluster actions at the same log position."""
-        live = position > self.recovered_position
-        shutdown = bool(action.flags & CLUSTER_ACTION_FLAG_TERMINATE)
-        terminate = action.action is ClusterAction.ABORT or (
-            action.action is ClusterAction.SNAPSHOT and shutdown
+    # ------------------------------------------------------------------ admin target
+
+    @property
+    def admin_endpoint(self) -> tuple[str, int]:
+        return self.member.host, self.member.admin_port
+
+    @property
+    def max_frame_size(self) -> int:
+        return self.config.max_frame_size
+
+    @property
+    def snapshots_taken(self) -> int:
+        return self.snapshots.taken
+
+    async def wait_snapshot(self, after: int) -> None:
+        await self.snapshots.wait_taken(after)
+
+    async def request_action(
+        self, action: ClusterAction, *, terminate: bool = False
+    ) -> tuple[bool, str]:
+        """Put a cluster action on the log: it runs in the consensus duty cycle, after
+        the messages already in the inbox."""
+        done = trio.Event()
+        result = (False, "not handled")
+
+        def command(now_ns: int) -> None:
+            nonlocal result
+            result = self.cm.control.request(action, now_ns, terminate=terminate)
+            done.set()
+
+        self.inbox.commands.append(command)
+        self.inbox.notify()
+        await done.wait()
+        return result
+
+    def status(self) -> MemberStatus:
+        """This member's :class:`MemberStatus` (``describe`` on the admin port)."""
+        now = self.now_ns()
+        return member_status(
+            self.config.member_id,
+            self.cm,
+            now,
+            ingress=self.ingress.statistics(),
+            links=self.links.statistics(),
+            members=self.members,
+            snapshots_taken=self.snapshots.taken,
+            uptime_s=round((now - self._started_ns) / 1e9, 3),
         )
-        if action.action is ClusterAction.SNAPSHOT:
-            self._take_snapshot(position, action, terminate=terminate and live)
-        elif terminate and live:
-            log.info("ABORT at log position %d: stopping without a snapshot", position)
-            self._start_soon(self.shutdown)
-
-    def _start_soon(self, fn: Callable[[], Awaitable[Any]]) -> None:
-        if self._nursery is not None:
-            self._nursery.start_soon(fn)
-
-    def _take_snapshot(self, position: int, action: ClusterActionRequest, terminate: bool) -> None:
-        for entry in self.recording_log.entries:
-            if (
-                entry.is_valid
-                and entry.type == ENTRY_TYPE_SNAPSHOT
-                and (entry.log_position == position and entry.service_id == CM_SERVICE_ID)
-            ):
-                return  # taken before a restart: the replay need not take it again
-        records = take_snapshot(self.cm, self.container, position, action.leadership_term_id)
-        data = encode_snapshot(records)
-        term = action.leadership_term_id
-        if self._nursery is None:  # during start-up replay: write it now
-            self._write_snapshot(position, term, action.timestamp, data)
-            return
-
-        async def persist() -> None:
-            await self.run_blocking(
-                write_snapshot, snapshot_path(self.data_dir, position, term), data
-            )
-            self._record_snapshot(position, term, action.timestamp, len(data))
-            if terminate:
-                log.info("SHUTDOWN at log position %d: snapshot taken, stopping", position)
-                await self.shutdown()
-
-        self._nursery.start_soon(persist)
-
-    def _write_snapshot(self, position: int, term: int, timestamp: int, data: bytes) -> None:
-        write_snapshot(snapshot_path(self.data_dir, position, term), data)
-        self._record_snapshot(position, term, timestamp, len(data))
-
-    def _record_snapshot(self, position: int, term: int, timestamp: int, size: int) -> None:
-        base = self.cm.log.terms.base_of(term) or 0
-        self.recording_log.append_snapshot(term, base, position, timestamp, 0)
-        self.recording_log.append_snapshot(term, base, position, timestamp, CM_SERVICE_ID)
-        self.snapshots_taken += 1
-        log.info("snapshot at log position %d (term %d): %d bytes", position, term, size)
 
     # ------------------------------------------------------------------ callbacks
 
@@ -454,7 +375,7 @@ class Node:
         agent's task, which kicks again once it is done."""
         if self._watchdog_scope is not None:
             self._watchdog_scope.deadline = self._leader_deadline()
-        drive(self.cm, self, self._now_ns())
+        drive(self.cm, self, self.now_ns())
 
     # the driver's Shell
 
@@ -507,10 +428,14 @@ class Node:
         self._in_duty_cycle = True
         try:
             batch = inbox.take()
-            now = self._now_ns()
+            now = self.now_ns()
             on_message = self.cm.on_message
             for message in batch:
                 on_message(message, now)
+            if inbox.commands:
+                commands, inbox.commands = inbox.commands, []
+                for command in commands:
+                    command(now)
             self.cm.consensus_work(now)
             self._kick()
         finally:
@@ -533,7 +458,7 @@ class Node:
                     (s.id, s.response_stream_id, s.response_channel, s.encoded_principal)
                     for s in self.container.sessions.values()
                 ),
-                self._now_ns(),
+                self.now_ns(),
             )
 
     async def read_log(self, start: int, stop: int) -> bytes:
@@ -588,7 +513,7 @@ class Node:
         while True:
             deadline += interval
             await trio.sleep_until(deadline)
-            now = self._now_ns()
+            now = self.now_ns()
             self.cm.on_slow_tick(now)
             self._kick()
             if trio.current_time() > deadline + interval:
@@ -599,7 +524,7 @@ class Node:
         deadline_ns = self.cm.leader_deadline_ns
         if deadline_ns is None:
             return math.inf
-        return trio.current_time() + (deadline_ns - self._now_ns()) / 1e9
+        return trio.current_time() + (deadline_ns - self.now_ns()) / 1e9
 
     async def _leader_watchdog(self) -> None:
         """A follower's wait for its leader: a cancel scope whose deadline every message
@@ -609,7 +534,7 @@ class Node:
                 self._watchdog_scope = scope
                 await trio.sleep_forever()
             self._watchdog_scope = None
-            self.cm.on_leader_timeout(self._now_ns())
+            self.cm.on_leader_timeout(self.now_ns())
             self._kick()
 
     async def _state_save_agent(self) -> None:
@@ -650,6 +575,7 @@ class Node:
         task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Recover, elect, run every agent until shut down."""
+        self._started_ns = self.now_ns()
         await self.run_blocking(self._open_storage)
         try:
             self._build()
@@ -658,14 +584,15 @@ class Node:
                 and self.config.authenticator
             ):
                 log.info("authenticator %s", self.config.authenticator)
-            self._recover()
+            recovered = self._recover()
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                self.snapshots.start(nursery, recovered)
                 self.ingress_port = await nursery.start(self.ingress.run)
                 await nursery.start(self.egress.run)
                 await nursery.start(self.links.run)
                 await nursery.start(AdminServer(self).run)
-                self.cm.enter_election(self._now_ns(), "start-up", is_startup=True)
+                self.cm.enter_election(self.now_ns(), "start-up", is_startup=True)
                 nursery.start_soon(self._consensus_agent, name="consensus")
                 nursery.start_soon(self.archive_agent.run, name="archive")
                 nursery.start_soon(self.log_agent.run, name="log")

@@ -5,18 +5,22 @@ connection reads framed :class:`~cluster.protocol.admin.AdminCommand`\\ s and an
 with an :class:`~cluster.protocol.admin.AdminReply` (one at a time, in order).  Bad bytes
 get a last ``AdminReply(correlation_id=-1, ok=False)`` and the connection is closed.
 
+The server depends only on an :class:`AdminTarget` (the node implements it): it never
+reaches into the node's parts.
+
 Queries (their ``body`` is JSON):
 
-- ``describe``: role, terms, positions, election and module state, sessions, counters,
-  ingress statistics, the leader's view of its followers, member links, snapshots.
+- ``describe``: a :class:`~cluster.protocol.admin.MemberStatus` (role, terms, positions,
+  election and module state, sessions, counters, ingress statistics, the leader's view
+  of its followers, member links, snapshots).
 - ``recording-log``: every recording-log entry.
 - ``errors``: the most recent WARNING-or-worse log records of this process (a bounded
   ring on the ``cluster`` logger, attached while the server runs).
 
 Commands that change the cluster (``snapshot``, ``suspend``, ``resume``, ``shutdown``,
-``abort``, ``invalidate-latest-snapshot``) put a cluster action on the log through
-:meth:`ConsensusModule.request_cluster_action` (leader only; Aeron's refusals otherwise)
-or edit the recording log.  **They are refused unless the connection comes from a
+``abort``, ``invalidate-latest-snapshot``) put a cluster action on the log (the request
+enters the node's inbox like any other message; leader only, Aeron's refusals
+otherwise) or edit the recording log.  **They are refused unless the connection comes from a
 loopback address** (127.0.0.0/8 or ::1): the admin port has no authentication, so a
 member bound to a routable address still only lets its own host change it.  Streams that
 are not sockets (the in-memory simulator's) count as local.  Queries are open to anyone
@@ -26,25 +30,26 @@ who can reach the port: firewall it like the consensus port.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import ipaddress
 import logging
 import math
-import os
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
-from ..archive.recording_log import CM_SERVICE_ID, ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM
-from ..protocol.admin import AdminCommand, AdminReply, encode_body
+from ..archive.recording_log import (
+    CM_SERVICE_ID,
+    ENTRY_TYPE_SNAPSHOT,
+    ENTRY_TYPE_TERM,
+    RecordingLog,
+)
+from ..protocol.admin import AdminCommand, AdminReply, MemberStatus, encode_body
 from ..protocol.codec import ADMIN
-from ..protocol.enums import ClusterAction, Role
+from ..protocol.enums import ClusterAction
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import FrameDecoder, encode_frame
-
-if TYPE_CHECKING:
-    from ..node import Node
+from ..transport.base import Network
 
 log = logging.getLogger("cluster.admin")
 
@@ -99,8 +104,40 @@ def peer_is_local(stream: trio.abc.Stream) -> bool:
     return ip.is_loopback
 
 
-def _ms_ago(now_ns: int, then_ns: int) -> int | None:
-    return (now_ns - then_ns) // 1_000_000 if then_ns else None
+class AdminTarget(Protocol):
+    """What the admin server needs of a node."""
+
+    @property
+    def network(self) -> Network: ...
+
+    @property
+    def admin_endpoint(self) -> tuple[str, int]:
+        """``(host, port)`` to serve."""
+        ...
+
+    @property
+    def max_frame_size(self) -> int: ...
+
+    @property
+    def recording_log(self) -> RecordingLog: ...
+
+    @property
+    def snapshots_taken(self) -> int:
+        """Snapshots this member has taken since it started."""
+        ...
+
+    def status(self) -> MemberStatus: ...
+
+    async def request_action(
+        self, action: ClusterAction, *, terminate: bool = False
+    ) -> tuple[bool, str]:
+        """Put a cluster action on the log (through the node's inbox); ``(accepted,
+        message)``."""
+        ...
+
+    async def wait_snapshot(self, after: int) -> None:
+        """Return once more than ``after`` snapshots have been taken."""
+        ...
 
 
 Handler = Callable[[AdminCommand], Awaitable[AdminReply]]
@@ -109,10 +146,9 @@ Handler = Callable[[AdminCommand], Awaitable[AdminReply]]
 class AdminServer:
     """Serves one node's admin port (see the module docstring)."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: AdminTarget) -> None:
         self.node = node
         self.errors = RecentErrors()
-        self.started_ns = node._now_ns()
         self.connections = 0
         self.commands = 0
         self._handlers: dict[str, Handler] = {
@@ -131,17 +167,16 @@ class AdminServer:
         node = self.node
         cluster_logger = logging.getLogger("cluster")
         cluster_logger.addHandler(self.errors)
+        host, port = node.admin_endpoint
         try:
-            await node.network.serve(
-                node.member.host, node.member.admin_port, self._serve, task_status=task_status
-            )
+            await node.network.serve(host, port, self._serve, task_status=task_status)
         finally:
             cluster_logger.removeHandler(self.errors)
 
     async def _serve(self, stream: trio.abc.Stream) -> None:
         self.connections += 1
         local = peer_is_local(stream)
-        decoder = FrameDecoder(max(self.node.config.max_frame_size, 64 * 1024))
+        decoder = FrameDecoder(max(self.node.max_frame_size, 64 * 1024))
         try:
             while True:
                 data = await stream.receive_some(64 * 1024)
@@ -188,99 +223,8 @@ class AdminServer:
 
     # ------------------------------------------------------------------ queries
 
-    def role_name(self) -> str:
-        cm = self.node.cm
-        if cm.role is Role.LEADER:
-            return "LEADER"
-        if cm.election is not None or cm.role is Role.CANDIDATE:
-            return "CANDIDATE"
-        return "FOLLOWER"
-
-    def describe(self) -> dict[str, Any]:
-        node = self.node
-        cm = node.cm
-        now = node._now_ns()
-        followers = []
-        if cm.role is Role.LEADER:
-            for f in sorted(cm.followers, key=lambda f: f.member_id):
-                followers.append(
-                    {
-                        "member_id": f.member_id,
-                        "next_position": f.next_position,
-                        "match_position": f.match_position,
-                        "lag_bytes": (
-                            max(0, cm.log.archive_position - f.match_position)
-                            if f.match_position >= 0
-                            else None
-                        ),
-                        "last_heard_ms_ago": _ms_ago(now, f.last_heard_ns),
-                    }
-                )
-        links = [
-            {
-                "member_id": member_id,
-                "connected": link.is_connected,
-                "sent": link.sent_messages,
-                "dropped": link.dropped_messages,
-                "connects": link.connects,
-                "backlog": link.backlog,
-            }
-            for member_id, link in sorted(node.links.links.items())
-        ]
-        sessions = [
-            {
-                "cluster_session_id": s.cluster_session_id,
-                "state": s.state.name,
-                "response_channel": s.response_channel,
-                "last_activity_ms_ago": (now - s.time_of_last_activity_ns) // 1_000_000,
-                "close_reason": s.close_reason.name if s.close_reason is not None else None,
-            }
-            for s in sorted(cm.sessions.values(), key=lambda s: s.cluster_session_id)
-        ]
-        stats = node.ingress.stats
-        return {
-            "member_id": node.config.member_id,
-            "role": self.role_name(),
-            "leadership_term_id": cm.leadership_term_id,
-            "candidate_term_id": cm.candidate_term_id,
-            "leader_member_id": cm.leader_member_id,
-            "commit_position": cm.commit_position,
-            "append_position": cm.log.archive_position,
-            "published_position": cm.log.published_position,
-            "applied_position": cm.log.applied_position,
-            "election_state": cm.election_state.name,
-            "module_state": cm.control.module_state.name,
-            "sessions": sessions,
-            "pending_sessions": len(cm.session_manager.pending_sessions),
-            "redirect_sessions": len(cm.session_manager.redirect_sessions),
-            "redirects": cm.counters.redirected_sessions,
-            "counters": dataclasses.asdict(cm.counters),
-            "ingress": {
-                "connections": stats.connections,
-                "open_connections": stats.open_connections,
-                "frames": stats.frames,
-                "protocol_errors": stats.protocol_errors,
-                "last_error": stats.last_error,
-            },
-            "followers": followers,
-            "links": links,
-            "members": [
-                {
-                    "member_id": m.member_id,
-                    "host": m.host,
-                    "ingress_port": m.ingress_port,
-                    "consensus_port": m.consensus_port,
-                    "admin_port": m.admin_port,
-                }
-                for m in node.members
-            ],
-            "snapshots_taken": node.snapshots_taken,
-            "uptime_s": round((now - self.started_ns) / 1e9, 3),
-            "pid": os.getpid(),
-        }
-
     async def _describe(self, command: AdminCommand) -> AdminReply:
-        return AdminReply(command.correlation_id, True, "", encode_body(self.describe()))
+        return AdminReply(command.correlation_id, True, "", encode_body(self.node.status()))
 
     def recording_log(self) -> list[dict[str, Any]]:
         return [
@@ -315,12 +259,10 @@ class AdminServer:
 
     # ------------------------------------------------------------------ cluster actions
 
-    def _request(self, action: ClusterAction, *, terminate: bool = False) -> tuple[bool, str]:
-        node = self.node
-        ok, message = node.cm.control.request(action, node._now_ns(), terminate=terminate)
+    async def _request(self, action: ClusterAction, *, terminate: bool = False) -> tuple[bool, str]:
+        ok, message = await self.node.request_action(action, terminate=terminate)
         if ok:
             log.info("%s (requested on the admin port)", message)
-            node._kick()
         return ok, message
 
     async def _snapshot(self, command: AdminCommand) -> AdminReply:
@@ -333,13 +275,11 @@ class AdminServer:
             return AdminReply(cid, False, f"bad timeout {command.args['timeout']!r}")
         node = self.node
         before = node.snapshots_taken
-        ok, message = self._request(ClusterAction.SNAPSHOT)
+        ok, message = await self._request(ClusterAction.SNAPSHOT)
         if not ok:
             return AdminReply(cid, False, message)
         with trio.move_on_after(timeout):
-            # the node has no snapshot event to wait on: poll its counter
-            while node.snapshots_taken <= before:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+            await node.wait_snapshot(before)
         if node.snapshots_taken <= before:
             return AdminReply(cid, False, f"SNAPSHOT requested but not taken within {timeout:g}s")
         entry = node.recording_log.get_latest_snapshot(CM_SERVICE_ID)
@@ -353,7 +293,7 @@ class AdminServer:
     async def _simple_action(
         self, command: AdminCommand, action: ClusterAction, *, terminate: bool = False
     ) -> AdminReply:
-        ok, message = self._request(action, terminate=terminate)
+        ok, message = await self._request(action, terminate=terminate)
         return AdminReply(command.correlation_id, ok, message)
 
     async def _suspend(self, command: AdminCommand) -> AdminReply:

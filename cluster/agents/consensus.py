@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from ..config import MemberEndpoints
+from ..protocol.admin import LinkStatus
 from ..protocol.codec import CONSENSUS
 from ..protocol.consensus import ConsensusMessage, MemberHello
 from ..protocol.errors import ProtocolError
@@ -67,7 +68,7 @@ class PeerLink:
 
 
 class PeerLinks:
-    """Implements :class:`cluster.core.consensus.ConsensusPort` over a :class:`Network`."""
+    """Implements :class:`cluster.core.base.ConsensusPort` over a :class:`Network`."""
 
     def __init__(
         self,
@@ -88,6 +89,19 @@ class PeerLinks:
         self.max_frame_size = max_frame_size
         self.protocol_errors = 0
         self.inbound: dict[int, int] = {}
+
+    def statistics(self) -> list[LinkStatus]:
+        return [
+            LinkStatus(
+                member_id=member_id,
+                connected=link.is_connected,
+                sent=link.sent_messages,
+                dropped=link.dropped_messages,
+                connects=link.connects,
+                backlog=link.backlog,
+            )
+            for member_id, link in sorted(self.links.items())
+        ]
 
     def send(self, member_id: int, message: ConsensusMessage) -> bool:
         link = self.links.get(member_id)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from ..protocol.admin import IngressStatus
 from ..protocol.codec import INGRESS
 from ..protocol.consensus import ConsensusMessage
 from ..protocol.errors import ProtocolError
@@ -48,6 +49,9 @@ class IngressInbox:
     process: Callable[[], None] | None = None
     #: a reader is waiting for the end of the scheduler's batch to have them handled
     pending: bool = False
+    #: the node's own work for the duty cycle (operator actions from the admin port),
+    #: each called with the cycle's time after the messages
+    commands: list[Callable[[int], None]] = field(default_factory=list)
 
     async def notify_soon(self) -> None:
         """Messages were added: have them handled once the other readers that woke
@@ -98,6 +102,16 @@ class IngressAgent:
         self.inbox = inbox
         self.max_frame_size = max_frame_size
         self.stats = IngressStats()
+
+    def statistics(self) -> IngressStatus:
+        stats = self.stats
+        return IngressStatus(
+            connections=stats.connections,
+            open_connections=stats.open_connections,
+            frames=stats.frames,
+            protocol_errors=stats.protocol_errors,
+            last_error=stats.last_error,
+        )
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         await self.network.serve(self.host, self.port, self._handle, task_status=task_status)

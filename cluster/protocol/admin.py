@@ -5,7 +5,9 @@ Triarch members have no shared memory to poke, so each member serves its admin p
 (the fourth port of ``--members``) with a request/response protocol: the tool sends an
 :class:`AdminCommand`, the member answers with an :class:`AdminReply` carrying the same
 ``correlation_id``.  Query commands put their result in ``body`` as JSON
-(:func:`encode_body` / :func:`decode_body`).  Frames are the usual length-prefixed
+(:func:`encode_body` / :func:`decode_body`); ``describe``'s body is a
+:class:`MemberStatus`, which the node builds and ``cluster-tool`` and ``cluster-tui``
+decode with its type (:func:`decode_status`).  Frames are the usual length-prefixed
 MessagePack arrays (:mod:`cluster.protocol.framing`); bad bytes raise
 :class:`~cluster.protocol.errors.ProtocolError`.
 """
@@ -40,6 +42,94 @@ class AdminReply(Message, tag=201):
 
 AdminMessage = AdminCommand | AdminReply
 
+
+# ---------------------------------------------------------------------- describe
+
+
+class FollowerStatus(msgspec.Struct, kw_only=True):
+    """A leader's view of one follower."""
+
+    member_id: int
+    next_position: int = 0
+    match_position: int = -1
+    lag_bytes: int | None = None
+    """How far the follower's confirmed log is behind the leader's durable log."""
+    last_heard_ms_ago: int | None = None
+
+
+class LinkStatus(msgspec.Struct, kw_only=True):
+    """This member's outbound link to another member."""
+
+    member_id: int
+    connected: bool = False
+    sent: int = 0
+    dropped: int = 0
+    connects: int = 0
+    backlog: int = 0
+
+
+class SessionStatus(msgspec.Struct, kw_only=True):
+    """One open client session as this member's consensus module holds it."""
+
+    cluster_session_id: int
+    state: str = "OPEN"
+    response_channel: str = ""
+    last_activity_ms_ago: int = 0
+    close_reason: str | None = None
+
+
+class IngressStatus(msgspec.Struct, kw_only=True):
+    """The ingress agent's statistics."""
+
+    connections: int = 0
+    open_connections: int = 0
+    frames: int = 0
+    protocol_errors: int = 0
+    last_error: str = ""
+
+
+class MemberAddress(msgspec.Struct, kw_only=True):
+    """One configured member's endpoints."""
+
+    member_id: int
+    host: str = ""
+    ingress_port: int = 0
+    consensus_port: int = 0
+    admin_port: int = 0
+
+
+class MemberStatus(msgspec.Struct, kw_only=True):
+    """What ``describe`` answers: one member's role, terms, positions, sessions,
+    counters and links.  Every field but ``member_id`` has a default, so a status
+    from an older member (or a recording) decodes too."""
+
+    member_id: int
+    role: str = "FOLLOWER"
+    """LEADER, FOLLOWER or CANDIDATE (a member in an election)."""
+    leadership_term_id: int = -1
+    candidate_term_id: int = -1
+    leader_member_id: int = -1
+    commit_position: int = 0
+    append_position: int = 0
+    """The end of the durable (archived) log."""
+    published_position: int = 0
+    applied_position: int = 0
+    election_state: str = "INIT"
+    module_state: str = "ACTIVE"
+    sessions: list[SessionStatus] = msgspec.field(default_factory=list)
+    pending_sessions: int = 0
+    redirect_sessions: int = 0
+    redirects: int = 0
+    counters: dict[str, int] = msgspec.field(default_factory=dict)
+    ingress: IngressStatus = msgspec.field(default_factory=IngressStatus)
+    followers: list[FollowerStatus] = msgspec.field(default_factory=list)
+    links: list[LinkStatus] = msgspec.field(default_factory=list)
+    members: list[MemberAddress] = msgspec.field(default_factory=list)
+    snapshots_taken: int = 0
+    uptime_s: float = 0.0
+    pid: int = 0
+
+
 _json_encoder = msgspec.json.Encoder()
 _json_decoder = msgspec.json.Decoder()
 
@@ -47,6 +137,15 @@ _json_decoder = msgspec.json.Decoder()
 def encode_body(value: Any) -> bytes:
     """JSON for an :attr:`AdminReply.body`."""
     return _json_encoder.encode(value)
+
+
+def decode_status(body: bytes) -> MemberStatus:
+    """A ``describe`` body as a :class:`MemberStatus`; a body of another shape is a
+    ProtocolError."""
+    try:
+        return msgspec.json.decode(body, type=MemberStatus)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+        raise ProtocolError(f"bad describe body: {exc}") from None
 
 
 def decode_body(body: bytes) -> Any:

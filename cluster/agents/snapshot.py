@@ -1,0 +1,117 @@
+"""The snapshot agent: every member takes a snapshot where the log says so.
+
+A SNAPSHOT cluster action on the log reaches every member's service container at the
+same log position; the container calls :meth:`SnapshotAgent.on_cluster_action` while
+applying it, so the snapshot holds exactly the state at that position.  The records are
+taken at once (the state must not move on first); writing them (a file, an fsync, a
+rename) runs through ``run_blocking`` (a worker thread), then the recording log notes
+the snapshot and :meth:`SnapshotAgent.wait_taken` waiters wake: completion is an event,
+not a counter to poll.  A SNAPSHOT with the terminate flag (SHUTDOWN), or an ABORT,
+stops the node once it is done, unless it is replayed at start-up (it happened before
+the restart).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ..archive.recording_log import CM_SERVICE_ID, ENTRY_TYPE_SNAPSHOT, RecordingLog
+from ..archive.snapshots import encode_snapshot, snapshot_path, write_snapshot
+from ..core.consensus import ConsensusModule
+from ..core.service_container import ServiceContainer
+from ..core.snapshot import take_snapshot
+from ..protocol.enums import CLUSTER_ACTION_FLAG_TERMINATE, ClusterAction
+from ..protocol.log import ClusterActionRequest
+
+log = logging.getLogger("cluster.node")
+
+
+class SnapshotAgent:
+    """Takes, writes and records the snapshots the log asks for."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        recording_log: RecordingLog,
+        cm: ConsensusModule,
+        container: ServiceContainer,
+        run_blocking: Callable[..., Awaitable[Any]],
+        shutdown: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.data_dir = data_dir
+        self.recording_log = recording_log
+        self.cm = cm
+        self.container = container
+        self.run_blocking = run_blocking
+        self.shutdown = shutdown
+        self.taken = 0
+        """Snapshots taken (written and recorded) since the node started."""
+        self.recovered_position = 0
+        """Actions at or below this position were replayed at start-up: not acted on."""
+        self._taken_event = trio.Event()
+        self._nursery: trio.Nursery | None = None
+
+    def start(self, nursery: trio.Nursery, recovered_position: int) -> None:
+        """From now on snapshots are written in ``nursery``'s tasks (before: at once,
+        during the start-up replay)."""
+        self._nursery = nursery
+        self.recovered_position = recovered_position
+
+    def on_cluster_action(self, position: int, action: ClusterActionRequest) -> None:
+        """Every member applies cluster actions at the same log position."""
+        live = position > self.recovered_position
+        shutdown = bool(action.flags & CLUSTER_ACTION_FLAG_TERMINATE)
+        terminate = action.action is ClusterAction.ABORT or (
+            action.action is ClusterAction.SNAPSHOT and shutdown
+        )
+        if action.action is ClusterAction.SNAPSHOT:
+            self._take(position, action, terminate=terminate and live)
+        elif terminate and live:
+            log.info("ABORT at log position %d: stopping without a snapshot", position)
+            if self._nursery is not None:
+                self._nursery.start_soon(self.shutdown)
+
+    async def wait_taken(self, after: int) -> None:
+        """Return once more than ``after`` snapshots have been taken."""
+        while self.taken <= after:
+            await self._taken_event.wait()
+
+    def _take(self, position: int, action: ClusterActionRequest, terminate: bool) -> None:
+        for entry in self.recording_log.entries:
+            if (
+                entry.is_valid
+                and entry.type == ENTRY_TYPE_SNAPSHOT
+                and (entry.log_position == position and entry.service_id == CM_SERVICE_ID)
+            ):
+                return  # taken before a restart: the replay need not take it again
+        records = take_snapshot(self.cm, self.container, position, action.leadership_term_id)
+        data = encode_snapshot(records)
+        term = action.leadership_term_id
+        path = snapshot_path(self.data_dir, position, term)
+        if self._nursery is None:  # during start-up replay: write it now
+            write_snapshot(path, data)
+            self._record(position, term, action.timestamp, len(data))
+            return
+
+        async def persist() -> None:
+            await self.run_blocking(write_snapshot, path, data)
+            self._record(position, term, action.timestamp, len(data))
+            if terminate:
+                log.info("SHUTDOWN at log position %d: snapshot taken, stopping", position)
+                await self.shutdown()
+
+        self._nursery.start_soon(persist)
+
+    def _record(self, position: int, term: int, timestamp: int, size: int) -> None:
+        base = self.cm.log.terms.base_of(term) or 0
+        self.recording_log.append_snapshot(term, base, position, timestamp, 0)
+        self.recording_log.append_snapshot(term, base, position, timestamp, CM_SERVICE_ID)
+        self.taken += 1
+        self._taken_event.set()
+        self._taken_event = trio.Event()
+        log.info("snapshot at log position %d (term %d): %d bytes", position, term, size)

@@ -1,0 +1,115 @@
+"""A member's status, as ``describe`` on its admin port answers it: a typed
+:class:`~cluster.protocol.admin.MemberStatus` that ``cluster-tool`` and ``cluster-tui``
+decode with the same type.  Each part reports its own piece (the ingress agent's and the
+member links' ``statistics()``, the consensus module's state); this module puts them
+together."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable
+
+from .config import MemberEndpoints
+from .core.consensus import ConsensusModule
+from .protocol.admin import (
+    FollowerStatus,
+    IngressStatus,
+    LinkStatus,
+    MemberAddress,
+    MemberStatus,
+    SessionStatus,
+)
+from .protocol.enums import Role
+
+
+def _ms_ago(now_ns: int, then_ns: int) -> int | None:
+    return (now_ns - then_ns) // 1_000_000 if then_ns else None
+
+
+def role_name(cm: ConsensusModule) -> str:
+    """LEADER, FOLLOWER, or CANDIDATE for a member in an election."""
+    if cm.role is Role.LEADER:
+        return "LEADER"
+    if cm.election is not None or cm.role is Role.CANDIDATE:
+        return "CANDIDATE"
+    return "FOLLOWER"
+
+
+def follower_statuses(cm: ConsensusModule, now_ns: int) -> list[FollowerStatus]:
+    """A leader's view of its followers (empty on any other member)."""
+    if cm.role is not Role.LEADER:
+        return []
+    durable = cm.log.archive_position
+    return [
+        FollowerStatus(
+            member_id=f.member_id,
+            next_position=f.next_position,
+            match_position=f.match_position,
+            lag_bytes=max(0, durable - f.match_position) if f.match_position >= 0 else None,
+            last_heard_ms_ago=_ms_ago(now_ns, f.last_heard_ns),
+        )
+        for f in sorted(cm.followers, key=lambda f: f.member_id)
+    ]
+
+
+def session_statuses(cm: ConsensusModule, now_ns: int) -> list[SessionStatus]:
+    return [
+        SessionStatus(
+            cluster_session_id=s.cluster_session_id,
+            state=s.state.name,
+            response_channel=s.response_channel,
+            last_activity_ms_ago=(now_ns - s.time_of_last_activity_ns) // 1_000_000,
+            close_reason=s.close_reason.name if s.close_reason is not None else None,
+        )
+        for s in sorted(cm.sessions.values(), key=lambda s: s.cluster_session_id)
+    ]
+
+
+def member_status(
+    member_id: int,
+    cm: ConsensusModule,
+    now_ns: int,
+    *,
+    ingress: IngressStatus,
+    links: list[LinkStatus],
+    members: Iterable[MemberEndpoints],
+    snapshots_taken: int,
+    uptime_s: float,
+) -> MemberStatus:
+    rlog = cm.log
+    manager = cm.session_manager
+    return MemberStatus(
+        member_id=member_id,
+        role=role_name(cm),
+        leadership_term_id=cm.leadership_term_id,
+        candidate_term_id=cm.candidate_term_id,
+        leader_member_id=cm.leader_member_id,
+        commit_position=rlog.commit_position,
+        append_position=rlog.archive_position,
+        published_position=rlog.published_position,
+        applied_position=rlog.applied_position,
+        election_state=cm.election_state.name,
+        module_state=cm.control.module_state.name,
+        sessions=session_statuses(cm, now_ns),
+        pending_sessions=len(manager.pending_sessions),
+        redirect_sessions=len(manager.redirect_sessions),
+        redirects=cm.counters.redirected_sessions,
+        counters=dataclasses.asdict(cm.counters),
+        ingress=ingress,
+        followers=follower_statuses(cm, now_ns),
+        links=links,
+        members=[
+            MemberAddress(
+                member_id=m.member_id,
+                host=m.host,
+                ingress_port=m.ingress_port,
+                consensus_port=m.consensus_port,
+                admin_port=m.admin_port,
+            )
+            for m in members
+        ],
+        snapshots_taken=snapshots_taken,
+        uptime_s=uptime_s,
+        pid=os.getpid(),
+    )
