@@ -137,7 +137,9 @@ class SegmentInfo(NamedTuple):
         return self.base + self.length
 
 
-class _BadRecord(NamedTuple):
+class BadRecord(NamedTuple):
+    """The first record of a scanned range that fails its checks (see :func:`scan_records`)."""
+
     offset: int
     """File offset of the bad record."""
     reason: str
@@ -179,7 +181,7 @@ def list_segments(directory: str | os.PathLike[str]) -> list[SegmentInfo]:
     return segments
 
 
-def _pread(fd: int, size: int, offset: int) -> bytes:
+def pread_full(fd: int, size: int, offset: int) -> bytes:
     """Read ``size`` bytes at ``offset``; fewer only at end of file."""
     data = os.pread(fd, size, offset)
     if len(data) == size or not data:
@@ -195,9 +197,9 @@ def _pread(fd: int, size: int, offset: int) -> bytes:
     return b"".join(parts)
 
 
-def _scan(
+def scan_records(
     fd: int, start: int, end: int, base: int = 0, chunk_size: int | None = None
-) -> Generator[tuple[int, memoryview], None, _BadRecord | None]:
+) -> Generator[tuple[int, memoryview], None, BadRecord | None]:
     """Yield ``(base + file_offset, body)`` for the records in file bytes ``[start, end)``.
 
     Reads ``chunk_size`` bytes at a time, carrying a partial record over to the next
@@ -214,24 +216,24 @@ def _scan(
         try:
             for offset, body in iter_records(buf):
                 if not body:
-                    return _BadRecord(buf_offset + offset, "empty record", 0)
+                    return BadRecord(buf_offset + offset, "empty record", 0)
                 yield base + buf_offset + offset, body
                 consumed = offset + RECORD_HEADER_LENGTH + len(body)
         except RecordError as exc:
             length, _ = _unpack_header(buf, exc.offset)
-            return _BadRecord(buf_offset + exc.offset, exc.reason, length)
+            return BadRecord(buf_offset + exc.offset, exc.reason, length)
         remaining = len(buf) - consumed
         header_length: int | None = None
         if remaining >= RECORD_HEADER_LENGTH:
             header_length, _ = _unpack_header(buf, consumed)
         if read_offset >= end:
             if remaining:
-                return _BadRecord(buf_offset + consumed, "incomplete record", header_length)
+                return BadRecord(buf_offset + consumed, "incomplete record", header_length)
             return None
         need = chunk_size
         if header_length is not None:  # iter_records checked it against MAX_RECORD_LENGTH
             need = max(need, RECORD_HEADER_LENGTH + header_length - remaining)
-        data = _pread(fd, min(need, end - read_offset), read_offset)
+        data = pread_full(fd, min(need, end - read_offset), read_offset)
         if not data:  # the file is shorter than expected
             end = read_offset
             continue
@@ -240,12 +242,13 @@ def _scan(
         buf_offset += consumed
 
 
-def _drain(scan: Generator[tuple[int, memoryview], None, _BadRecord | None]) -> _BadRecord | None:
+def drain_scan(scan: Generator[tuple[int, memoryview], None, BadRecord | None]) -> BadRecord | None:
+    """Run ``scan`` (from :func:`scan_records`) to the end; return what it returned."""
     while True:
         try:
             next(scan)
         except StopIteration as stop:
-            result: _BadRecord | None = stop.value
+            result: BadRecord | None = stop.value
             return result
 
 
@@ -307,7 +310,7 @@ def _intact_length(tail: memoryview, limit: int) -> int | None:
     return None
 
 
-def _why_not_torn(fd: int, file_length: int, bad: _BadRecord) -> str | None:
+def _why_not_torn(fd: int, file_length: int, bad: BadRecord) -> str | None:
     """None if the first bad record of the last segment is a torn write, else why not.
 
     It is torn unless a valid record can be found after its start: by following the chain
@@ -317,7 +320,7 @@ def _why_not_torn(fd: int, file_length: int, bad: _BadRecord) -> str | None:
     of the file (what an interrupted write leaves) is taken as torn. Runs only on the
     failure path; reads the rest of the segment.
     """
-    tail = memoryview(_pread(fd, max(0, file_length - bad.offset), bad.offset))
+    tail = memoryview(pread_full(fd, max(0, file_length - bad.offset), bad.offset))
     if bad.length is not None and _chain_has_valid_record(tail, RECORD_HEADER_LENGTH + bad.length):
         return "valid records follow it"
     length = _intact_length(tail, RESYNC_WINDOW)
@@ -339,7 +342,7 @@ def _why_not_torn(fd: int, file_length: int, bad: _BadRecord) -> str | None:
     return None
 
 
-def _corruption(segment: SegmentInfo, bad: _BadRecord, why: str) -> ArchiveCorruptionError:
+def _corruption(segment: SegmentInfo, bad: BadRecord, why: str) -> ArchiveCorruptionError:
     return ArchiveCorruptionError(
         segment.path,
         segment.base + bad.offset,
@@ -347,7 +350,7 @@ def _corruption(segment: SegmentInfo, bad: _BadRecord, why: str) -> ArchiveCorru
     )
 
 
-def _classify(fd: int, segment: SegmentInfo, bad: _BadRecord, *, last: bool) -> None:
+def check_torn_tail(fd: int, segment: SegmentInfo, bad: BadRecord, *, last: bool) -> None:
     """Return if ``bad`` is a torn tail, else raise :class:`ArchiveCorruptionError`."""
     why = _why_not_torn(fd, segment.length, bad) if last else "it is not in the last segment"
     if why is not None:
@@ -378,10 +381,10 @@ def _read_segments(segments: list[SegmentInfo]) -> Iterator[tuple[int, memoryvie
         last = index == len(segments) - 1
         fd = os.open(segment.path, os.O_RDONLY | _O_CLOEXEC)
         try:
-            bad = yield from _scan(fd, 0, segment.length, segment.base)
+            bad = yield from scan_records(fd, 0, segment.length, segment.base)
             if bad is None:
                 continue
-            _classify(fd, segment, bad, last=last)
+            check_torn_tail(fd, segment, bad, last=last)
             return
         finally:
             os.close(fd)
@@ -455,9 +458,9 @@ class Archive:
                     continue  # trusted history behind the verification point
                 fd = os.open(segment.path, flags)
                 scan_from = min(max(0, verify_from - segment.base), segment.length)
-                bad = _drain(_scan(fd, scan_from, segment.length))
+                bad = drain_scan(scan_records(fd, scan_from, segment.length))
                 if bad is not None:
-                    _classify(fd, segment, bad, last=last)
+                    check_torn_tail(fd, segment, bad, last=last)
                     dropped = segment.length - bad.offset
                     os.ftruncate(fd, bad.offset)
                     os.fsync(fd)
@@ -691,7 +694,7 @@ class Archive:
             return
         fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
         try:
-            bad = _drain(_scan(fd, 0, position - base))
+            bad = drain_scan(scan_records(fd, 0, position - base))
         finally:
             os.close(fd)
         if bad is None:
@@ -735,11 +738,11 @@ class Archive:
     def _read_segment(self, index: int, offset: int, size: int) -> bytes:
         path = self._paths[index]
         if index == len(self._paths) - 1 and self._fd is not None:
-            data = _pread(self._fd, size, offset)
+            data = pread_full(self._fd, size, offset)
         else:
             fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
             try:
-                data = _pread(fd, size, offset)
+                data = pread_full(fd, size, offset)
             finally:
                 os.close(fd)
         if len(data) != size:
@@ -781,7 +784,9 @@ class Archive:
                 continue
             fd = os.open(segment.path, os.O_RDONLY | _O_CLOEXEC)
             try:
-                bad = yield from _scan(fd, low - segment.base, high - segment.base, segment.base)
+                bad = yield from scan_records(
+                    fd, low - segment.base, high - segment.base, segment.base
+                )
             finally:
                 os.close(fd)
             if bad is None:

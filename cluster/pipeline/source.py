@@ -39,7 +39,7 @@ from ..archive.node_state import NodeState
 from ..archive.record import RECORD_HEADER_LENGTH
 from ..archive.recording_log import ENTRY_TYPE_TERM, RecordingLog
 from ..archive.recording_log import FILE_NAME as RECORDING_LOG_FILE
-from ..archive.segments import _BadRecord, _scan
+from ..archive.segments import BadRecord, scan_records
 from ..protocol.codec import LOG
 from ..protocol.errors import ProtocolError
 from ..protocol.ingress import SessionMessageHeader
@@ -451,12 +451,12 @@ class _Batch:
 class _Records:
     """Iterates over the scanner's records and keeps what it returned at the end."""
 
-    def __init__(self, scan: Generator[tuple[int, memoryview], None, _BadRecord | None]) -> None:
-        self.bad: _BadRecord | None = None
+    def __init__(self, scan: Generator[tuple[int, memoryview], None, BadRecord | None]) -> None:
+        self.bad: BadRecord | None = None
         self._iterator = self._run(scan)
 
     def _run(
-        self, scan: Generator[tuple[int, memoryview], None, _BadRecord | None]
+        self, scan: Generator[tuple[int, memoryview], None, BadRecord | None]
     ) -> Iterator[tuple[int, memoryview]]:
         self.bad = yield from scan
 
@@ -503,7 +503,7 @@ def read_segment(member: str, path: str, base: int, length: int) -> Iterator[pa.
         return
     try:
         size = min(length, os.fstat(fd).st_size)
-        records = _Records(_scan(fd, 0, size, base))
+        records = _Records(scan_records(fd, 0, size, base))
         iterator = iter(records)
         done = False
         while not done:
