@@ -25,23 +25,12 @@ Durability and recovery
 -----------------------
 With :attr:`FsyncPolicy.BATCH` each :meth:`Archive.append` ends with ``fdatasync``
 (group commit) and creating a segment fsyncs the directory, so an acknowledged position
-survives power loss. Opening the archive checks every record's CRC:
-
-* the first bad record of the *last* segment is a **torn tail** if no CRC-valid record can
-  be found after its start; the segment is then truncated at that record (logged as a
-  warning) and fsynced. Recovery looks (1) along the chain of length fields past it, which
-  an incomplete record at the end of the file or a length running past it cannot offer;
-  (2) for a complete record whose length field alone is damaged (a prefix of the bytes
-  after its header matches its CRC); (3) at every byte offset within
-  :data:`RESYNC_WINDOW`, for the records after damage to several headers. Damage to a
-  length field is thus not mistaken for a torn write;
-* any other bad record (in an earlier segment, or followed by valid records) is
-  **corruption** and raises :class:`ArchiveCorruptionError` naming the file and position.
-  A member must not silently drop entries it may have acknowledged: it stops, and the
-  operator repairs it from its peers (or wipes it so that it catches up from the leader).
-  In doubt it stops: a torn record whose partial body happens to embed a valid framed
-  record is reported as corruption, and so is a bad complete record when the scan (3)
-  exhausts :data:`RESYNC_CRC_BUDGET`.
+survives power loss. Opening the archive checks every record's CRC: the first bad record
+of the last segment, if it is a **torn tail**, is truncated (logged as a warning) and
+fsynced; any other bad record is **corruption** and raises
+:class:`ArchiveCorruptionError` naming the file and position. How the two are told apart,
+and why a member stops rather than drop data, is stated in :mod:`cluster.archive.reader`,
+which holds the reading side (listing and scanning segment files, :func:`read_log`).
 
 Only one thread may use an :class:`Archive` at a time (the Trio node calls it through
 ``trio.to_thread.run_sync``); :func:`read_log` reads a directory without opening it for
@@ -55,36 +44,25 @@ import enum
 import errno
 import logging
 import os
-import re
 import struct
-import zlib
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import NamedTuple, Self
+from typing import Self
 
 from .errors import ArchiveCorruptionError, ArchiveError, ArchiveWriteError
-from .record import (
-    MAX_RECORD_LENGTH,
-    RECORD_HEADER,
-    RECORD_HEADER_LENGTH,
-    RecordError,
-    iter_records,
-)
+from .reader import SegmentInfo as SegmentInfo
+from .reader import check_torn_tail, drain_scan, pread_full, scan_records, segment_name
+from .reader import list_segments as list_segments
+from .reader import read_log as read_log
+from .record import MAX_RECORD_LENGTH, RECORD_HEADER, RECORD_HEADER_LENGTH
 
 __all__ = ["DEFAULT_SEGMENT_SIZE", "Archive", "FsyncPolicy", "SegmentInfo", "read_log"]
 
 logger = logging.getLogger("cluster.archive")
 
 DEFAULT_SEGMENT_SIZE = 64 << 20
-READ_CHUNK = 4 << 20
-"""Bytes read at a time when scanning records (a larger record is read whole)."""
-RESYNC_WINDOW = 1 << 20
-"""How far past a bad record recovery looks for valid records at every byte offset."""
-RESYNC_CRC_BUDGET = 512 << 20
-"""Bytes the resynchronising scan may checksum before it gives up (and reports corruption)."""
 
-_SEGMENT_NAME = re.compile(r"log-(\d{20})\.seg")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _unpack_header = RECORD_HEADER.unpack_from
 
@@ -125,269 +103,12 @@ class FsyncPolicy(enum.StrEnum):
             raise ValueError(f"invalid fsync policy {text!r}: expected one of {choices}") from None
 
 
-class SegmentInfo(NamedTuple):
-    """One segment file: it holds the log bytes ``[base, base + length)``."""
-
-    base: int
-    path: Path
-    length: int
-
-    @property
-    def end(self) -> int:
-        return self.base + self.length
-
-
-class BadRecord(NamedTuple):
-    """The first record of a scanned range that fails its checks (see :func:`scan_records`)."""
-
-    offset: int
-    """File offset of the bad record."""
-    reason: str
-    length: int | None
-    """The record's length field, or None when not even its header is complete."""
-
-
-def segment_name(base: int) -> str:
-    """File name of the segment whose first record is at log position ``base``."""
-    return f"log-{base:020d}.seg"
-
-
-def list_segments(directory: str | os.PathLike[str]) -> list[SegmentInfo]:
-    """The segment files in ``directory`` in log order, checked to be contiguous.
-
-    Raises:
-        ArchiveCorruptionError: a segment does not start where the previous one ends.
-    """
-    directory = Path(directory)
-    found: list[tuple[int, Path]] = []
-    with os.scandir(directory) as entries:
-        for entry in entries:
-            match = _SEGMENT_NAME.fullmatch(entry.name)
-            if match is not None and entry.is_file(follow_symlinks=False):
-                found.append((int(match.group(1)), Path(entry.path)))
-    found.sort()
-    segments: list[SegmentInfo] = []
-    for base, path in found:
-        segment = SegmentInfo(base, path, os.stat(path).st_size)
-        if segments and segments[-1].end != base:
-            previous = segments[-1]
-            raise ArchiveCorruptionError(
-                path,
-                previous.end,
-                f"segment starts at log position {base} but the previous segment "
-                f"{previous.path.name} ends at {previous.end} (segments must be contiguous)",
-            )
-        segments.append(segment)
-    return segments
-
-
-def pread_full(fd: int, size: int, offset: int) -> bytes:
-    """Read ``size`` bytes at ``offset``; fewer only at end of file."""
-    data = os.pread(fd, size, offset)
-    if len(data) == size or not data:
-        return data
-    parts = [data]
-    got = len(data)
-    while got < size:
-        more = os.pread(fd, size - got, offset + got)
-        if not more:
-            break
-        parts.append(more)
-        got += len(more)
-    return b"".join(parts)
-
-
-def scan_records(
-    fd: int, start: int, end: int, base: int = 0, chunk_size: int | None = None
-) -> Generator[tuple[int, memoryview], None, BadRecord | None]:
-    """Yield ``(base + file_offset, body)`` for the records in file bytes ``[start, end)``.
-
-    Reads ``chunk_size`` bytes at a time, carrying a partial record over to the next
-    chunk. Returns None if the range holds whole valid records, else the first bad one.
-    Bodies are views of immutable chunks, so they stay valid after the generator moves on.
-    """
-    if chunk_size is None:
-        chunk_size = READ_CHUNK
-    buf = b""
-    buf_offset = start
-    read_offset = start
-    while True:
-        consumed = 0
-        try:
-            for offset, body in iter_records(buf):
-                if not body:
-                    return BadRecord(buf_offset + offset, "empty record", 0)
-                yield base + buf_offset + offset, body
-                consumed = offset + RECORD_HEADER_LENGTH + len(body)
-        except RecordError as exc:
-            length, _ = _unpack_header(buf, exc.offset)
-            return BadRecord(buf_offset + exc.offset, exc.reason, length)
-        remaining = len(buf) - consumed
-        header_length: int | None = None
-        if remaining >= RECORD_HEADER_LENGTH:
-            header_length, _ = _unpack_header(buf, consumed)
-        if read_offset >= end:
-            if remaining:
-                return BadRecord(buf_offset + consumed, "incomplete record", header_length)
-            return None
-        need = chunk_size
-        if header_length is not None:  # iter_records checked it against MAX_RECORD_LENGTH
-            need = max(need, RECORD_HEADER_LENGTH + header_length - remaining)
-        data = pread_full(fd, min(need, end - read_offset), read_offset)
-        if not data:  # the file is shorter than expected
-            end = read_offset
-            continue
-        read_offset += len(data)
-        buf = buf[consumed:] + data if remaining else data
-        buf_offset += consumed
-
-
-def drain_scan(scan: Generator[tuple[int, memoryview], None, BadRecord | None]) -> BadRecord | None:
-    """Run ``scan`` (from :func:`scan_records`) to the end; return what it returned."""
-    while True:
-        try:
-            next(scan)
-        except StopIteration as stop:
-            result: BadRecord | None = stop.value
-            return result
-
-
-def _chain_has_valid_record(tail: memoryview, pos: int) -> bool:
-    """Whether following the length fields from ``pos`` reaches a valid, non-empty record."""
-    while len(tail) - pos >= RECORD_HEADER_LENGTH:
-        length, crc = _unpack_header(tail, pos)
-        end = pos + RECORD_HEADER_LENGTH + length
-        if end > len(tail):
-            return False
-        if length and zlib.crc32(tail[pos + RECORD_HEADER_LENGTH : end]) == crc:
-            return True
-        pos = end
-    return False
-
-
-def _resync_finds_valid_record(tail: memoryview, start: int, window: int) -> bool | None:
-    """Whether a valid, non-empty record of at most ``window`` bytes starts at any offset in
-    ``[start, start + window)``: finds the records after a damaged length field.
-
-    Candidates are checked shortest first. Returns None (undecided) once
-    :data:`RESYNC_CRC_BUDGET` bytes have been checksummed, which only data full of
-    plausible-looking lengths (small integers with zero high bytes) can cause.
-    """
-    size = len(tail)
-    last = min(size - RECORD_HEADER_LENGTH, start + window - 1)
-    candidates: list[int] = []  # length << 32 | pos, so that sorting puts short ones first
-    for pos in range(start, last + 1):
-        length, _ = _unpack_header(tail, pos)
-        if 0 < length <= window and pos + RECORD_HEADER_LENGTH + length <= size:
-            candidates.append(length << 32 | pos)
-    candidates.sort()
-    budget = RESYNC_CRC_BUDGET
-    for candidate in candidates:
-        length, pos = candidate >> 32, candidate & 0xFFFFFFFF
-        budget -= length
-        if budget < 0:
-            return None
-        body_start = pos + RECORD_HEADER_LENGTH
-        if zlib.crc32(tail[body_start : body_start + length]) == _unpack_header(tail, pos)[1]:
-            return True
-    return False
-
-
-def _intact_length(tail: memoryview, limit: int) -> int | None:
-    """The length at which the body after the header at ``tail[0]`` matches its CRC field.
-
-    Finds a complete record whose length field alone is damaged (one CRC per byte).
-    """
-    if len(tail) < RECORD_HEADER_LENGTH:
-        return None
-    _, crc = _unpack_header(tail, 0)
-    body = tail[RECORD_HEADER_LENGTH : RECORD_HEADER_LENGTH + limit]
-    running = 0
-    for length in range(1, len(body) + 1):
-        running = zlib.crc32(body[length - 1 : length], running)
-        if running == crc:
-            return length
-    return None
-
-
-def _why_not_torn(fd: int, file_length: int, bad: BadRecord) -> str | None:
-    """None if the first bad record of the last segment is a torn write, else why not.
-
-    It is torn unless a valid record can be found after its start: by following the chain
-    of length fields past it, as a complete record under a damaged length field, or by
-    resynchronising at every byte offset within :data:`RESYNC_WINDOW` (after damage to
-    several headers). If that scan runs out of budget, only a record cut short by the end
-    of the file (what an interrupted write leaves) is taken as torn. Runs only on the
-    failure path; reads the rest of the segment.
-    """
-    tail = memoryview(pread_full(fd, max(0, file_length - bad.offset), bad.offset))
-    if bad.length is not None and _chain_has_valid_record(tail, RECORD_HEADER_LENGTH + bad.length):
-        return "valid records follow it"
-    length = _intact_length(tail, RESYNC_WINDOW)
-    if length is not None:
-        return f"its length field is damaged: the record is intact with length {length}"
-    found = _resync_finds_valid_record(tail, 1, RESYNC_WINDOW)
-    if found:
-        return "valid records follow it"
-    prefix_torn = (  # what an interrupted write of one record leaves
-        bad.length is not None
-        and 0 < bad.length <= MAX_RECORD_LENGTH
-        and RECORD_HEADER_LENGTH + bad.length > len(tail)
-    )
-    if found is None and not prefix_torn:
-        return (
-            "cannot rule out valid records after it; if the member crashed while writing "
-            "and the log is known to be a torn tail, truncate the file at this offset"
-        )
-    return None
-
-
-def _corruption(segment: SegmentInfo, bad: BadRecord, why: str) -> ArchiveCorruptionError:
-    return ArchiveCorruptionError(
-        segment.path,
-        segment.base + bad.offset,
-        f"{bad.reason} at file offset {bad.offset} (not a torn write: {why})",
-    )
-
-
-def check_torn_tail(fd: int, segment: SegmentInfo, bad: BadRecord, *, last: bool) -> None:
-    """Return if ``bad`` is a torn tail, else raise :class:`ArchiveCorruptionError`."""
-    why = _why_not_torn(fd, segment.length, bad) if last else "it is not in the last segment"
-    if why is not None:
-        raise _corruption(segment, bad, why)
-
-
 def _fsync_directory(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def read_log(directory: str | os.PathLike[str]) -> Iterator[tuple[int, memoryview]]:
-    """Yield ``(position, body)`` for every record of the log in ``directory``, read-only.
-
-    Checks CRCs like :meth:`Archive.open` but never repairs: a torn tail is simply where
-    reading stops. Corruption raises :class:`ArchiveCorruptionError`. Safe to run while a
-    node is appending (it reads up to the sizes seen when it starts).
-    """
-    segments = list_segments(directory)
-    return _read_segments(segments)
-
-
-def _read_segments(segments: list[SegmentInfo]) -> Iterator[tuple[int, memoryview]]:
-    for index, segment in enumerate(segments):
-        last = index == len(segments) - 1
-        fd = os.open(segment.path, os.O_RDONLY | _O_CLOEXEC)
-        try:
-            bad = yield from scan_records(fd, 0, segment.length, segment.base)
-            if bad is None:
-                continue
-            check_torn_tail(fd, segment, bad, last=last)
-            return
-        finally:
-            os.close(fd)
 
 
 class Archive:
@@ -758,7 +479,7 @@ class Archive:
 
         ``start`` must be a record boundary (otherwise the first record fails its check);
         ``stop`` defaults to the current :attr:`position`. Reads one segment at a time in
-        chunks of :data:`READ_CHUNK` bytes.
+        chunks of :data:`~cluster.archive.reader.READ_CHUNK` bytes.
 
         Raises:
             ValueError: the range is outside the log, or ``stop`` is inside a record.

@@ -5,7 +5,7 @@ The driver only lists files: :func:`discover_members` finds each member's segmen
 recording log, and :func:`plan_partitions` turns the segments into one
 :class:`SegmentPartition` each.  The data source :class:`ArchiveDataSource`
 (``spark.read.format("triarch_archive")``) reads every partition on an executor with
-:func:`read_segment`: the project's record scanner (:mod:`cluster.archive.segments`,
+:func:`read_segment`: the project's record scanner (:mod:`cluster.archive.reader`,
 CRC-checked, chunked) and log codec (:data:`cluster.protocol.codec.LOG`), yielding Arrow
 record batches of :data:`BATCH_ROWS` rows.  No log bytes go through the driver.
 
@@ -36,10 +36,10 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from ..archive.errors import ArchiveCorruptionError
 from ..archive.node_state import FILE_NAME as NODE_STATE_FILE
 from ..archive.node_state import NodeState
+from ..archive.reader import BadRecord, scan_records
 from ..archive.record import RECORD_HEADER_LENGTH
 from ..archive.recording_log import ENTRY_TYPE_TERM, RecordingLog
 from ..archive.recording_log import FILE_NAME as RECORDING_LOG_FILE
-from ..archive.segments import BadRecord, scan_records
 from ..protocol.codec import LOG
 from ..protocol.errors import ProtocolError
 from ..protocol.ingress import SessionMessageHeader

@@ -25,7 +25,7 @@ from cluster.archive import (
     encode_record,
     read_log,
 )
-from cluster.archive import segments as segments_module
+from cluster.archive import reader as reader_module
 from cluster.archive.record import RECORD_HEADER_LENGTH
 
 SMALL = 256
@@ -333,7 +333,7 @@ def test_damaged_length_field_followed_by_records_is_corruption(
 def test_chain_finds_records_beyond_the_resync_window(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(segments_module, "RESYNC_WINDOW", 16)
+    monkeypatch.setattr(reader_module, "RESYNC_WINDOW", 16)
     fill(tmp_path, [body(i, 40) for i in range(4)], segment_size=1 << 20)
     [path] = seg_files(tmp_path)
     _flip(path, 48 + 20)  # body of the second record; the next one is 48 bytes long
@@ -367,7 +367,7 @@ def test_zeroed_block_inside_the_last_segment_is_corruption(tmp_path: Path) -> N
 def test_inconclusive_scan_truncates_only_an_interrupted_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(segments_module, "RESYNC_CRC_BUDGET", 0)
+    monkeypatch.setattr(reader_module, "RESYNC_CRC_BUDGET", 0)
     plausible = b"\x05\x00\x00\x00" * 50  # a plausible length at every fourth byte
     log = fill(tmp_path, [body(i, 10) for i in range(3)], segment_size=1 << 20)
     [path] = seg_files(tmp_path)
@@ -480,7 +480,7 @@ def test_records_reads_in_chunks(
         reads.append(size)
         return real(fd, size, offset)
 
-    monkeypatch.setattr(segments_module, "READ_CHUNK", 16)
+    monkeypatch.setattr(reader_module, "READ_CHUNK", 16)
     monkeypatch.setattr(os, "pread", spy)
     with Archive.open(tmp_path, segment_size=4096) as archive:
         reads.clear()
