@@ -1,7 +1,8 @@
 """What the console knows about the cluster, built from successive ``describe`` polls.
 
-No Textual here: :class:`ClusterModel` takes :class:`~tui.source.MemberPoll`\\ s (and the
-``errors`` records) and keeps the rows the screen shows, and returns the
+No Textual here: :class:`ClusterModel` takes :class:`~tui.source.MemberPoll`\\ s (each a
+typed :class:`~cluster.protocol.admin.MemberStatus`, and the ``errors`` records) and keeps
+the rows the screen shows, and returns the
 :class:`Event`\\ s worth a line in the events log.  Things a single ``describe`` cannot say
 are derived across polls:
 
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cluster.config import MemberEndpoints
+from cluster.protocol.admin import FollowerStatus, IngressStatus, MemberStatus, SessionStatus
 
 from .source import MemberPoll
 
@@ -99,9 +101,9 @@ class RedirectRow:
 class _Baseline:
     """The previous poll's counters of one member process (reset when the pid changes)."""
 
-    pid: Any
+    pid: int
     counters: dict[str, int]
-    ingress: dict[str, int]
+    ingress: IngressStatus
     snapshots: int
     module: str
     role: str
@@ -111,19 +113,8 @@ class _Baseline:
 class _RateWindow:
     at: float
     commit: int
-    frames: int | None
+    frames: int
     member_id: int
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _counters(body: dict[str, Any], key: str) -> dict[str, int]:
-    raw = body.get(key)
-    if not isinstance(raw, dict):
-        return {}
-    return {k: v for k, v in raw.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
 @dataclass
@@ -152,12 +143,12 @@ class ClusterModel:
         self.bytes_per_s = deque(maxlen=self.history)
         self.messages_per_s = deque(maxlen=self.history)
         self._baselines: dict[int, _Baseline] = {}
-        self._describes: dict[int, dict[str, Any]] = {}
+        self._describes: dict[int, MemberStatus] = {}
         self._leader_seen = False
         self._last_leader = "none"
         self._timeouts_pending = 0
         self._window: _RateWindow | None = None
-        self._error_marks: dict[int, tuple[Any, float]] = {}
+        self._error_marks: dict[int, tuple[int | None, float]] = {}
 
     # ------------------------------------------------------------------ derived views
 
@@ -191,15 +182,15 @@ class ClusterModel:
             return []
         self.polls += 1
         events: list[Event] = []
-        body = poll.describe
-        if body is None:
+        status = poll.describe
+        if status is None:
             events += self._member_down(row, poll)
         else:
-            events += self._member_up(row, poll, body)
+            events += self._member_up(row, poll, status)
         events += self._elect(poll.at)
-        if body is not None and poll.member_id == self.leader_id:
-            events += self._sessions_from_leader(body, poll.at)
-            self._sample_rates(poll.member_id, body, poll.at)
+        if status is not None and poll.member_id == self.leader_id:
+            events += self._sessions_from_leader(status.sessions, poll.at)
+            self._sample_rates(poll.member_id, status, poll.at)
         return events
 
     def _member_down(self, row: MemberRow, poll: MemberPoll) -> list[Event]:
@@ -219,11 +210,11 @@ class ClusterModel:
         self._describes.pop(row.member_id, None)
         return events
 
-    def _member_up(self, row: MemberRow, poll: MemberPoll, body: dict[str, Any]) -> list[Event]:
+    def _member_up(self, row: MemberRow, poll: MemberPoll, status: MemberStatus) -> list[Event]:
         events: list[Event] = []
         mid = row.member_id
-        role = str(body.get("role", "?"))
-        term = _int(body.get("leadership_term_id"))
+        role = status.role
+        term = status.leadership_term_id
         if not row.up:
             how = "back up" if row.known else "up"
             events.append(self.event("member", f"member {mid} {how}: {role}, term {term}"))
@@ -234,47 +225,40 @@ class ClusterModel:
         row.last_up = poll.at
         row.role = role
         row.term = term
-        row.commit = _int(body.get("commit_position"))
-        row.append = _int(body.get("append_position"))
-        row.election = str(body.get("election_state", "-"))
-        row.module = str(body.get("module_state", "-"))
-        sessions = body.get("sessions")
-        row.sessions = len(sessions) if isinstance(sessions, list) else None
+        row.commit = status.commit_position
+        row.append = status.append_position
+        row.election = status.election_state
+        row.module = status.module_state
+        row.sessions = len(status.sessions)
         if role != "LEADER" and self.leader_id == mid:
             row.lag = None
         if role == "LEADER":
             row.lag = 0
             row.heartbeat_ms = None
-            self._apply_followers(body)
-        self._describes[mid] = body
-        events += self._counter_events(row, body)
+            self._apply_followers(status.followers)
+        self._describes[mid] = status
+        events += self._counter_events(row, status)
         return events
 
-    def _apply_followers(self, leader_body: dict[str, Any]) -> None:
-        followers = leader_body.get("followers")
-        if not isinstance(followers, list):
-            return
+    def _apply_followers(self, followers: Sequence[FollowerStatus]) -> None:
         for f in followers:
-            if not isinstance(f, dict):
-                continue
-            follower_id = _int(f.get("member_id"))
-            follower = self.members.get(follower_id) if follower_id is not None else None
+            follower = self.members.get(f.member_id)
             if follower is None:
                 continue
-            follower.lag = _int(f.get("lag_bytes"))
-            follower.heartbeat_ms = _int(f.get("last_heard_ms_ago"))
+            follower.lag = f.lag_bytes
+            follower.heartbeat_ms = f.last_heard_ms_ago
 
-    def _counter_events(self, row: MemberRow, body: dict[str, Any]) -> list[Event]:
+    def _counter_events(self, row: MemberRow, status: MemberStatus) -> list[Event]:
         mid = row.member_id
-        pid = body.get("pid")
-        counters = _counters(body, "counters")
-        ingress = _counters(body, "ingress")
-        snapshots = _int(body.get("snapshots_taken")) or 0
+        pid = status.pid
+        counters = dict(status.counters)
+        ingress = status.ingress
+        snapshots = status.snapshots_taken
         module = row.module
         previous = self._baselines.get(mid)
         self._baselines[mid] = _Baseline(pid, counters, ingress, snapshots, module, row.role)
         row.redirects = counters.get("redirected_sessions", 0)
-        row.pid = pid if isinstance(pid, int) else None
+        row.pid = pid
         if previous is None:
             return []
         events: list[Event] = []
@@ -282,13 +266,11 @@ class ClusterModel:
             events.append(self.event("member", f"member {mid} restarted (pid {pid})", "warning"))
             return events
 
-        def delta(name: str, source: dict[str, int] | None = None) -> int:
-            now = (counters if source is None else source).get(name, 0)
-            before = (previous.counters if source is None else previous.ingress).get(name, 0)
-            return max(0, now - before)
+        def delta(name: str) -> int:
+            return max(0, counters.get(name, 0) - previous.counters.get(name, 0))
 
         if delta("elections"):
-            state = body.get("election_state", "?")
+            state = status.election_state
             events.append(self.event("election", f"member {mid} started an election ({state})"))
         if snapshots > previous.snapshots:
             events.append(
@@ -304,8 +286,7 @@ class ClusterModel:
                 self.event("member", f"member {mid} {previous.module} -> {module}", severity)
             )
         if redirected := delta("redirected_sessions"):
-            leader = _int(body.get("leader_member_id"))
-            leader = leader if leader is not None and leader >= 0 else None
+            leader = status.leader_member_id if status.leader_member_id >= 0 else None
             self.redirects.appendleft(RedirectRow(self.wall_clock(), mid, redirected, leader))
             to = f"leader {leader}" if leader is not None else "no known leader"
             plural = "s" if redirected > 1 else ""
@@ -330,8 +311,8 @@ class ClusterModel:
                     "error", f"member {mid} truncated its log {truncations} time(s)", "warning"
                 )
             )
-        if bad := delta("protocol_errors", ingress):
-            last = body.get("ingress", {}).get("last_error", "")
+        if bad := max(0, ingress.protocol_errors - previous.ingress.protocol_errors):
+            last = ingress.last_error
             detail = f": {last}" if last else ""
             events.append(
                 self.event(
@@ -383,19 +364,13 @@ class ClusterModel:
 
     # ------------------------------------------------------------------ sessions
 
-    def _sessions_from_leader(self, body: dict[str, Any], now: float) -> list[Event]:
-        listed = body.get("sessions")
-        if not isinstance(listed, list):
-            return []
+    def _sessions_from_leader(self, listed: Sequence[SessionStatus], now: float) -> list[Event]:
         events: list[Event] = []
-        current: dict[int, dict[str, Any]] = {}
-        for s in listed:
-            if isinstance(s, dict) and (sid := _int(s.get("cluster_session_id"))) is not None:
-                current[sid] = s
+        current: dict[int, SessionStatus] = {s.cluster_session_id: s for s in listed}
         for sid, s in current.items():
             row = self.sessions.get(sid)
-            state = str(s.get("state", "?"))
-            channel = str(s.get("response_channel", ""))
+            state = s.state
+            channel = s.response_channel
             if row is None or row.closed:
                 if row is None:
                     events.append(self.event("session", f"session {sid} opened ({channel})"))
@@ -405,8 +380,8 @@ class ClusterModel:
                 self.sessions[sid] = row
             row.state = state
             row.response_channel = channel
-            row.last_activity_ms = _int(s.get("last_activity_ms_ago"))
-            row.close_reason = s.get("close_reason") or None
+            row.last_activity_ms = s.last_activity_ms_ago
+            row.close_reason = s.close_reason or None
             row.seen_at = now
         vanished = [
             row for sid, row in self.sessions.items() if not row.closed and sid not in current
@@ -455,11 +430,9 @@ class ClusterModel:
 
     # ------------------------------------------------------------------ throughput
 
-    def _sample_rates(self, member_id: int, body: dict[str, Any], now: float) -> None:
-        commit = _int(body.get("commit_position"))
-        if commit is None:
-            return
-        frames = _counters(body, "ingress").get("frames")
+    def _sample_rates(self, member_id: int, status: MemberStatus, now: float) -> None:
+        commit = status.commit_position
+        frames = status.ingress.frames
         window = self._window
         if window is None or commit < window.commit:
             self._window = _RateWindow(now, commit, frames, member_id)
@@ -468,7 +441,7 @@ class ClusterModel:
         if elapsed < self.rate_window:
             return
         self.bytes_per_s.append((commit - window.commit) / elapsed)
-        if frames is not None and window.frames is not None and window.member_id == member_id:
+        if window.member_id == member_id:
             self.messages_per_s.append(max(0, frames - window.frames) / elapsed)
         self._window = _RateWindow(now, commit, frames, member_id)
 

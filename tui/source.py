@@ -10,7 +10,10 @@
   (:func:`client.connect` + :meth:`~client.ClusterClient.request_snapshot`), so the
   answer is the cluster's ``AdminResponse``.
 
-Snapshot tests give the app a recorded source instead (canned ``describe`` bodies).
+``describe`` answers are decoded with their type,
+:class:`~cluster.protocol.admin.MemberStatus` (:func:`~cluster.protocol.admin.decode_status`).
+Snapshot tests give the app a recorded source instead (canned ``describe`` bodies,
+converted to :class:`~cluster.protocol.admin.MemberStatus`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import client
 from cluster.admin_client import AdminConnection, AdminUnreachable, reply_body
 from cluster.admin_client import request as admin_request
 from cluster.config import MemberEndpoints, format_ingress_endpoints
+from cluster.protocol.admin import AdminReply, MemberStatus, decode_status
+from cluster.protocol.errors import ProtocolError
 
 __all__ = ["ActionResult", "ClusterSource", "LiveSource", "MemberPoll", "SourceError"]
 
@@ -34,11 +39,11 @@ class SourceError(Exception):
 
 @dataclass(slots=True)
 class MemberPoll:
-    """One ``describe`` of one member: its body, or why there is none."""
+    """One ``describe`` of one member: its status, or why there is none."""
 
     member_id: int
     at: float
-    describe: dict[str, Any] | None = None
+    describe: MemberStatus | None = None
     error: str = ""
 
     @property
@@ -65,7 +70,7 @@ class ClusterSource(Protocol):
     @property
     def members(self) -> Sequence[MemberEndpoints]: ...
 
-    async def describe(self, member_id: int) -> dict[str, Any]:
+    async def describe(self, member_id: int) -> MemberStatus:
         """``describe`` of one member; :class:`SourceError` if it cannot be had."""
         ...
 
@@ -106,7 +111,7 @@ class LiveSource:
     def members(self) -> Sequence[MemberEndpoints]:
         return self._members
 
-    async def _query(self, member_id: int, command: str, args: dict[str, str]) -> Any:
+    async def _request(self, member_id: int, command: str, args: dict[str, str]) -> AdminReply:
         connection = self._connections[member_id]
         try:
             reply = await connection.request(command, args, timeout=self.timeout)
@@ -114,16 +119,21 @@ class LiveSource:
             raise SourceError(str(exc)) from None
         if not reply.ok:
             raise SourceError(reply.message or f"{command} refused")
+        return reply
+
+    async def _query(self, member_id: int, command: str, args: dict[str, str]) -> Any:
+        reply = await self._request(member_id, command, args)
         try:
             return reply_body(reply)
         except Exception as exc:  # a ProtocolError on bad JSON
             raise SourceError(str(exc)) from None
 
-    async def describe(self, member_id: int) -> dict[str, Any]:
-        body = await self._query(member_id, "describe", {})
-        if not isinstance(body, dict):
-            raise SourceError("describe: unexpected reply body")
-        return body
+    async def describe(self, member_id: int) -> MemberStatus:
+        reply = await self._request(member_id, "describe", {})
+        try:
+            return decode_status(reply.body)
+        except ProtocolError as exc:  # not a MemberStatus
+            raise SourceError(str(exc)) from None
 
     async def errors(self, member_id: int, limit: int) -> list[dict[str, Any]]:
         body = await self._query(member_id, "errors", {"limit": str(limit)})

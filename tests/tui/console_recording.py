@@ -10,6 +10,8 @@ is still when the snapshot is taken.
 The recording (``recorded_cluster.json``) was made against a real 3-member cluster with
 ``python tests/tui/console_recording.py`` (see :func:`record`): a steady phase with a
 key-value client writing and an idle session that times out, then the leader killed.
+The bodies are stored as the JSON objects ``describe`` answered (less ``members`` and
+``links``) and converted to :class:`~cluster.protocol.admin.MemberStatus` on replay.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 
 from cluster.config import MemberEndpoints, parse_members
+from cluster.protocol.admin import MemberStatus
 from tui.source import ActionResult, SourceError
 
 RECORDING = Path(__file__).with_name("recorded_cluster.json")
@@ -66,7 +70,7 @@ class RecordedSource:
     def wall_clock(self) -> float:
         return WALL_CLOCK_BASE + self.clock()
 
-    async def describe(self, member_id: int) -> dict[str, Any]:
+    async def describe(self, member_id: int) -> MemberStatus:
         if member_id == self._members[0].member_id:
             self.index += 1  # members are asked in order, the first one opens a round
         if self.index >= len(self.rounds):
@@ -76,7 +80,7 @@ class RecordedSource:
             await anyio.lowlevel.checkpoint()
             raise SourceError(answer)
         await anyio.lowlevel.checkpoint()
-        return dict(answer)
+        return msgspec.convert(answer, MemberStatus)
 
     async def errors(self, member_id: int, limit: int) -> list[dict[str, Any]]:
         await anyio.lowlevel.checkpoint()
@@ -100,7 +104,8 @@ class RecordedSource:
 # ---------------------------------------------------------------------- the recorder
 
 
-def _trim(body: dict[str, Any]) -> dict[str, Any]:
+def _trim(status: MemberStatus) -> dict[str, Any]:
+    body: dict[str, Any] = msgspec.to_builtins(status)
     return {k: v for k, v in body.items() if k not in _DROPPED_KEYS}
 
 

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from cluster.config import parse_members
+from cluster.protocol.admin import MemberStatus
 from tui.model import ClusterModel
 from tui.source import MemberPoll
 
 MEMBERS = parse_members("0=h:1:2:3,1=h:4:5:6,2=h:7:8:9")
 
 
-def body(member_id: int, role: str = "FOLLOWER", **overrides: Any) -> dict[str, Any]:
+def body(member_id: int, role: str = "FOLLOWER", **overrides: Any) -> MemberStatus:
     counters = {
         "redirected_sessions": 0,
         "timed_out_sessions": 0,
@@ -39,7 +42,7 @@ def body(member_id: int, role: str = "FOLLOWER", **overrides: Any) -> dict[str, 
         "pid": 100 + member_id,
     }
     value.update(overrides)
-    return value
+    return msgspec.convert(value, MemberStatus)
 
 
 def session(sid: int, idle_ms: int = 10) -> dict[str, Any]:
@@ -56,12 +59,12 @@ def texts(events: list[Any]) -> list[str]:
     return [e.text for e in events]
 
 
-def poll_all(model: ClusterModel, at: float, bodies: dict[int, dict[str, Any] | str]) -> list[str]:
+def poll_all(model: ClusterModel, at: float, bodies: dict[int, MemberStatus | str]) -> list[str]:
     out: list[str] = []
     for mid in sorted(bodies):
         b = bodies[mid]
         poll = MemberPoll(
-            mid, at, b if isinstance(b, dict) else None, b if isinstance(b, str) else ""
+            mid, at, b if isinstance(b, MemberStatus) else None, b if isinstance(b, str) else ""
         )
         out += texts(model.apply(poll))
     return out
