@@ -13,9 +13,11 @@ Queries: ``describe`` (every member, as a table or ``--json``), ``list-members``
 member.  Members only accept the cluster actions and ``invalidate-latest-snapshot`` from
 a loopback address, so run the tool on a member's host.
 
-Unreachable members are shown as down.  Exit codes: 0 success, 1 a command refused or
-failed (or no member answered), 2 usage errors.  ``--members`` defaults to
-``$CLUSTER_MEMBERS``.
+``describe`` answers are decoded with their type
+(:class:`~cluster.protocol.admin.MemberStatus`); a member whose answer is not one is
+reported with that error.  Unreachable members are shown as down.  Exit codes: 0
+success, 1 a command refused or failed (or no member answered), 2 usage errors.
+``--members`` defaults to ``$CLUSTER_MEMBERS``.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import msgspec
 import trio
 
 from .config import MemberEndpoints, UsageParser, duration_seconds
-from .protocol.admin import AdminCommand, AdminReply, decode_body
+from .protocol.admin import AdminCommand, AdminReply, MemberStatus, decode_body, decode_status
 from .protocol.codec import ADMIN
 from .protocol.errors import ProtocolError
 from .protocol.framing import FrameDecoder, encode_frame
@@ -55,10 +58,27 @@ class Result:
     member: MemberEndpoints
     reply: AdminReply | None = None
     error: str = ""
+    status: MemberStatus | None = None
+    """A ``describe`` answer, decoded (see :meth:`decode_describe`)."""
 
     @property
     def reachable(self) -> bool:
         return self.reply is not None
+
+    @property
+    def failure(self) -> str:
+        """Why there is no answer: the network error, the refusal, or a bad describe body."""
+        return self.error or (self.reply.message if self.reply is not None else "")
+
+    def decode_describe(self) -> None:
+        """Decode an accepted ``describe`` answer into ``status``; a body that is not a
+        :class:`MemberStatus` leaves ``status`` unset and becomes this member's ``error``."""
+        if self.reply is None or not self.reply.ok:
+            return
+        try:
+            self.status = decode_status(self.reply.body)
+        except ProtocolError as exc:
+            self.error = str(exc)
 
     @property
     def body(self) -> Any:
@@ -116,23 +136,32 @@ async def request_all(
 # ---------------------------------------------------------------------- describe
 
 
+async def describe_all(members: Sequence[MemberEndpoints], limit: float) -> list[Result]:
+    """``describe`` every member, each answer decoded (:meth:`Result.decode_describe`)."""
+    results = await request_all(members, "describe", {}, limit)
+    for r in results:
+        r.decode_describe()
+    return results
+
+
 def find_leader(described: Sequence[Result]) -> int:
     """The leader's member id from ``describe`` results (-1 if there is none)."""
-    bodies = [r.body for r in described if r.reply is not None and r.reply.ok]
-    leaders = [b for b in bodies if isinstance(b, dict) and b.get("role") == "LEADER"]
+    leaders = [r.status for r in described if r.status is not None and r.status.role == "LEADER"]
     if leaders:
-        return int(max(leaders, key=lambda b: b["leadership_term_id"])["member_id"])
+        return max(leaders, key=lambda s: s.leadership_term_id).member_id
     return -1
 
 
 def describe_document(described: Sequence[Result]) -> dict[str, Any]:
+    """``describe --json``: every member's status (``reachable`` true) or its error."""
     members: list[dict[str, Any]] = []
     for r in described:
-        if r.reachable and r.reply is not None and r.reply.ok:
-            members.append({**r.body, "reachable": True})
+        if r.status is not None:
+            members.append({**msgspec.to_builtins(r.status), "reachable": True})
         else:
-            error = r.error or (r.reply.message if r.reply is not None else "")
-            members.append({"member_id": r.member.member_id, "reachable": False, "error": error})
+            members.append(
+                {"member_id": r.member.member_id, "reachable": False, "error": r.failure}
+            )
     return {"members": members, "leader_member_id": find_leader(described)}
 
 
@@ -140,33 +169,36 @@ def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def describe_table(document: dict[str, Any]) -> str:
+def describe_table(described: Sequence[Result]) -> str:
+    leader = find_leader(described)
     lag: dict[int, int | None] = {}
-    for m in document["members"]:
-        if m.get("role") == "LEADER" and m["member_id"] == document["leader_member_id"]:
-            lag[m["member_id"]] = 0
-            for f in m.get("followers", []):
-                lag[f["member_id"]] = f["lag_bytes"]
+    for r in described:
+        s = r.status
+        if s is not None and s.role == "LEADER" and s.member_id == leader:
+            lag[s.member_id] = 0
+            for f in s.followers:
+                lag[f.member_id] = f.lag_bytes
     header = (
         "member", "role", "term", "commit", "append", "election", "module", "sessions", "lag",
         "status",
     )  # fmt: skip
     rows: list[tuple[str, ...]] = [header]
-    for m in document["members"]:
-        if not m["reachable"]:
-            rows.append((str(m["member_id"]), *("-",) * 8, f"down ({m.get('error', '')})".strip()))
+    for r in described:
+        s = r.status
+        if s is None:
+            rows.append((str(r.member.member_id), *("-",) * 8, f"down ({r.failure})".strip()))
             continue
         rows.append(
             (
-                str(m["member_id"]),
-                m["role"],
-                str(m["leadership_term_id"]),
-                str(m["commit_position"]),
-                str(m["append_position"]),
-                m["election_state"],
-                m["module_state"],
-                str(len(m["sessions"])),
-                _cell(lag.get(m["member_id"])),
+                str(s.member_id),
+                s.role,
+                str(s.leadership_term_id),
+                str(s.commit_position),
+                str(s.append_position),
+                s.election_state,
+                s.module_state,
+                str(len(s.sessions)),
+                _cell(lag.get(s.member_id)),
                 "up",
             )
         )
@@ -175,7 +207,6 @@ def describe_table(document: dict[str, Any]) -> str:
         "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
         for row in rows
     ]
-    leader = document["leader_member_id"]
     lines.append(f"leader: {leader if leader >= 0 else 'none'}")
     return "\n".join(lines)
 
@@ -206,48 +237,51 @@ def _tag(member_id: int) -> str:
 
 
 async def cmd_describe(opts: Options) -> int:
-    described = await request_all(opts.selected(), "describe", {}, opts.timeout)
-    document = describe_document(described)
+    described = await describe_all(opts.selected(), opts.timeout)
     if opts.json:
-        emit(document)
+        emit(describe_document(described))
     else:
-        print(describe_table(document))
-    return 0 if any(m["reachable"] for m in document["members"]) else 1
+        print(describe_table(described))
+    return 0 if any(r.status is not None for r in described) else 1
 
 
 async def cmd_list_members(opts: Options) -> int:
-    described = await request_all(opts.members, "describe", {}, opts.timeout)
+    described = await describe_all(opts.members, opts.timeout)
     leader = find_leader(described)
     by_id = {r.member.member_id: r for r in described}
     chosen = opts.member if opts.member is not None else leader
     if chosen < 0:
         chosen = next((r.member.member_id for r in described if r.reachable), -1)
     result = by_id.get(chosen)
-    if result is None or not result.reachable or result.reply is None or not result.reply.ok:
+    if result is None or result.reply is None or not result.reply.ok:
         print("timeout waiting for response from node", file=sys.stderr)
         return 1
-    view = result.body
+    view = result.status
+    if view is None:  # it answered, but not with a MemberStatus
+        print(f"{_tag(chosen)}: {result.failure}", file=sys.stderr)
+        return 1
     up = {r.member.member_id for r in described if r.reachable}
-    members = view["members"]
     if opts.json:
         emit(
             {
                 "current_time_ns": time.time_ns(),
-                "leader_member_id": view["leader_member_id"],
-                "member_id": view["member_id"],
-                "active_members": [{**m, "reachable": m["member_id"] in up} for m in members],
+                "leader_member_id": view.leader_member_id,
+                "member_id": view.member_id,
+                "active_members": [
+                    {**msgspec.to_builtins(m), "reachable": m.member_id in up} for m in view.members
+                ],
                 "passive_members": [],
             }
         )
         return 0
     active = ", ".join(
-        f"ClusterMember{{id={m['member_id']}, endpoints={m['host']}:{m['ingress_port']}:"
-        f"{m['consensus_port']}:{m['admin_port']}, {'up' if m['member_id'] in up else 'down'}}}"
-        for m in members
+        f"ClusterMember{{id={m.member_id}, endpoints={m.host}:{m.ingress_port}:"
+        f"{m.consensus_port}:{m.admin_port}, {'up' if m.member_id in up else 'down'}}}"
+        for m in view.members
     )
     print(
-        f"currentTimeNs={time.time_ns()}, leaderMemberId={view['leader_member_id']}, "
-        f"memberId={view['member_id']}, activeMembers=[{active}], passiveMembers=[]"
+        f"currentTimeNs={time.time_ns()}, leaderMemberId={view.leader_member_id}, "
+        f"memberId={view.member_id}, activeMembers=[{active}], passiveMembers=[]"
     )
     return 0
 
@@ -307,7 +341,7 @@ async def cmd_errors(opts: Options) -> int:
 async def cmd_action(opts: Options, command: str) -> int:
     target = opts.member
     if target is None:
-        described = await request_all(opts.members, "describe", {}, opts.timeout)
+        described = await describe_all(opts.members, opts.timeout)
         target = find_leader(described)
         if target < 0:
             down = [r.member.member_id for r in described if not r.reachable]
