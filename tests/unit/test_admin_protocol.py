@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import socketserver
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 
 import msgspec
@@ -13,11 +18,24 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cluster.agents.admin import MUTATING, RecentErrors, peer_is_local
+from cluster.config import parse_members
 from cluster.protocol import ProtocolError, encode, encode_frame
-from cluster.protocol.admin import AdminCommand, AdminReply, decode_body, encode_body
+from cluster.protocol.admin import (
+    AdminCommand,
+    AdminReply,
+    FollowerStatus,
+    IngressStatus,
+    LinkStatus,
+    MemberAddress,
+    MemberStatus,
+    SessionStatus,
+    decode_body,
+    decode_status,
+    encode_body,
+)
 from cluster.protocol.codec import ADMIN
 from cluster.protocol.framing import LENGTH, FrameDecoder
-from cluster.tool import COMMANDS, main
+from cluster.tool import COMMANDS, Result, describe_document, describe_table, find_leader, main
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 
@@ -171,3 +189,168 @@ def test_tool_unreachable_member_is_down_not_a_traceback(
     assert "down" in out
     assert main(["--members", members, "--timeout", "1s", "snapshot"]) == 1
     assert "no leader found" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- describe
+
+
+def leader_status(member_id: int = 0) -> MemberStatus:
+    return MemberStatus(
+        member_id=member_id,
+        role="LEADER",
+        leadership_term_id=3,
+        leader_member_id=member_id,
+        commit_position=640,
+        append_position=700,
+        election_state="CLOSED",
+        sessions=[SessionStatus(cluster_session_id=5, response_channel="127.0.0.1:9000")],
+        counters={"elections": 2, "redirected_sessions": 0},
+        ingress=IngressStatus(connections=1, frames=9, last_error="bad frame"),
+        followers=[
+            FollowerStatus(
+                member_id=1,
+                next_position=700,
+                match_position=640,
+                lag_bytes=60,
+                last_heard_ms_ago=4,
+            ),
+        ],
+        links=[LinkStatus(member_id=1, connected=True, sent=10)],
+        members=[
+            MemberAddress(
+                member_id=i, host="127.0.0.1", ingress_port=1, consensus_port=2, admin_port=3
+            )
+            for i in range(3)
+        ],
+        uptime_s=1.5,
+        pid=1234,
+    )
+
+
+def test_member_status_round_trips_through_a_reply_body() -> None:
+    status = leader_status()
+    body = encode_body(status)
+    assert decode_status(body) == status
+    # the JSON is the plain object the tool prints, field for field and in order
+    assert list(decode_body(body)) == list(MemberStatus.__struct_fields__)
+    assert decode_body(body) == msgspec.to_builtins(status)
+
+
+def test_a_status_without_links_and_members_decodes_with_defaults() -> None:
+    old = msgspec.to_builtins(leader_status())
+    del old["links"], old["members"]  # an older member, or tests/tui/recorded_cluster.json
+    status = decode_status(encode_body(old))
+    assert status.links == []
+    assert status.members == []
+    assert status.followers[0].lag_bytes == 60
+    assert status.ingress.frames == 9
+    assert msgspec.convert(old, MemberStatus) == status
+    assert decode_status(b'{"member_id": 2}') == MemberStatus(member_id=2)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"{not json",
+        b"[1,2]",
+        b"null",
+        b'{"member_id": "x"}',
+        b'{"role": "LEADER"}',  # no member_id
+        b'{"member_id": 0, "followers": [{"lag_bytes": 1}]}',
+        b'{"member_id": 0, "sessions": {}}',
+        b'{"member_id": 0, "counters": {"elections": "1"}}',
+    ],
+)
+def test_a_describe_body_of_the_wrong_shape_is_a_protocol_error(raw: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        decode_status(raw)
+
+
+def test_tool_describe_document_and_table_from_decoded_statuses() -> None:
+    members = parse_members("0=h:1:2:3,1=h:4:5:6,2=h:7:8:9")
+    follower = MemberStatus(member_id=1, leadership_term_id=3, leader_member_id=0)
+    described = [
+        Result(members[0], AdminReply(1, True, "", encode_body(leader_status()))),
+        Result(members[1], AdminReply(2, True, "", encode_body(follower))),
+        Result(members[2], AdminReply(3, True, "", b"[1,2]")),
+    ]
+    for r in described:
+        r.decode_describe()
+    assert find_leader(described) == 0
+    document = describe_document(described)
+    assert document["leader_member_id"] == 0
+    # a decoded member is its describe body as JSON, plus "reachable"
+    assert document["members"][0] == {
+        **decode_body(encode_body(leader_status())),
+        "reachable": True,
+    }
+    assert document["members"][1]["role"] == "FOLLOWER"
+    bad = document["members"][2]
+    assert bad["reachable"] is False
+    assert bad["error"].startswith("bad describe body")
+    json.dumps(document)  # plain JSON
+    lines = describe_table(described).splitlines()
+    assert " ".join(lines[1].split()) == "0 LEADER 3 640 700 CLOSED ACTIVE 1 0 up"
+    assert lines[2].split()[-2:] == ["60", "up"]
+    assert lines[3].startswith("2")
+    assert "down (bad describe body" in lines[3]
+    assert lines[-1] == "leader: 0"
+
+
+class _FakeMember(socketserver.ThreadingTCPServer):
+    """An admin port that answers every command ok, with ``body``."""
+
+    daemon_threads = True
+    body = b""
+
+
+class _Answer(socketserver.BaseRequestHandler):
+    server: _FakeMember
+
+    def handle(self) -> None:
+        decoder = FrameDecoder()
+        while data := self.request.recv(65536):
+            for frame in decoder.feed(data):
+                command = ADMIN.decode(frame)
+                assert isinstance(command, AdminCommand)
+                reply = AdminReply(command.correlation_id, True, "", self.server.body)
+                self.request.sendall(encode_frame(reply))
+
+
+@contextmanager
+def fake_member(body: bytes) -> Iterator[int]:
+    with _FakeMember(("127.0.0.1", 0), _Answer) as server:
+        server.body = body
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield server.server_address[1]
+        finally:
+            server.shutdown()
+            thread.join()
+
+
+def test_tool_reports_a_bad_describe_body_as_that_members_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with fake_member(encode_body(leader_status())) as good, fake_member(b"[1,2]") as bad:
+        members = f"0=127.0.0.1:1:2:{good},1=127.0.0.1:1:2:{bad}"
+        assert main(["--members", members, "--timeout", "5s", "--json", "describe"]) == 0
+        document = json.loads(capsys.readouterr().out)
+        assert document["leader_member_id"] == 0
+        expected = {**msgspec.to_builtins(leader_status()), "reachable": True}
+        assert document["members"][0] == expected
+        assert document["members"][1]["reachable"] is False
+        assert "bad describe body" in document["members"][1]["error"]
+
+        assert main(["--members", members, "--timeout", "5s", "describe"]) == 0
+        out, err = capsys.readouterr()
+        assert "Traceback" not in err
+        assert "down (bad describe body" in out.splitlines()[2]
+
+        assert main(["--members", members, "--member", "1", "list-members"]) == 1
+        assert "Member [1]: bad describe body" in capsys.readouterr().err
+        assert main(["--members", members, "list-members"]) == 0
+        listed = capsys.readouterr().out
+        assert "leaderMemberId=0, memberId=0, activeMembers=[ClusterMember{id=0" in listed
