@@ -1,8 +1,9 @@
 """Election and replication in the sans-IO core: several ConsensusModules wired together.
 
-A tiny discrete-event harness (no Trio): messages between members are queued and
-delivered in a seeded order, each member's "archive" is a bytearray that takes the
-module's log batches at once, and time only moves when the test says so.
+A tiny discrete-event harness (no Trio; its pieces are in ``core_harness.py``): messages
+between members are queued and delivered in a seeded order, each member's "archive" is a
+bytearray that takes the module's log batches at once, and time only moves when the test
+says so.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import random
 from typing import Any
 
 import pytest
+from core_harness import MS, SECOND, MemoryShell, Net, NullEgress, Storage, ship_log
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster.archive.record import iter_records
-from cluster.core.base import ConsensusConfig, Event
+from cluster.core.base import ConsensusConfig
 from cluster.core.consensus import ConsensusModule
 from cluster.core.driver import drive
 from cluster.core.election import ElectionState
@@ -30,94 +32,6 @@ from cluster.protocol.consensus import (
 from cluster.protocol.enums import Role
 from cluster.protocol.ingress import SessionMessageHeader
 from cluster.protocol.log import NewLeadershipTermEvent
-
-MS = 1_000_000
-SECOND = 1_000 * MS
-
-
-class NullEgress:
-    def connect(self, egress_id: int, channel: str) -> None:
-        pass
-
-    def send(self, egress_id: int, message: Any) -> bool:
-        return True
-
-    def close(self, egress_id: int) -> None:
-        pass
-
-
-class Net:
-    def __init__(self, rng: random.Random) -> None:
-        self.rng = rng
-        self.queue: list[tuple[int, int, Any]] = []
-        self.cut: set[tuple[int, int]] = set()
-
-    def port(self, sender: int) -> Any:
-        net = self
-
-        class Port:
-            def send(self, member_id: int, message: Any) -> bool:
-                if (sender, member_id) not in net.cut:
-                    net.queue.append((sender, member_id, message))
-                return True
-
-        return Port()
-
-
-class Storage:
-    def __init__(self) -> None:
-        self.candidate = -1
-
-    def save_candidate_term(self, candidate_term_id: int) -> None:
-        assert candidate_term_id > self.candidate
-        self.candidate = candidate_term_id
-
-    def record_term(self, leadership_term_id: int, base_position: int, timestamp: int) -> None:
-        pass
-
-    def remove_terms_from(self, position: int) -> None:
-        pass
-
-
-class MemoryShell:
-    """The driver's shell for one member: its "archive" is a bytearray that takes each
-    log batch at once; applying is only moving the applied position."""
-
-    def __init__(self, cluster: Cluster, i: int) -> None:
-        self.cluster = cluster
-        self.i = i
-        self.cm = cluster.members[i]
-        self.disk = cluster.disk[i]
-
-    @property
-    def applied_position(self) -> int:
-        return self.cluster.applied[self.i]
-
-    def on_event(self, event: Event) -> None:
-        pass
-
-    def persist(self) -> None:
-        cm = self.cm
-        truncate = cm.log.pending_truncate
-        if truncate is not None:
-            del self.disk[truncate:]
-            cm.on_truncated(truncate)
-        batch = cm.take_log_batch()
-        if batch is not None:
-            start, data = batch
-            assert start == len(self.disk)
-            self.disk += data
-            cm.on_archive_position(len(self.disk), self.cluster.now)
-
-    def apply(self, commit_position: int) -> bool:
-        applied = self.cluster.applied
-        if commit_position <= applied[self.i]:
-            return False
-        applied[self.i] = commit_position
-        return True
-
-    def flush(self) -> None:
-        pass
 
 
 class Cluster:
@@ -151,7 +65,11 @@ class Cluster:
 
     def persist(self, i: int) -> None:
         """Drive member ``i`` with the driver the node uses (its shell: a bytearray)."""
-        drive(self.members[i], MemoryShell(self, i), self.now)
+        drive(
+            self.members[i],
+            MemoryShell(self.members[i], self.disk[i], self.applied, self.now),
+            self.now,
+        )
 
     def step(self, dt: int = 10 * MS) -> None:
         self.now += dt
@@ -176,17 +94,7 @@ class Cluster:
                 continue
             # the leader ships its whole log to every follower (the shell's replicator)
             if cm.role is Role.LEADER:
-                replication = cm.replication
-                for member in [p.member_id for p in cm.followers]:
-                    start = replication.next_append(member)
-                    assert start is not None
-                    end = len(self.disk[i])
-                    if start < end:
-                        stop = replication.replication_stop(start, end)
-                        data = bytes(self.disk[i][start:stop])
-                        cm.consensus.send(member, replication.append_request(member, start, data))
-                    elif self.rng.random() < 0.2:
-                        cm.consensus.send(member, replication.append_request(member, start, b""))
+                ship_log(cm, self.disk[i], heartbeat=lambda: self.rng.random() < 0.2)
             cm.consensus_work(self.now)
             self.persist(i)
         self.check()
