@@ -181,6 +181,7 @@ class Node:
             self._deliver_consensus,
             delivered=self._consensus_delivered,
             max_frame_size=max(cfg.max_frame_size, 2 << 20),
+            live_within=cfg.leader_heartbeat_timeout / 1e9,
         )
         terms = TermHistory(
             [
@@ -686,6 +687,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # an ExceptionGroup from the agents' nursery, or any bug
+        log.error("node stopped by an unexpected error: %r", exc, exc_info=exc)
+        return 1
     return 0
 
 

@@ -3,10 +3,18 @@
 Each member *serves* its consensus port and *dials* every other member, like Aeron's
 per-member publications: outbound connections only carry this member's messages to a
 peer, inbound connections only bring a peer's messages here.  The first frame on an
-outbound connection is a MemberHello naming the caller.  A broken or refused link is
-redialled with back-off; messages sent while a link is down are dropped (the consensus
-protocol resends what matters: heartbeats, and the leader's replication restarts from
-what the follower reports).
+outbound connection is a MemberHello naming the caller.
+
+Nothing a peer sends is trusted: the hello must name another configured member with a
+compatible protocol version, and a second hello for a member whose inbound link is live
+(heard from within ``live_within`` seconds) is refused, so it cannot take that link
+over; every later message is checked (:func:`cluster.core.validate.check_consensus_message`:
+ranges, member ids, whole CRC-valid log records) before it reaches the consensus module.
+A message that fails is a protocol error: logged, counted, the link closed.
+
+A broken or refused link is redialled with back-off; messages sent while a link is down
+are dropped (the consensus protocol resends what matters: heartbeats, and the leader's
+replication restarts from what the follower reports).
 """
 
 from __future__ import annotations
@@ -17,12 +25,13 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from ..config import MemberEndpoints
+from ..core.validate import check_consensus_message
 from ..protocol.admin import LinkStatus
 from ..protocol.codec import CONSENSUS
 from ..protocol.consensus import ConsensusMessage, MemberHello
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import FrameDecoder
-from ..protocol.version import PROTOCOL_VERSION
+from ..protocol.version import PROTOCOL_VERSION, is_compatible, to_string
 from ..transport.base import Network
 from ..transport.framed import FrameWriter
 
@@ -80,15 +89,21 @@ class PeerLinks:
         delivered: Callable[[], Awaitable[None]] | None = None,
         max_frame_size: int,
         max_backlog: int = 64 << 20,
+        live_within: float = 10.0,
     ) -> None:
         self.network = network
         self.me = me
         self.links = {p.member_id: PeerLink(p, max_backlog) for p in peers}
+        self.member_ids = tuple(sorted([me.member_id, *self.links]))
         self.deliver = deliver
         self.delivered = delivered
         self.max_frame_size = max_frame_size
+        self.live_within = live_within
         self.protocol_errors = 0
+        self.last_error = ""
         self.inbound: dict[int, int] = {}
+        #: the live inbound link of each member: its stream and when it last brought data
+        self._live: dict[int, tuple[trio.abc.Stream, float]] = {}
 
     def statistics(self) -> list[LinkStatus]:
         return [
@@ -154,16 +169,37 @@ class PeerLinks:
                 link.connected = trio.Event()
             await trio.sleep(delay)
 
+    def _hello(self, hello: MemberHello, stream: trio.abc.Stream) -> int:
+        """Check a link's first frame; return the member it names."""
+        peer = hello.member_id
+        if peer not in self.links:
+            raise ProtocolError(f"member link hello from unknown member {peer}")
+        if not is_compatible(hello.protocol_version):
+            raise ProtocolError(
+                f"member {peer} speaks protocol {to_string(hello.protocol_version)}, "
+                f"this member {to_string(PROTOCOL_VERSION)}"
+            )
+        live = self._live.get(peer)
+        if live is not None and trio.current_time() - live[1] < self.live_within:
+            raise ProtocolError(f"second link for member {peer}, whose link is live")
+        self._live[peer] = (stream, trio.current_time())
+        self.inbound[peer] = self.inbound.get(peer, 0) + 1
+        return peer
+
     async def _serve_peer(self, stream: trio.abc.Stream) -> None:
         decoder = FrameDecoder(self.max_frame_size)
         peer = -1
         deliver = self.deliver
         delivered = self.delivered
+        members, me = self.member_ids, self.me.member_id
+        live = self._live
         try:
             while True:
                 data = await stream.receive_some(256 * 1024)
                 if not data:
                     return
+                if peer >= 0:
+                    live[peer] = (stream, trio.current_time())
                 messages: list[ConsensusMessage] = []
                 bad: ProtocolError | None = None
                 try:
@@ -175,14 +211,17 @@ class PeerLinks:
                         if peer < 0:
                             if not isinstance(message, MemberHello):
                                 raise ProtocolError("member link did not start with MemberHello")
-                            peer = message.member_id
-                            self.inbound[peer] = self.inbound.get(peer, 0) + 1
+                            peer = self._hello(message, stream)
                             continue
+                        reason = check_consensus_message(message, members, me)
+                        if reason is not None:
+                            raise ProtocolError(f"{type(message).__name__}: {reason}")
                         deliver(message)
                     if bad is not None:
                         raise bad
                 except ProtocolError as exc:
                     self.protocol_errors += 1
+                    self.last_error = f"from member {peer}: {exc}"
                     log.warning("closing member link from %s: %s", peer, exc)
                     if delivered is not None:
                         await delivered()  # messages decoded before the bad one still count
@@ -192,5 +231,7 @@ class PeerLinks:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
+            if peer >= 0 and live.get(peer, (None, 0.0))[0] is stream:
+                del live[peer]
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)

@@ -22,6 +22,10 @@ from .errors import ArchiveCorruptionError
 
 FILE_NAME = "node-state.json"
 
+MAX_VALUE = (1 << 63) - 1
+"""The largest term or position a message can carry (Int64): a larger one is never saved
+(the member could not send it), and is refused at load with the file named."""
+
 
 class NodeState:
     def __init__(self, directory: str | os.PathLike[str]) -> None:
@@ -32,12 +36,15 @@ class NodeState:
         if self.path.exists():
             try:
                 data = json.loads(self.path.read_text())
-                self.candidate_term_id = int(data["candidate_term_id"])
-                self.commit_position = int(data["commit_position"])
+                candidate = int(data["candidate_term_id"])
+                commit = int(data["commit_position"])
+                _check(candidate, commit)
             except (ValueError, KeyError, TypeError) as exc:
                 raise ArchiveCorruptionError(
                     str(self.path), 0, f"unreadable node state: {exc}"
                 ) from None
+            self.candidate_term_id = candidate
+            self.commit_position = commit
 
     def save(
         self, *, candidate_term_id: int | None = None, commit_position: int | None = None
@@ -48,6 +55,7 @@ class NodeState:
         with self._lock:
             candidate = self.candidate_term_id if candidate_term_id is None else candidate_term_id
             commit = self.commit_position if commit_position is None else commit_position
+            _check(candidate, commit)
             data = json.dumps({"candidate_term_id": candidate, "commit_position": commit}).encode()
             tmp = self.path.with_suffix(".tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -64,3 +72,10 @@ class NodeState:
                 os.close(dir_fd)
             self.candidate_term_id = candidate
             self.commit_position = commit
+
+
+def _check(candidate_term_id: int, commit_position: int) -> None:
+    if not -1 <= candidate_term_id <= MAX_VALUE:
+        raise ValueError(f"candidate term {candidate_term_id} out of range")
+    if not 0 <= commit_position <= MAX_VALUE:
+        raise ValueError(f"commit position {commit_position} out of range")

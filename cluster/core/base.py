@@ -57,6 +57,9 @@ class Counters:
     elections: int = 0
     truncations: int = 0
     truncated_bytes: int = 0
+    invalid_messages: int = 0
+    """Member messages refused by the consensus module: a report of more log than this
+    leader has, an append that would not start at a record boundary."""
 
 
 class EgressPort(Protocol):

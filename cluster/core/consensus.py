@@ -195,6 +195,7 @@ class ConsensusModule:
         if self.role is Role.LEADER:
             self._maybe_commit()
         elif self.leader_member_id >= 0:
+            self.replica.advance_commit(self.replica.leader_commit_position)
             self.replica.report(now_ns, force=False)
 
     def on_truncated(self, position: int) -> None:
@@ -334,6 +335,16 @@ class ConsensusModule:
             return False
         if leader == self.config.member_id:
             return False
+        if term == self.leadership_term_id and 0 <= self.leader_member_id != leader:
+            # a term has one leader: a second one claiming it is a buggy or forged member
+            self.counters.invalid_messages += 1
+            log.warning(
+                "member %d claims to lead term %d, which member %d leads: refused",
+                leader,
+                term,
+                self.leader_member_id,
+            )
+            return False
         if term > self.candidate_term_id:
             self.set_candidate_term(term)
         if self.role is Role.LEADER:
@@ -384,7 +395,7 @@ class ConsensusModule:
         elif isinstance(message, (AppendRequest, CommitPosition)):
             self._step_follower(message, now_ns)  # another leader of a later term?
         elif isinstance(message, CanvassPosition):
-            if message.leadership_term_id > self.candidate_term_id:
+            if message.leadership_term_id > self.candidate_term_id and not self._in_lease(now_ns):
                 self.enter_election(now_ns, f"member {message.follower_member_id} saw a later term")
                 self._step_candidate(message, now_ns)
             # Otherwise nothing to do: this leader's heartbeats reach a canvassing member
@@ -428,7 +439,17 @@ class ConsensusModule:
         elif isinstance(message, AppendPosition):
             self._on_append_position(message, now_ns)
 
+    def _in_lease(self, now_ns: int) -> bool:
+        """A leader that has heard from a quorum within the heartbeat timeout: a
+        candidate of a later term can only be a member that lost touch with it, and is
+        not let disrupt the cluster (etcd-io/raft's check-quorum lease)."""
+        return self.is_ready_leader and self.followers.quorum_active(
+            now_ns, self.config.leader_heartbeat_timeout_ns
+        )
+
     def _on_request_vote(self, msg: RequestVote, now_ns: int) -> None:
+        if self._in_lease(now_ns):
+            return  # ignored, as a follower with a live leader ignores it
         if msg.candidate_term_id <= self.candidate_term_id:
             # a term this member has already voted in, or older: refused
             position = self.log.published_position
@@ -467,8 +488,17 @@ class ConsensusModule:
             return
         if self.role is not Role.LEADER or msg.leadership_term_id != self.leadership_term_id:
             return
-        if self.replication.on_append_position(msg, now_ns):
+        acknowledged = self.replication.on_append_position(msg, now_ns)
+        if acknowledged:
             self._maybe_commit()
+        elif acknowledged is None:
+            self.counters.invalid_messages += 1
+            log.warning(
+                "member %d reports log position %d, beyond this leader's log (%d): refused",
+                msg.follower_member_id,
+                msg.log_position,
+                self.log.published_position,
+            )
 
     def _maybe_commit(self) -> None:
         position = self.replication.quorum_position()

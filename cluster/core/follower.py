@@ -18,6 +18,7 @@ import logging
 from ..protocol.consensus import APPEND_POSITION_VERIFIED, AppendPosition, AppendRequest
 from .base import ConsensusConfig, ConsensusPort, Counters, StoragePort, TermView
 from .log import ReplicatedLog
+from .validate import record_boundary
 
 log = logging.getLogger("cluster.consensus")
 
@@ -82,12 +83,14 @@ class FollowerReplica:
             return
         data = msg.data
         end_of_data = start + len(data)
+        cut = 0  # bytes of data skipped as already held
         if data:
             commit = rlog.commit_position
             if start < commit:
                 skip = min(len(data), commit - start)  # identical, committed
                 data = data[skip:]
                 start += skip
+                cut += skip
             if data and start < rlog.published_position:
                 # Entries we hold from the same term at the same positions are the same
                 # entries (log matching): skip them, truncate only from the first one
@@ -99,8 +102,20 @@ class FollowerReplica:
                         end_of_data,
                         terms.next_base_after(start) or rlog.published_position,
                     )
+                    cut += same_until - start
                     data = data[same_until - start :]
                     start = same_until
+            if data and not record_boundary(msg.data, cut):
+                # what is left would not start with a whole record: the request does
+                # not line up with this log (a buggy or forged leader): refused
+                self.counters.invalid_messages += 1
+                log.warning(
+                    "member %d: AppendRequest at %d does not line up with the log at %d: refused",
+                    self.config.member_id,
+                    msg.log_position,
+                    start,
+                )
+                return
             if data:
                 if start < rlog.published_position:
                     self._truncate(start)
@@ -126,7 +141,8 @@ class FollowerReplica:
         if leader_commit > self.leader_commit_position:
             self.leader_commit_position = leader_commit
         rlog = self.log
-        position = min(self.leader_commit_position, self.verified_end, rlog.published_position)
+        # only what is durable here and verified against this leader's log
+        position = min(self.leader_commit_position, self.verified_end, rlog.archive_position)
         if rlog.pending_truncate is not None:
             # until the archive has dropped the old bytes, positions past the truncation
             # point name bytes that are still the old ones there

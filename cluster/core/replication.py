@@ -53,12 +53,15 @@ class LeaderReplication:
     def stop(self) -> None:
         self.progress.clear()
 
-    def on_append_position(self, msg: AppendPosition, now_ns: int) -> bool:
+    def on_append_position(self, msg: AppendPosition, now_ns: int) -> bool | None:
         """A follower's report in this leader's term; True if it acknowledged more log
-        (the commit position may move)."""
+        (the commit position may move), None if the report is impossible (more log than
+        this leader has: a buggy or forged report, refused)."""
         progress = self.progress.get(msg.follower_member_id)
         if progress is None:
             return False
+        if msg.log_position > self.log.published_position:
+            return None
         progress.heard(now_ns)
         if msg.flags & APPEND_POSITION_VERIFIED:
             progress.maybe_update(msg.log_position)

@@ -95,9 +95,12 @@ class ProgressTracker:
 
     def committed(self, own_position: int) -> int:
         """The highest position a quorum holds: this leader's durable ``own_position``
-        and each follower's confirmed match position."""
+        and each follower's confirmed match position, capped at ``own_position`` (a
+        follower cannot hold more of this leader's log than the leader has written)."""
         positions = [own_position]
-        positions.extend(max(p.match_position, 0) for p in self._progress.values())
+        positions.extend(
+            min(max(p.match_position, 0), own_position) for p in self._progress.values()
+        )
         return quorum.committed(positions, self.member_count)
 
     def quorum_active(self, now_ns: int, timeout_ns: int) -> bool:

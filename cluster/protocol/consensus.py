@@ -10,6 +10,14 @@ from __future__ import annotations
 from .._typing import Int32, Int64
 from ._base import Message
 
+MAX_TERM = 1 << 62
+"""No real cluster reaches a term above this; a message naming one is a protocol error
+(so term arithmetic, a candidate's ``term + 1``, never overflows the Int64 wire type)."""
+
+MAX_POSITION = 1 << 62
+"""No real log reaches a position above this (4 EiB); a message naming one is a protocol
+error."""
+
 
 class CanvassPosition(Message, tag=50):
     log_leadership_term_id: Int64

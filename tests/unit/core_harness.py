@@ -2,8 +2,9 @@
 network, storage that checks candidate terms only grow, and the driver's shell for a
 member whose archive is a bytearray.
 
-Used by ``test_replication.py`` (seeded random runs) and ``test_transcripts.py``
-(scripted scenarios in ``testdata/*.txt``).  Members are driven by
+Used by ``test_replication.py`` and ``test_hardening.py`` (:class:`Cluster`: seeded runs
+with invariants checked every step) and ``test_transcripts.py`` (scripted scenarios in
+``testdata/*.txt``).  Members are driven by
 :func:`cluster.core.driver.drive`, the loop the node uses.
 """
 
@@ -13,8 +14,11 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from cluster.core.base import Event
+from cluster.core.base import ConsensusConfig, Event
 from cluster.core.consensus import ConsensusModule
+from cluster.core.driver import drive
+from cluster.protocol.enums import Role
+from cluster.protocol.ingress import SessionMessageHeader
 
 MS = 1_000_000
 SECOND = 1_000 * MS
@@ -133,3 +137,113 @@ def ship_log(
             cm.consensus.send(member, replication.append_request(member, start, data))
         elif heartbeat():
             cm.consensus.send(member, replication.append_request(member, start, b""))
+
+
+class Cluster:
+    def __init__(self, n: int, seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+        self.net = Net(self.rng)
+        self.now = SECOND
+        self.members: dict[int, ConsensusModule] = {}
+        self.disk: dict[int, bytearray] = {}
+        self.applied: dict[int, int] = {}
+        self.leaders: dict[int, int] = {}  # term -> leader
+        self.down: set[int] = set()
+        for i in range(n):
+            cm = ConsensusModule(
+                ConsensusConfig(
+                    member_id=i,
+                    member_ids=tuple(range(n)),
+                    leader_heartbeat_timeout_ns=SECOND,
+                    election_timeout_ns=300 * MS,
+                    startup_canvass_timeout_ns=2 * SECOND,
+                ),
+                NullEgress(),
+                consensus=self.net.port(i),
+                storage=Storage(),
+                rng=random.Random(seed * 100 + i),
+            )
+            self.members[i] = cm
+            self.disk[i] = bytearray()
+            self.applied[i] = 0
+            cm.enter_election(self.now, "start-up", is_startup=True)
+
+    def persist(self, i: int) -> None:
+        """Drive member ``i`` with the driver the node uses (its shell: a bytearray)."""
+        drive(
+            self.members[i],
+            MemoryShell(self.members[i], self.disk[i], self.applied, self.now),
+            self.now,
+        )
+
+    def step(self, dt: int = 10 * MS) -> None:
+        self.now += dt
+        for i, cm in self.members.items():
+            if i in self.down:
+                continue
+            cm.on_slow_tick(self.now)
+            if cm.leader_deadline_ns is not None and self.now >= cm.leader_deadline_ns:
+                cm.on_leader_timeout(self.now)
+            self.persist(i)
+        queue, self.net.queue = self.net.queue, []
+        self.rng.shuffle(queue)
+        # keep per-link FIFO order, as TCP does
+        queue.sort(key=lambda item: (item[0], item[1]))
+        for sender, receiver, message in queue:
+            if receiver in self.down or sender in self.down:
+                continue
+            self.members[receiver].on_consensus_message(message, self.now)
+            self.persist(receiver)
+        for i, cm in self.members.items():
+            if i in self.down:
+                continue
+            # the leader ships its whole log to every follower (the shell's replicator)
+            if cm.role is Role.LEADER:
+                ship_log(cm, self.disk[i], heartbeat=lambda: self.rng.random() < 0.2)
+            cm.consensus_work(self.now)
+            self.persist(i)
+        self.check()
+
+    def check(self) -> None:
+        for cm in self.members.values():
+            if cm.role is Role.LEADER:
+                leader = self.leaders.setdefault(cm.leadership_term_id, cm.config.member_id)
+                assert leader == cm.config.member_id, "two leaders in one term"
+        # committed prefixes agree
+        committed = [
+            bytes(self.disk[i][: cm.commit_position])
+            for i, cm in self.members.items()
+            if cm.commit_position <= len(self.disk[i])
+        ]
+        longest = max(committed, key=len, default=b"")
+        for c in committed:
+            assert longest.startswith(c), "committed logs diverge"
+
+    def leader(self) -> ConsensusModule | None:
+        ready = [cm for i, cm in self.members.items() if cm.is_ready_leader and i not in self.down]
+        return max(ready, key=lambda cm: cm.leadership_term_id, default=None)
+
+    def run_until(self, predicate: Any, limit: int = 2000) -> None:
+        for _ in range(limit):
+            if predicate():
+                return
+            self.step()
+        raise AssertionError("condition not reached")
+
+    def leader_with_a_committed_entry(self) -> ConsensusModule:
+        """Elect a leader, append one entry and run until every member has committed it."""
+        self.run_until(lambda: self.leader() is not None)
+        leader = self.leader()
+        assert leader is not None
+        self.append(b"x")
+        end = leader.log.published_position
+        self.run_until(lambda: all(cm.commit_position >= end for cm in self.members.values()))
+        return leader
+
+    def append(self, payload: bytes) -> int:
+        """Append a fake client message on the leader (no session checks)."""
+        leader = self.leader()
+        assert leader is not None
+        return leader.log.append(
+            SessionMessageHeader(leader.leadership_term_id, 1, 0, payload), True
+        )

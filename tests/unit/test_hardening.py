@@ -1,0 +1,302 @@
+"""A peer's bytes are never trusted: the checks of member messages and the consensus
+module's own defences, with hypothesis fuzzing the follower's append path and the
+leader's handling of follower reports (issue: consensus hardening)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from core_harness import MS, SECOND, Cluster, MemoryShell, NullEgress, Storage
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cluster.archive.errors import ArchiveCorruptionError
+from cluster.archive.node_state import NodeState
+from cluster.archive.record import append_record, iter_records
+from cluster.core.base import ConsensusConfig
+from cluster.core.consensus import ConsensusModule
+from cluster.core.validate import check_consensus_message, check_records
+from cluster.protocol.consensus import (
+    APPEND_POSITION_VERIFIED,
+    MAX_POSITION,
+    MAX_TERM,
+    AppendPosition,
+    AppendRequest,
+    CanvassPosition,
+    CommitPosition,
+    MemberHello,
+    RequestVote,
+    Vote,
+)
+from cluster.protocol.enums import Role
+
+MEMBERS = (0, 1, 2)
+
+
+def records(*bodies: bytes) -> bytes:
+    buf = bytearray()
+    for body in bodies:
+        append_record(buf, body)
+    return bytes(buf)
+
+
+def append(term: int = 1, at: int = 0, data: bytes = b"", **fields: int) -> AppendRequest:
+    values = {
+        "leadership_term_id": term,
+        "leader_member_id": 1,
+        "log_position": at,
+        "prev_term_id": -1 if at == 0 else term,
+        "data_term_id": term,
+        "term_base_log_position": 0,
+        "commit_position": 0,
+        **fields,
+    }
+    return AppendRequest(data=data, **values)
+
+
+# ---------------------------------------------------------------------- the checks
+
+
+def test_records_must_be_whole_and_pass_their_crc() -> None:
+    good = records(b"one", b"two")
+    assert check_records(good) is None
+    assert "incomplete record header" in str(check_records(good + b"\x01\x02"))
+    assert "incomplete record at" in str(check_records(good[:-1]))
+    flipped = bytearray(good)
+    flipped[-1] ^= 0x40
+    assert "CRC" in str(check_records(bytes(flipped)))
+    assert "longer than" in str(check_records(b"\xff\xff\xff\xff" + bytes(12)))
+    assert "empty record" in str(check_records(bytes(16)))  # length 0, CRC 0: "valid"
+    # the first attack: 16 garbage bytes as an AppendRequest's data
+    assert check_records(bytes(range(16))) is not None
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (append(data=bytes(16)), "record"),
+        (append(term=MAX_TERM + 1), "term out of range"),
+        (append(at=-1), "position out of range"),
+        (append(at=MAX_POSITION), None),
+        (append(at=MAX_POSITION, data=records(b"x")), "position out of range"),
+        (append(commit_position=MAX_POSITION + 1), "position out of range"),
+        (append(leader_member_id=7), "unknown leader member 7"),
+        (append(leader_member_id=0), "unknown leader member 0"),  # this member's own id
+        (append(term=1, data_term_id=2), "after the leader's"),
+        (append(at=10, data=records(b"x"), term_base_log_position=20), "inconsistent"),
+        (AppendPosition(1, 2**40, 2, APPEND_POSITION_VERIFIED), None),
+        (AppendPosition(2**63 - 1, 0, 2, 0), "out of range"),
+        (AppendPosition(1, 0, 9, 0), "unknown follower"),
+        (CommitPosition(2**63 - 1, 0, 1), "out of range"),
+        (CommitPosition(1, -5, 1), "out of range"),
+        (CanvassPosition(0, 0, MAX_TERM + 1, 1, 0), "term out of range"),
+        (RequestVote(0, 0, 2**62 + 1, 1, 0), "term out of range"),
+        (RequestVote(5, 0, 4, 1, 0), "log term after the candidate term"),
+        (RequestVote(0, 0, 4, 3, 0), "unknown candidate"),
+        (Vote(4, 0, 0, 1, 2, True), "a vote for another member"),
+        (Vote(4, 0, 0, 0, 2, True), None),
+        (MemberHello(1, 0), "unexpected MemberHello"),
+    ],
+)
+def test_member_messages_are_checked(message: object, reason: str | None) -> None:
+    found = check_consensus_message(message, MEMBERS, 0)  # type: ignore[arg-type]
+    if reason is None:
+        assert found is None
+    else:
+        assert found is not None
+        assert reason in found
+
+
+# ---------------------------------------------------------------------- the core
+
+
+def follower() -> tuple[ConsensusModule, bytearray, dict[int, int]]:
+    cm = ConsensusModule(
+        ConsensusConfig(member_id=0, member_ids=MEMBERS),
+        NullEgress(),
+        storage=Storage(),
+        rng=random.Random(0),
+    )
+    return cm, bytearray(), {0: 0}
+
+
+def test_an_append_that_does_not_line_up_with_the_log_is_refused() -> None:
+    cm, _disk, _applied = follower()
+    first = records(b"a" * 10, b"b" * 10)  # two records, 36 bytes, term 1
+    cm.on_consensus_message(append(data=first), SECOND)
+    assert cm.log.published_position == len(first) == 36
+    # the same term from 0 again, as one 38-byte record: the bytes this log already
+    # holds (36) are skipped as the same entries, and what is left would start inside
+    # that record: refused, not appended
+    cm.on_consensus_message(append(data=records(b"c" * 30)), SECOND + MS)
+    assert cm.counters.invalid_messages == 1
+    assert bytes(cm.log.buffer) == first
+
+
+def test_a_follower_commits_only_what_it_has_durably_written() -> None:
+    cm, disk, applied = follower()
+    data = records(b"one", b"two")
+    cm.on_consensus_message(append(data=data, commit_position=len(data)), SECOND)
+    # received, verified, and the leader says it is committed: not durable here yet
+    assert cm.commit_position == 0
+    MemoryShell(cm, disk, applied, SECOND).persist()
+    assert cm.log.archive_position == len(data)
+    assert cm.commit_position == len(data)
+
+
+def leader_of_three() -> tuple[Cluster, ConsensusModule]:
+    c = Cluster(3, seed=4)
+    c.run_until(lambda: c.leader() is not None)
+    leader = c.leader()
+    assert leader is not None
+    return c, leader
+
+
+def test_a_report_beyond_the_leaders_log_is_refused() -> None:
+    # the third attack: forged VERIFIED reports at position 2**40 from both followers
+    c, leader = leader_of_three()
+    commit = leader.commit_position
+    term = leader.leadership_term_id
+    for member in (p.member_id for p in leader.followers):
+        leader.on_consensus_message(
+            AppendPosition(term, 2**40, member, APPEND_POSITION_VERIFIED), c.now
+        )
+    assert leader.commit_position == commit
+    assert leader.counters.invalid_messages == 2
+
+
+def test_the_leaders_commit_never_passes_its_own_durable_log() -> None:
+    c, leader = leader_of_three()
+    c.append(b"not yet durable on the leader")
+    end = leader.log.published_position
+    durable = leader.log.archive_position
+    assert end > durable
+    term = leader.leadership_term_id
+    for member in (p.member_id for p in leader.followers):
+        leader.on_consensus_message(
+            AppendPosition(term, end, member, APPEND_POSITION_VERIFIED), c.now
+        )
+    assert leader.commit_position == durable
+
+
+def test_a_leader_with_a_live_quorum_ignores_a_disrupting_candidate() -> None:
+    # the fifth attack: RequestVote with a high term, again and again
+    c, leader = leader_of_three()
+    term = leader.leadership_term_id
+    for k in range(5):
+        c.step()
+        for cm in c.members.values():
+            cm.on_consensus_message(RequestVote(0, 0, term + 10 + k, 2, 0), c.now)
+        c.step()
+    assert leader.is_ready_leader
+    assert leader.leadership_term_id == term
+    assert all(cm.leadership_term_id == term for cm in c.members.values())
+
+
+def test_a_leader_that_lost_its_quorum_does_step_down() -> None:
+    c, leader = leader_of_three()
+    me = leader.config.member_id
+    c.down.update(i for i in c.members if i != me)
+    c.run_until(lambda: leader.role is not Role.LEADER, limit=400)
+
+
+# ---------------------------------------------------------------------- fuzzing
+
+
+record_bodies = st.lists(st.binary(min_size=0, max_size=40), min_size=0, max_size=6)
+data = st.one_of(
+    record_bodies.map(lambda bodies: records(*bodies)),
+    st.binary(max_size=64),
+    record_bodies.flatmap(
+        lambda bodies: st.integers(0, max(0, len(records(*bodies)))).map(
+            lambda cut, bodies=bodies: records(*bodies)[cut:]
+        )
+    ),
+)
+appends = st.builds(
+    AppendRequest,
+    leadership_term_id=st.integers(-1, 6),
+    leader_member_id=st.sampled_from([1, 2, 0, 5]),
+    log_position=st.integers(0, 300),
+    prev_term_id=st.integers(-1, 6),
+    data_term_id=st.integers(-1, 6),
+    term_base_log_position=st.integers(0, 300),
+    commit_position=st.integers(0, 600),
+    data=data,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(appends, max_size=12))
+def test_the_follower_append_path_survives_any_messages(messages: list[AppendRequest]) -> None:
+    """Whatever a peer sends (as the node does it: checked first, then the module),
+    the follower never raises, keeps whole CRC-valid records, and commits only what it
+    holds durably."""
+    cm, disk, applied = follower()
+    shell = MemoryShell(cm, disk, applied, SECOND)
+    for now, message in enumerate(messages, start=1):
+        if check_consensus_message(message, MEMBERS, 0) is not None:
+            continue
+        cm.on_consensus_message(message, SECOND + now * MS)
+        shell.persist()
+        assert check_records(bytes(disk)) is None
+        assert check_records(bytes(cm.log.buffer)) is None
+        assert cm.commit_position <= cm.log.archive_position
+        assert cm.commit_position <= len(disk)
+        assert sum(1 for _ in iter_records(bytes(disk))) >= 0
+
+
+reports = st.builds(
+    AppendPosition,
+    leadership_term_id=st.integers(-1, 4),
+    log_position=st.one_of(st.integers(0, 400), st.just(2**40), st.just(MAX_POSITION)),
+    follower_member_id=st.sampled_from([1, 2]),
+    flags=st.sampled_from([0, APPEND_POSITION_VERIFIED]),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(reports, max_size=15))
+def test_the_leaders_commit_survives_any_follower_reports(msgs: list[AppendPosition]) -> None:
+    """Forged or buggy reports never move the leader's commit past its own durable log,
+    never move it back, and never raise."""
+    c, leader = leader_of_three()
+    c.append(b"one")
+    c.append(b"two")
+    me = leader.config.member_id
+    c.persist(me)
+    commit = leader.commit_position
+    for msg in msgs:
+        message = AppendPosition(
+            leader.leadership_term_id if msg.leadership_term_id < 0 else msg.leadership_term_id,
+            msg.log_position,
+            msg.follower_member_id if msg.follower_member_id != me else 3 - me,
+            msg.flags,
+        )
+        if check_consensus_message(message, (0, 1, 2), me) is not None:
+            continue
+        leader.on_consensus_message(message, c.now)
+        assert leader.commit_position <= leader.log.archive_position
+        assert leader.commit_position >= commit
+        commit = leader.commit_position
+
+
+# ---------------------------------------------------------------------- node state
+
+
+def test_node_state_never_saves_what_a_message_could_not_carry(tmp_path: Path) -> None:
+    state = NodeState(tmp_path)
+    state.save(candidate_term_id=5)
+    with pytest.raises(ValueError, match="out of range"):
+        state.save(candidate_term_id=2**63)
+    assert NodeState(tmp_path).candidate_term_id == 5
+
+
+def test_a_bad_node_state_file_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "node-state.json"
+    path.write_text(json.dumps({"candidate_term_id": 2**64, "commit_position": 0}))
+    with pytest.raises(ArchiveCorruptionError, match=r"node-state\.json.*out of range"):
+        NodeState(tmp_path)
