@@ -213,7 +213,7 @@ class PeerLinks:
                                 raise ProtocolError("member link did not start with MemberHello")
                             peer = self._hello(message, stream)
                             continue
-                        reason = check_consensus_message(message, members, me)
+                        reason = check_consensus_message(message, members, me, peer)
                         if reason is not None:
                             raise ProtocolError(f"{type(message).__name__}: {reason}")
                         deliver(message)

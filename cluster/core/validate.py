@@ -5,7 +5,8 @@ state, statelessly here (the module checks the rest against its own log):
 
 * terms within ``[-1, MAX_TERM]`` and positions within ``[0, MAX_POSITION]``: values no
   real cluster reaches, so term arithmetic never overflows the wire types;
-* the member ids it names are configured members, and not this member;
+* the member ids it names are configured members, and not this member; the one that
+  says who sent it is the member whose link brought it (``sender``);
 * an AppendRequest's data is whole log records, each with a valid length and CRC, and
   its positions are consistent (the term's base not after the data, the previous term
   not after the data's term).
@@ -76,12 +77,13 @@ def record_boundary(data: bytes, offset: int) -> bool:
 
 
 def check_consensus_message(
-    message: ConsensusMessage, members: tuple[int, ...], me: int
+    message: ConsensusMessage, members: tuple[int, ...], me: int, sender: int | None = None
 ) -> str | None:
-    """Why ``message`` from another member must be refused, or None."""
+    """Why ``message`` from another member (``sender``, the member its link said hello
+    as; None: not known) must be refused, or None."""
 
     def member(value: int) -> bool:
-        return value in members and value != me
+        return value in members and value != me and (sender is None or value == sender)
 
     if isinstance(message, AppendRequest):
         if not (
@@ -98,7 +100,7 @@ def check_consensus_message(
         ):
             return "position out of range"
         if not member(message.leader_member_id):
-            return f"unknown leader member {message.leader_member_id}"
+            return f"leader member {message.leader_member_id} is not the sender"
         if message.data_term_id > message.leadership_term_id:
             return "data of a term after the leader's"
         if message.data and (
@@ -110,17 +112,17 @@ def check_consensus_message(
     if isinstance(message, AppendPosition):
         if not _term(message.leadership_term_id) or not _position(message.log_position):
             return "term or position out of range"
-        return None if member(message.follower_member_id) else "unknown follower member"
+        return None if member(message.follower_member_id) else "follower member is not the sender"
     if isinstance(message, CommitPosition):
         if not _term(message.leadership_term_id) or not _position(message.log_position):
             return "term or position out of range"
-        return None if member(message.leader_member_id) else "unknown leader member"
+        return None if member(message.leader_member_id) else "leader member is not the sender"
     if isinstance(message, CanvassPosition):
         if not (_term(message.log_leadership_term_id) and _term(message.leadership_term_id)):
             return "term out of range"
         if not _position(message.log_position):
             return "position out of range"
-        return None if member(message.follower_member_id) else "unknown member"
+        return None if member(message.follower_member_id) else "member is not the sender"
     if isinstance(message, RequestVote):
         if not (_term(message.log_leadership_term_id) and _term(message.candidate_term_id)):
             return "term out of range"
@@ -128,7 +130,7 @@ def check_consensus_message(
             return "log term after the candidate term"
         if not _position(message.log_position):
             return "position out of range"
-        return None if member(message.candidate_member_id) else "unknown candidate member"
+        return None if member(message.candidate_member_id) else "candidate is not the sender"
     if isinstance(message, Vote):
         if not (_term(message.log_leadership_term_id) and _term(message.candidate_term_id)):
             return "term out of range"
@@ -136,5 +138,5 @@ def check_consensus_message(
             return "position out of range"
         if message.candidate_member_id != me:
             return "a vote for another member"
-        return None if member(message.follower_member_id) else "unknown voter"
+        return None if member(message.follower_member_id) else "voter is not the sender"
     return f"unexpected {type(message).__name__} on a member link"

@@ -121,15 +121,15 @@ async def test_garbage_and_forged_member_messages_are_refused(tmp_path: Path) ->
                 # 1. garbage log bytes as the leader's append, to the follower
                 garbage = AppendRequest(term, me, 0, -1, term, 0, 0, bytes(range(16)))
                 assert await send(c.consensus_port(follower.config.member_id), hello, garbage)
-                # valid records far beyond the log, as the leader: not appended (the
-                # follower answers where its log ends); as a second leader of the term:
-                # refused
+                # 2. valid records in the leader's name, from member 2's link: refused
+                # (the sender named in a message is the member whose link brought it)
                 records = bytearray()
                 append_record(records, b"\x01" * 20)
                 end = follower.cm.log.published_position
-                far = AppendRequest(term, me, 2**40, term, term, 0, 2**40, bytes(records))
-                await send(c.consensus_port(follower.config.member_id), hello, far)
+                forged = AppendRequest(term, me, end, term, term, 0, end + 28, bytes(records))
+                assert await send(c.consensus_port(follower.config.member_id), hello, forged)
                 assert follower.cm.log.published_position == end
+                # as a second leader of the current term: refused by the module
                 usurper = AppendRequest(term, 2, end, term, term, 0, end, bytes(records))
                 await send(c.consensus_port(follower.config.member_id), hello, usurper)
                 assert follower.cm.leader_member_id == me

@@ -83,31 +83,43 @@ def test_records_must_be_whole_and_pass_their_crc() -> None:
         (append(at=MAX_POSITION), None),
         (append(at=MAX_POSITION, data=records(b"x")), "position out of range"),
         (append(commit_position=MAX_POSITION + 1), "position out of range"),
-        (append(leader_member_id=7), "unknown leader member 7"),
-        (append(leader_member_id=0), "unknown leader member 0"),  # this member's own id
+        (append(leader_member_id=7), "leader member 7 is not the sender"),
+        (append(leader_member_id=0), "leader member 0 is not the sender"),  # this member's own id
         (append(term=1, data_term_id=2), "after the leader's"),
         (append(at=10, data=records(b"x"), term_base_log_position=20), "inconsistent"),
         (AppendPosition(1, 2**40, 2, APPEND_POSITION_VERIFIED), None),
         (AppendPosition(2**63 - 1, 0, 2, 0), "out of range"),
-        (AppendPosition(1, 0, 9, 0), "unknown follower"),
+        (AppendPosition(1, 0, 9, 0), "follower member is not the sender"),
         (CommitPosition(2**63 - 1, 0, 1), "out of range"),
         (CommitPosition(1, -5, 1), "out of range"),
         (CanvassPosition(0, 0, MAX_TERM + 1, 1, 0), "term out of range"),
         (RequestVote(0, 0, 2**62 + 1, 1, 0), "term out of range"),
         (RequestVote(5, 0, 4, 1, 0), "log term after the candidate term"),
-        (RequestVote(0, 0, 4, 3, 0), "unknown candidate"),
+        (RequestVote(0, 0, 4, 3, 0), "candidate is not the sender"),
         (Vote(4, 0, 0, 1, 2, True), "a vote for another member"),
         (Vote(4, 0, 0, 0, 2, True), None),
         (MemberHello(1, 0), "unexpected MemberHello"),
     ],
 )
 def test_member_messages_are_checked(message: object, reason: str | None) -> None:
+    """(Without a sender: as any configured member may send it.)"""
     found = check_consensus_message(message, MEMBERS, 0)  # type: ignore[arg-type]
     if reason is None:
         assert found is None
     else:
         assert found is not None
         assert reason in found
+
+
+def test_a_message_names_the_member_whose_link_brought_it() -> None:
+    # the second attack: an AppendRequest in the leader's name from another member's link
+    forged = append(data=records(b"put k v"))  # leader_member_id=1
+    assert check_consensus_message(forged, MEMBERS, 0, sender=1) is None
+    assert "not the sender" in str(check_consensus_message(forged, MEMBERS, 0, sender=2))
+    report = AppendPosition(1, 10, 1, APPEND_POSITION_VERIFIED)
+    assert "not the sender" in str(check_consensus_message(report, MEMBERS, 0, sender=2))
+    vote = RequestVote(0, 0, 4, 1, 0)
+    assert "not the sender" in str(check_consensus_message(vote, MEMBERS, 0, sender=2))
 
 
 # ---------------------------------------------------------------------- the core
