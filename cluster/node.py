@@ -26,7 +26,6 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +39,9 @@ from .agents.ingress import IngressAgent, IngressInbox
 from .agents.log import ArchiveAgent, LogAgent, LogBuffer
 from .agents.replication import Replicator
 from .agents.snapshot import SnapshotAgent
+from .agents.upkeep import ArchiveVerifier, save_node_state
 from .agents.worker import WorkerThread
-from .archive.errors import ArchiveError
+from .archive.errors import ArchiveCorruptionError, ArchiveError
 from .archive.node_state import NodeState
 from .archive.recording_log import CM_SERVICE_ID, RecordingLog
 from .archive.segments import Archive
@@ -64,8 +64,6 @@ from .transport.tcp import TcpNetwork
 
 log = logging.getLogger("cluster.node")
 
-STATE_SAVE_INTERVAL = 1.0
-"""Seconds between saves of the applied position to ``node-state.json``."""
 
 RunBlocking = Callable[..., Awaitable[Any]]
 
@@ -142,6 +140,8 @@ class Node:
         self._stopping = False
         self._nursery: trio.Nursery | None = None
         self._started_ns = self.now_ns()
+        self.archive_errors = 0
+        """Records of this member's archive found corrupt (never shipped)."""
 
     @property
     def data_dir(self) -> Path:
@@ -156,11 +156,12 @@ class Node:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.recording_log = RecordingLog.open(self.data_dir)
         latest = self.recording_log.get_latest_snapshot(CM_SERVICE_ID)
+        self._verified_from = latest.log_position if latest is not None else 0
         self.archive = Archive.open(
             self.data_dir / "archive",
             segment_size=self.config.segment_size,
             fsync=self.config.fsync,
-            verify_from=latest.log_position if latest is not None else 0,
+            verify_from=self._verified_from,
         )
         self.node_state = NodeState(self.data_dir)
 
@@ -225,6 +226,7 @@ class Node:
             self.shutdown,
         )
         self.container.on_cluster_action = self.snapshots.on_cluster_action
+        self.verifier = ArchiveVerifier(self.archive, self.run_blocking, self._on_corrupt)
         self.log_buffer = LogBuffer(0)
         self.archive_lock = trio.Lock()
         self.log_taken = trio.Event()
@@ -332,6 +334,9 @@ class Node:
             members=self.members,
             snapshots_taken=self.snapshots.taken,
             uptime_s=round((now - self._started_ns) / 1e9, 3),
+            archive_verified=self.verifier.verified,
+            archive_errors=self.archive_errors,
+            link_protocol_errors=self.links.protocol_errors,
         )
 
     # ------------------------------------------------------------------ callbacks
@@ -469,7 +474,12 @@ class Node:
             return buf.copy(start, stop)
         stop = min(stop, buf.base)
         async with self.archive_lock:
-            return bytes(await self.run_blocking(self.archive.read, start, stop))
+            return bytes(await self.run_blocking(self.archive.read_checked, start, stop))
+
+    def _on_corrupt(self, exc: ArchiveCorruptionError) -> None:
+        """A record of this member's archive failed its check: it is never shipped."""
+        self.archive_errors += 1
+        log.error("archive corruption, not shipped to any member: %s", exc)
 
     async def _leadership(self) -> None:
         """The leader's replicators, in one scope that an election cancels."""
@@ -487,6 +497,7 @@ class Node:
                     self.log_buffer,
                     self.wait_for_log,
                     interval,
+                    self._on_corrupt,
                 )
                 for member_id, link in self.links.links.items()
             }
@@ -539,26 +550,12 @@ class Node:
             self._kick()
 
     async def _state_save_agent(self) -> None:
-        """Persist the applied position about once a second: a lower bound of the commit
-        position for the next start.  The save (a write, two fsyncs and a rename) takes
-        1.5-9 ms under load, so it runs through ``run_blocking`` (a thread) instead of
-        stalling the event loop; a failure (a full disk) is logged and retried."""
-        failing = False
-        while True:
-            await trio.sleep(STATE_SAVE_INTERVAL)
-            applied = self.log_agent.applied_position
-            if applied <= self.node_state.commit_position:
-                continue
-            try:
-                await self.run_blocking(partial(self.node_state.save, commit_position=applied))
-            except OSError as exc:
-                if not failing:
-                    log.warning("cannot save the node state (will retry): %s", exc)
-                failing = True
-                continue
-            if failing:
-                log.info("node state saved again")
-                failing = False
+        await save_node_state(
+            self.node_state, lambda: self.log_agent.applied_position, self.run_blocking
+        )
+
+    async def _verify_archive_agent(self) -> None:
+        await self.verifier.run(self.archive.start_position, self._verified_from)
 
     async def _signal_agent(self) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -599,6 +596,7 @@ class Node:
                 nursery.start_soon(self.log_agent.run, name="log")
                 nursery.start_soon(self._slow_tick_agent, name="slow_tick")
                 nursery.start_soon(self._state_save_agent, name="state_save")
+                nursery.start_soon(self._verify_archive_agent, name="verify_archive")
                 nursery.start_soon(self._leader_watchdog, name="leader_watchdog")
                 if handle_signals:
                     nursery.start_soon(self._signal_agent, name="signals")

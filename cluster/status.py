@@ -76,6 +76,9 @@ def member_status(
     members: Iterable[MemberEndpoints],
     snapshots_taken: int,
     uptime_s: float,
+    archive_verified: int = 0,
+    archive_errors: int = 0,
+    link_protocol_errors: int = 0,
 ) -> MemberStatus:
     rlog = cm.log
     manager = cm.session_manager
@@ -112,4 +115,7 @@ def member_status(
         snapshots_taken=snapshots_taken,
         uptime_s=uptime_s,
         pid=os.getpid(),
+        archive_verified=archive_verified,
+        archive_errors=archive_errors,
+        link_protocol_errors=link_protocol_errors,
     )

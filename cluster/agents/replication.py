@@ -11,6 +11,11 @@ the new bytes without a task switch and appends them while the leader syncs its 
 copy.  It keeps the link's backlog bounded, and probes with an empty request every
 heartbeat interval so a follower that lost data or diverged reports where it really is.
 
+Reads from the archive are checked (every record's length and CRC) before anything is
+shipped: a corrupt record is reported by this member (``on_corrupt``: an ERROR record
+and a counter) and never sent; the follower gets heartbeats only, from where its log
+ends, for as long as this member leads.
+
 All replicators of a term run inside the leadership cancel scope: an election cancels
 them together.
 """
@@ -22,6 +27,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from ..archive.errors import ArchiveCorruptionError
 from ..archive.record import RECORD_HEADER_LENGTH, complete_length
 from ..core.consensus import ConsensusModule
 from .consensus import PeerLink
@@ -54,6 +60,7 @@ class Replicator:
         log_buffer: LogBuffer,
         wait_for_log: Callable[[], Awaitable[None]],
         heartbeat_interval: float,
+        on_corrupt: Callable[[ArchiveCorruptionError], None] = lambda exc: None,
     ) -> None:
         self.cm = cm
         self.member_id = member_id
@@ -62,6 +69,9 @@ class Replicator:
         self.log_buffer = log_buffer
         self.wait_for_log = wait_for_log
         self.heartbeat_interval = heartbeat_interval
+        self.on_corrupt = on_corrupt
+        self.corrupt_at = -1
+        """A position the archive could not give back intact: not shipped from."""
         self.connects = link.connects
         # one number for both the test and the wait: no FP drift
         self.next_heartbeat = -1e18
@@ -118,21 +128,26 @@ class Replicator:
             if start is None:
                 return
             end = self.log_buffer.end
-            if start < end and link.backlog < MAX_LINK_BACKLOG:
+            if start < end and link.backlog < MAX_LINK_BACKLOG and start != self.corrupt_at:
                 term = cm.leadership_term_id
                 limit = start + MAX_CHUNK
-                data = await self.read_log(
-                    start, replication.replication_stop(start, min(end, limit))
-                )
-                # (a read may stop early, at a record boundary: where memory begins)
-                stop = start + len(data)
-                if stop == limit < end:  # cut by the size limit: end at a record boundary
-                    stop = whole_records_end(start, data)
-                    if stop < limit:
-                        data = data[: stop - start]
-                    else:  # one record longer than a chunk
-                        data = await self.read_log(start, stop)
+                try:
+                    data = await self.read_log(
+                        start, replication.replication_stop(start, min(end, limit))
+                    )
+                    # (a read may stop early, at a record boundary: where memory begins)
                     stop = start + len(data)
+                    if stop == limit < end:  # cut by the size limit: at a record boundary
+                        stop = whole_records_end(start, data)
+                        if stop < limit:
+                            data = data[: stop - start]
+                        else:  # one record longer than a chunk
+                            data = await self.read_log(start, stop)
+                        stop = start + len(data)
+                except ArchiveCorruptionError as exc:
+                    self.corrupt_at = start
+                    self.on_corrupt(exc)
+                    continue
                 if (
                     cm.leadership_term_id != term
                     or replication.next_append(self.member_id) != start

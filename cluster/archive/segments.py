@@ -55,7 +55,13 @@ from .reader import SegmentInfo as SegmentInfo
 from .reader import check_torn_tail, drain_scan, pread_full, scan_records, segment_name
 from .reader import list_segments as list_segments
 from .reader import read_log as read_log
-from .record import MAX_RECORD_LENGTH, RECORD_HEADER, RECORD_HEADER_LENGTH
+from .record import (
+    MAX_RECORD_LENGTH,
+    RECORD_HEADER,
+    RECORD_HEADER_LENGTH,
+    RecordError,
+    iter_records,
+)
 
 __all__ = ["DEFAULT_SEGMENT_SIZE", "Archive", "FsyncPolicy", "SegmentInfo", "read_log"]
 
@@ -455,6 +461,27 @@ class Archive:
                 start += size
             index += 1
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def read_checked(self, start: int, stop: int | None = None) -> bytes:
+        """:meth:`read`, with every whole record checked (length, CRC): what is shipped
+        to another member must be what was written.  Returns the records up to the first
+        one that fails (a trailing part of a record, cut by ``stop``, is returned
+        unchecked: the caller does not ship it).
+
+        Raises:
+            ArchiveCorruptionError: the record at ``start`` fails its check (naming the
+                segment file and the record's log position).
+        """
+        data = self.read(start, stop)
+        try:
+            for _ in iter_records(data):
+                pass
+        except RecordError as exc:
+            if exc.offset > 0:
+                return data[: exc.offset]  # the intact records before it
+            index = bisect.bisect_right(self._bases, start) - 1
+            raise ArchiveCorruptionError(self._paths[index], start, exc.reason) from None
+        return data
 
     def _read_segment(self, index: int, offset: int, size: int) -> bytes:
         path = self._paths[index]

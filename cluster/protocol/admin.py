@@ -128,6 +128,12 @@ class MemberStatus(msgspec.Struct, kw_only=True):
     snapshots_taken: int = 0
     uptime_s: float = 0.0
     pid: int = 0
+    archive_verified: int = 0
+    """How far the background check of the archive below the snapshot has got."""
+    archive_errors: int = 0
+    """Records of this member's archive found corrupt (never shipped to another member)."""
+    link_protocol_errors: int = 0
+    """Member links closed for a message that failed its checks."""
 
 
 _json_encoder = msgspec.json.Encoder()

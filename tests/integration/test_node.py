@@ -378,9 +378,9 @@ async def test_failed_node_state_save_is_logged_and_retried(
     import errno
     import logging
 
-    import cluster.node
+    import cluster.agents.upkeep
 
-    monkeypatch.setattr(cluster.node, "STATE_SAVE_INTERVAL", 0.05)
+    monkeypatch.setattr(cluster.agents.upkeep, "STATE_SAVE_INTERVAL", 0.05)
     caplog.set_level(logging.INFO, logger="cluster.node")
     with trio.fail_after(20):
         async with running_node(make_config(tmp_path), EchoService()) as node:

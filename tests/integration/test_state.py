@@ -6,6 +6,8 @@ on loopback TCP with their data in ``tmp_path``, and drives them with the real c
 
 from __future__ import annotations
 
+import logging
+import shutil
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -16,6 +18,8 @@ import pytest
 import trio
 
 import client
+from cluster.archive.reader import list_segments
+from cluster.archive.record import RECORD_HEADER_LENGTH, iter_records
 from cluster.config import NodeConfig
 from cluster.core.auth import Authenticator
 from cluster.examples.auth import SharedSecretAuthenticator, SharedSecretCredentials
@@ -366,3 +370,63 @@ async def test_a_follower_more_than_a_replication_chunk_behind_catches_up(
             await wait_for(lambda: node.log_agent.applied_position >= leader.cm.commit_position, 30)
             assert store(node) == store(leader)
             assert len(store(node)) == 3000
+
+
+def flip_a_byte_in_record(data_dir: Path, index: int) -> int:
+    """Flip one bit in the body of the ``index``-th record of the first segment; return
+    the record's log position."""
+    (segment,) = list_segments(data_dir / "archive")[:1]
+    raw = bytearray(Path(segment.path).read_bytes())
+    position, body = list(iter_records(raw))[index]
+    raw[position + RECORD_HEADER_LENGTH + len(body) // 2] ^= 0x10
+    Path(segment.path).write_bytes(bytes(raw))
+    return position
+
+
+async def test_corruption_below_the_snapshot_is_found_and_never_shipped(tmp_path: Path) -> None:
+    """The sixth attack: a flipped bit in a segment below the latest snapshot is not
+    checked at start-up (start-up checks from the snapshot on).  It is found by the
+    background check, reported by the member that holds it (an ERROR record and a
+    counter), and never shipped to a member rebuilt from an empty directory, which
+    stays up instead of crashing on the bad bytes."""
+    caplog_records: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.ERROR:
+                caplog_records.append(record.getMessage())
+
+    handler = Collect()
+    logging.getLogger("cluster").addHandler(handler)
+    try:
+        with trio.fail_after(90):
+            async with cluster(tmp_path) as c:
+                await c.start_all()
+                async with client.connect(c.endpoints) as cc, KeyValueClient(cc) as kv:
+                    for i in range(50):
+                        await kv.put(f"k{i}", f"v{i}".encode())
+                    response = await cc.request_snapshot()
+                    assert response.response_code is AdminResponseCode.OK, response.message
+                    await wait_for(lambda: all(n.snapshots_taken == 1 for n in c.nodes.values()))
+                await c.stop_all()
+                bad = {i: flip_a_byte_in_record(tmp_path / f"node-{i}", 5) for i in range(3)}
+                shutil.rmtree(tmp_path / "node-2")  # member 2 is rebuilt from nothing
+                for i in range(3):
+                    await c.start(i)
+                leader = await c.wait_for_leader()
+                assert leader.config.member_id != 2
+                holders = [c.nodes[0], c.nodes[1]]
+                await wait_for(lambda: all(n.archive_errors >= 1 for n in holders), 20)
+                assert any(f"position {bad[0]}" in m for m in caplog_records), caplog_records
+                async with client.connect(c.endpoints) as cc, KeyValueClient(cc) as kv:
+                    await kv.put("after", b"yes")  # the two holders are still a quorum
+                    assert await kv.get("k7") == b"v7"
+                rebuilt = c.nodes[2]
+                # it received the intact records before the corrupt one, never that one
+                # nor anything after it
+                await wait_for(lambda: rebuilt.archive.position == bad[0], 10)
+                await trio.sleep(0.5)
+                assert rebuilt.cm.log.published_position == bad[0]
+                assert leader.status().archive_errors >= 1
+    finally:
+        logging.getLogger("cluster").removeHandler(handler)

@@ -1,0 +1,93 @@
+"""The node's upkeep agents: saving its state now and then, and checking its archive
+once in the background."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+import trio
+
+from ..archive.errors import ArchiveCorruptionError
+from ..archive.node_state import NodeState
+from ..archive.record import RECORD_HEADER_LENGTH
+from ..archive.segments import Archive
+
+log = logging.getLogger("cluster.node")
+
+STATE_SAVE_INTERVAL = 1.0
+"""Seconds between saves of the applied position to ``node-state.json``."""
+
+VERIFY_PROGRESS_BYTES = 256 << 20
+"""How often (in bytes checked) the background archive check logs its progress."""
+
+
+async def save_node_state(
+    node_state: NodeState,
+    applied_position: Callable[[], int],
+    run_blocking: Callable[..., Awaitable[Any]],
+) -> None:
+    """Persist the applied position about once a second: a lower bound of the commit
+    position for the next start.  The save (a write, two fsyncs and a rename) takes
+    1.5-9 ms under load, so it runs through ``run_blocking`` (a thread) instead of
+    stalling the event loop; a failure (a full disk) is logged and retried."""
+    failing = False
+    while True:
+        await trio.sleep(STATE_SAVE_INTERVAL)
+        applied = applied_position()
+        if applied <= node_state.commit_position:
+            continue
+        try:
+            await run_blocking(partial(node_state.save, commit_position=applied))
+        except OSError as exc:
+            if not failing:
+                log.warning("cannot save the node state (will retry): %s", exc)
+            failing = True
+            continue
+        if failing:
+            log.info("node state saved again")
+            failing = False
+
+
+class ArchiveVerifier:
+    """Checks every record below where start-up began checking (the latest snapshot),
+    once, in a thread: corruption there is never needed by this member but would be
+    shipped to a member catching up.  Progress goes to the log and to :attr:`verified`;
+    a corrupt record goes to ``on_corrupt`` (an ERROR record and a counter)."""
+
+    def __init__(
+        self,
+        archive: Archive,
+        run_blocking: Callable[..., Awaitable[Any]],
+        on_corrupt: Callable[[ArchiveCorruptionError], None],
+    ) -> None:
+        self.archive = archive
+        self.run_blocking = run_blocking
+        self.on_corrupt = on_corrupt
+        self.verified = 0
+        """How far the check has got (a log position)."""
+
+    async def run(self, start: int, stop: int) -> None:
+        self.verified = start
+        if stop <= start:
+            self.verified = stop
+            return
+        log.info("verifying the archive below the snapshot in the background: %d..%d", start, stop)
+        began = time.perf_counter()
+        try:
+            await self.run_blocking(self._verify, start, stop)
+        except ArchiveCorruptionError as exc:
+            self.on_corrupt(exc)
+            return
+        log.info("archive verified: %d..%d in %.1fs", start, stop, time.perf_counter() - began)
+
+    def _verify(self, start: int, stop: int) -> None:
+        report = start + VERIFY_PROGRESS_BYTES
+        for position, body in self.archive.records(start, stop):
+            self.verified = position + RECORD_HEADER_LENGTH + len(body)
+            if self.verified >= report:
+                log.info("archive verified up to %d of %d", self.verified, stop)
+                report += VERIFY_PROGRESS_BYTES
