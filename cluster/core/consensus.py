@@ -86,6 +86,12 @@ from .timers import TimerService
 
 log = logging.getLogger("cluster.consensus")
 
+MAX_TERM_STEP = 1 << 20
+"""The furthest a member's message may be ahead of this member's term.  A real cluster
+moves one term an election (a day of back-to-back elections is fewer than a million);
+refusing more keeps one forged message from using up the terms left below
+:data:`~cluster.protocol.consensus.MAX_TERM`."""
+
 
 class ConsensusModule:
     """One member's consensus state: its role and terms, and the parts that do the work."""
@@ -380,6 +386,23 @@ class ConsensusModule:
 
     def on_consensus_message(self, message: ConsensusMessage, now_ns: int) -> None:
         """Dispatch a member's message to the step function of this member's role."""
+        term = (
+            message.candidate_term_id
+            if isinstance(message, (RequestVote, Vote))
+            else getattr(message, "leadership_term_id", -1)
+        )
+        if term > self.candidate_term_id + MAX_TERM_STEP:
+            # Terms grow by one an election, and only after a quorum canvassed: a term
+            # this far ahead is a buggy or forged member's, and adopting it would let
+            # one message use up the terms the cluster has left.
+            self.counters.invalid_messages += 1
+            log.warning(
+                "%s of term %d, far beyond this member's term %d: refused",
+                type(message).__name__,
+                term,
+                self.candidate_term_id,
+            )
+            return
         if isinstance(message, RequestVote):
             self._on_request_vote(message, now_ns)
         elif self.role is Role.LEADER:

@@ -3,7 +3,8 @@ its AppendPosition reports (Raft's AppendEntries receiver, in byte positions).
 
 The leader ships its log as byte ranges (:class:`AppendRequest`), each within one term.
 A follower appends a range only where its own log agrees with the leader's up to the
-range's start (the term of the entry ending there is the request's ``prev_term_id``);
+range's start (the term of the entry ending there is the request's ``prev_term_id``),
+and only whole records that pass their length and CRC checks;
 entries it already holds from the same term at the same positions are the same entries
 and are skipped, and it truncates only from the first entry that really differs (never
 below its commit position).  ``verified_end`` is how far its log is known to match the
@@ -18,7 +19,7 @@ import logging
 from ..protocol.consensus import APPEND_POSITION_VERIFIED, AppendPosition, AppendRequest
 from .base import ConsensusConfig, ConsensusPort, Counters, StoragePort, TermView
 from .log import ReplicatedLog
-from .validate import record_boundary
+from .validate import check_records, record_boundary
 
 log = logging.getLogger("cluster.consensus")
 
@@ -105,17 +106,26 @@ class FollowerReplica:
                     cut += same_until - start
                     data = data[same_until - start :]
                     start = same_until
-            if data and not record_boundary(msg.data, cut):
-                # what is left would not start with a whole record: the request does
-                # not line up with this log (a buggy or forged leader): refused
-                self.counters.invalid_messages += 1
-                log.warning(
-                    "member %d: AppendRequest at %d does not line up with the log at %d: refused",
-                    self.config.member_id,
-                    msg.log_position,
-                    start,
-                )
-                return
+            if data:
+                # Only now, with its place in the log verified, is the data checked
+                # (a request from a position that is not a record boundary of the
+                # leader's log fails the term check above and is answered with a hint;
+                # one that passes it and still is not whole, CRC-valid records, or
+                # would leave what is appended starting inside a record, comes from a
+                # buggy or forged leader): refused, nothing appended.
+                reason = check_records(msg.data)
+                if reason is None and not record_boundary(msg.data, cut):
+                    reason = f"what is not held yet starts inside a record (at {start})"
+                if reason is not None:
+                    self.counters.invalid_messages += 1
+                    log.warning(
+                        "member %d: AppendRequest from member %d at %d refused: %s",
+                        self.config.member_id,
+                        msg.leader_member_id,
+                        msg.log_position,
+                        reason,
+                    )
+                    return
             if data:
                 if start < rlog.published_position:
                     self._truncate(start)

@@ -55,15 +55,18 @@ class LeaderReplication:
 
     def on_append_position(self, msg: AppendPosition, now_ns: int) -> bool | None:
         """A follower's report in this leader's term; True if it acknowledged more log
-        (the commit position may move), None if the report is impossible (more log than
-        this leader has: a buggy or forged report, refused)."""
+        (the commit position may move), None if the report is impossible (more log
+        verified than this leader has: a buggy or forged report, refused).  A hint
+        beyond this leader's log is normal: a follower with an uncommitted tail of an
+        older term."""
         progress = self.progress.get(msg.follower_member_id)
         if progress is None:
             return False
-        if msg.log_position > self.log.published_position:
+        verified = msg.flags & APPEND_POSITION_VERIFIED
+        if verified and msg.log_position > self.log.published_position:
             return None
         progress.heard(now_ns)
-        if msg.flags & APPEND_POSITION_VERIFIED:
+        if verified:
             progress.maybe_update(msg.log_position)
             return True
         progress.maybe_decr_to(msg.log_position)

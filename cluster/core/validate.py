@@ -7,9 +7,12 @@ state, statelessly here (the module checks the rest against its own log):
   real cluster reaches, so term arithmetic never overflows the wire types;
 * the member ids it names are configured members, and not this member; the one that
   says who sent it is the member whose link brought it (``sender``);
-* an AppendRequest's data is whole log records, each with a valid length and CRC, and
-  its positions are consistent (the term's base not after the data, the previous term
-  not after the data's term).
+* an AppendRequest's positions are consistent (the term's base not after the data, the
+  previous term not after the data's term).  Its data is checked by the follower
+  (:func:`check_records`: whole, non-empty, CRC-valid records) once the request's place
+  in its log is verified: a request from a position that is not a record boundary of
+  the leader's log is a normal step of finding where two logs agree (it fails the term
+  check and is answered with a hint), not an error.
 
 :func:`check_consensus_message` returns why a message is refused (None if it is not);
 the member link that brought it counts the error, logs it and closes.
@@ -108,7 +111,7 @@ def check_consensus_message(
             or message.prev_term_id > message.data_term_id
         ):
             return "data inconsistent with its term"
-        return check_records(message.data) if message.data else None
+        return None
     if isinstance(message, AppendPosition):
         if not _term(message.leadership_term_id) or not _position(message.log_position):
             return "term or position out of range"

@@ -118,7 +118,9 @@ async def test_garbage_and_forged_member_messages_are_refused(tmp_path: Path) ->
                 term = leader.cm.leadership_term_id
                 me = leader.config.member_id
                 hello = MemberHello(2, PROTOCOL_VERSION)
-                # 1. garbage log bytes as the leader's append, to the follower
+                # 1. garbage log bytes as the leader's append, to the follower, from
+                # another member's link: refused at the link (a leader's own garbage is
+                # refused by the follower's module: tests/unit/test_hardening.py)
                 garbage = AppendRequest(term, me, 0, -1, term, 0, 0, bytes(range(16)))
                 assert await send(c.consensus_port(follower.config.member_id), hello, garbage)
                 # 2. valid records in the leader's name, from member 2's link: refused

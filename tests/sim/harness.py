@@ -69,6 +69,7 @@ from cluster.protocol.log import SessionCloseEvent, SessionOpenEvent
 from cluster.service import ClientSession, Cluster
 from cluster.transport.sim import SimNetwork
 
+from .adversary import Adversary
 from .sim_client import History, SimClient
 
 EPOCH_OFFSET_NS = 1_700_000_000 * 1_000_000_000
@@ -137,6 +138,9 @@ class SimConfig:
     segment_size: int = 64 << 10
     clock_skew_ms: tuple[int, ...] = ()
     clock_overshoot: float = 0.0
+    adversary: bool = False
+    """A process on the network that speaks the consensus protocol with random, replayed,
+    mutated and forged messages during the safety phase (``tests/sim/adversary.py``)."""
     node: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -167,6 +171,7 @@ class SimConfig:
                 # leader, inline on followers
                 "archive_io": rng.choice(["inline", "thread", "auto"]),
             },
+            adversary=rng.random() < 0.35,
         )
         node_fields = {f.name for f in fields(NodeConfig)}
         for key, value in overrides.items():
@@ -632,6 +637,7 @@ class SimCluster:
             "elections": 0,
             "snapshot_requests": 0,
         }
+        self.adversary: Adversary | None = None
         self.members = members_string(nodes)
         self.endpoints = ingress_endpoints(nodes)
         self._next_client = 0
@@ -941,6 +947,12 @@ class SimCluster:
 
     async def safety_phase(self) -> None:
         await self.start_workload()
+        if self.config.adversary:
+            assert self._nursery is not None
+            self.adversary = Adversary(
+                self, random.Random(f"adversary-{self.seed}"), CONSENSUS_PORT
+            )
+            self._nursery.start_soon(self.adversary.run, self.config.safety_duration)
         await self.nemesis(self.config.safety_duration)
 
     async def liveness_phase(self) -> None:
@@ -1073,7 +1085,13 @@ class SimCluster:
             history=self.history.summary(),
             committed=len(self.checker.committed),
             terms=dict(self.checker.leaders),
-            stats=dict(self.stats) | {f"net_{k}": v for k, v in self.net.stats.items()},
+            stats=dict(self.stats)
+            | {f"net_{k}": v for k, v in self.net.stats.items()}
+            | (
+                {f"adversary_{k}": v for k, v in self.adversary.stats.items()}
+                if self.adversary
+                else {}
+            ),
         )
 
 

@@ -93,6 +93,16 @@ def test_smoke_3_nodes(seed: int, tmp_path: Path) -> None:
     _run(seed, 3, tmp_path, safety_duration=5.0)
 
 
+@pytest.mark.parametrize(("seed", "nodes"), [(11, 3), (12, 3), (13, 5)])
+def test_adversary_on_the_consensus_ports(seed: int, nodes: int, tmp_path: Path) -> None:
+    """Random, replayed, mutated and forged member messages (``adversary.py``) during
+    the faults: no member crashes, the invariants hold at every step, the cluster is
+    live again once the adversary stops.  (The sweeps give a third of their seeds an
+    adversary too.)"""
+    result = _run(seed, nodes, tmp_path, safety_duration=5.0, adversary=True)
+    assert result.stats["adversary_connections"] > 5
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", SWEEP_3)
 def test_sweep_3_nodes(seed: int, sweep: Pool) -> None:

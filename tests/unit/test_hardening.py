@@ -17,7 +17,7 @@ from cluster.archive.errors import ArchiveCorruptionError
 from cluster.archive.node_state import NodeState
 from cluster.archive.record import append_record, iter_records
 from cluster.core.base import ConsensusConfig
-from cluster.core.consensus import ConsensusModule
+from cluster.core.consensus import MAX_TERM_STEP, ConsensusModule
 from cluster.core.validate import check_consensus_message, check_records
 from cluster.protocol.consensus import (
     APPEND_POSITION_VERIFIED,
@@ -77,7 +77,7 @@ def test_records_must_be_whole_and_pass_their_crc() -> None:
 @pytest.mark.parametrize(
     ("message", "reason"),
     [
-        (append(data=bytes(16)), "record"),
+        (append(data=bytes(16)), None),  # the data is the follower's to check (below)
         (append(term=MAX_TERM + 1), "term out of range"),
         (append(at=-1), "position out of range"),
         (append(at=MAX_POSITION), None),
@@ -133,6 +133,18 @@ def follower() -> tuple[ConsensusModule, bytearray, dict[int, int]]:
         rng=random.Random(0),
     )
     return cm, bytearray(), {0: 0}
+
+
+def test_garbage_log_bytes_from_the_leader_are_refused_not_appended() -> None:
+    # the first attack: 16 garbage bytes as the leader's append, at the append position
+    cm, _disk, _applied = follower()
+    cm.on_consensus_message(append(data=bytes(range(16)), commit_position=16), SECOND)
+    assert cm.log.published_position == 0
+    assert cm.commit_position == 0
+    assert cm.counters.invalid_messages == 1
+    good = records(b"fine")
+    cm.on_consensus_message(append(data=good, commit_position=0), SECOND + MS)
+    assert bytes(cm.log.buffer) == good  # the next good append is taken
 
 
 def test_an_append_that_does_not_line_up_with_the_log_is_refused() -> None:
@@ -206,6 +218,24 @@ def test_a_leader_with_a_live_quorum_ignores_a_disrupting_candidate() -> None:
     assert leader.is_ready_leader
     assert leader.leadership_term_id == term
     assert all(cm.leadership_term_id == term for cm in c.members.values())
+
+
+def test_a_term_far_beyond_the_members_own_is_refused() -> None:
+    # the fourth attack's cousin: a term that is valid on the wire but would leave the
+    # cluster no terms to elect in
+    c, leader = leader_of_three()
+    follower = next(cm for cm in c.members.values() if cm is not leader)
+    term = follower.candidate_term_id
+    follower.on_consensus_message(
+        CommitPosition(term + MAX_TERM_STEP + 1, 0, leader.config.member_id), c.now
+    )
+    assert follower.candidate_term_id == term
+    assert follower.counters.invalid_messages == 1
+    follower.on_consensus_message(
+        RequestVote(0, 0, MAX_TERM, 3 - leader.config.member_id, 0), c.now
+    )
+    assert follower.candidate_term_id == term
+    c.run_until(lambda: c.leader() is leader and leader.commit_position > 0)
 
 
 def test_a_leader_that_lost_its_quorum_does_step_down() -> None:
