@@ -11,7 +11,8 @@ higher term.  The states and messages are Aeron's:
   canvass while they are in an election themselves, a member cut off from a healthy
   cluster cannot win votes and does not disrupt it (a pre-vote, in Raft's terms).
 * **NOMINATE**: wait a random delay in ``[0, election_timeout / 2)``, then propose term
-  ``max(candidate term, terms seen) + 1`` (persisted before it is used), vote for itself.
+  ``max(candidate term, terms seen) + 1`` (persisted before it is used), vote for itself;
+  the terms seen are the candidate terms other members canvassed with.
 * **CANDIDATE_BALLOT**: send RequestVote; win as soon as a quorum has voted yes (Aeron
   waits for every vote or the ballot deadline; a majority is enough for safety and makes
   failover faster); otherwise back to CANVASS at the deadline.
@@ -174,10 +175,15 @@ class Election:
 
     def _publish_canvass(self) -> None:
         log_term, position = self._my_log()
+        # The term field carries the highest term this member has voted in or seen (its
+        # candidate term), not only the one it last followed: a candidate then proposes a
+        # term every member will consider.  A refused Vote does not say why, so without
+        # it a member whose candidate term had moved ahead (a forged or lost message)
+        # would refuse every candidate below it, ballot after ballot.
         message = CanvassPosition(
             log_leadership_term_id=log_term,
             log_position=position,
-            leadership_term_id=self.terms.leadership_term_id,
+            leadership_term_id=self.terms.candidate_term_id,
             follower_member_id=self.config.member_id,
             protocol_version=PROTOCOL_VERSION,
         )
