@@ -141,6 +141,13 @@ def _int(text: Any) -> int:
     return int(text)
 
 
+def _cluster_id(text: Any) -> int:
+    value = _int(text)
+    if not 0 <= value < 1 << 31:
+        raise ValueError(f"must be in 0..{(1 << 31) - 1}, got {text!r}")
+    return value
+
+
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -231,6 +238,12 @@ SETTINGS: tuple[Setting, ...] = (
         "cluster members: 0=host:ingress:consensus:admin,1=...; empty = a single-member "
         f"cluster on {DEFAULT_HOST}:{DEFAULT_INGRESS_PORT}:{DEFAULT_CONSENSUS_PORT}:"
         f"{DEFAULT_ADMIN_PORT}",
+    ),
+    Setting(
+        "cluster-id",
+        0,
+        _cluster_id,
+        "this cluster's id: a member link from a member of another cluster is refused",
     ),
     Setting("dir", "cluster-data", str, "data directory (archive segments, recording log)"),
     Setting(
@@ -335,6 +348,7 @@ SETTINGS: tuple[Setting, ...] = (
 class NodeConfig:
     member_id: int = 0
     members: str = ""
+    cluster_id: int = 0
     dir: str = "cluster-data"
     service: str = "cluster.examples.kv:KeyValueService"
     authenticator: str = ""

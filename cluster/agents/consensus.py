@@ -5,12 +5,14 @@ per-member publications: outbound connections only carry this member's messages 
 peer, inbound connections only bring a peer's messages here.  The first frame on an
 outbound connection is a MemberHello naming the caller.
 
-Nothing a peer sends is trusted: the hello must name another configured member with a
-compatible protocol version, and a second hello for a member whose inbound link is live
-(heard from within ``live_within`` seconds) is refused, so it cannot take that link
-over; every later message is checked (:func:`cluster.core.validate.check_consensus_message`:
-ranges, member ids, whole CRC-valid log records) before it reaches the consensus module.
-A message that fails is a protocol error: logged, counted, the link closed.
+Nothing a peer sends is trusted: the hello must name this cluster's id (``--cluster-id``)
+and another configured member with a compatible protocol version, and a second hello for
+a member whose inbound link is live (heard from within ``live_within`` seconds) is
+refused, so it cannot take that link over; every later message is checked
+(:func:`cluster.core.validate.check_consensus_message`: ranges, member ids, the sender
+named in it is the member the link said hello as) before it reaches the consensus
+module.  A message that fails is a protocol error: logged, counted, the link closed.
+(Log bytes are checked by the follower's module once their place in its log is known.)
 
 A broken or refused link is redialled with back-off; messages sent while a link is down
 are dropped (the consensus protocol resends what matters: heartbeats, and the leader's
@@ -90,6 +92,7 @@ class PeerLinks:
         max_frame_size: int,
         max_backlog: int = 64 << 20,
         live_within: float = 10.0,
+        cluster_id: int = 0,
     ) -> None:
         self.network = network
         self.me = me
@@ -99,6 +102,7 @@ class PeerLinks:
         self.delivered = delivered
         self.max_frame_size = max_frame_size
         self.live_within = live_within
+        self.cluster_id = cluster_id
         self.protocol_errors = 0
         self.last_error = ""
         self.inbound: dict[int, int] = {}
@@ -156,7 +160,7 @@ class PeerLinks:
                 continue
             delay = 0.05
             writer = FrameWriter(link.max_backlog, flushed_by_owner=True)
-            writer.write_message(MemberHello(self.me.member_id, PROTOCOL_VERSION))
+            writer.write_message(MemberHello(self.me.member_id, PROTOCOL_VERSION, self.cluster_id))
             link.writer = writer
             link.connects += 1
             link.connected.set()
@@ -172,6 +176,11 @@ class PeerLinks:
     def _hello(self, hello: MemberHello, stream: trio.abc.Stream) -> int:
         """Check a link's first frame; return the member it names."""
         peer = hello.member_id
+        if hello.cluster_id != self.cluster_id:
+            raise ProtocolError(
+                f"member link hello from member {peer} of cluster {hello.cluster_id}, "
+                f"this is cluster {self.cluster_id}"
+            )
         if peer not in self.links:
             raise ProtocolError(f"member link hello from unknown member {peer}")
         if not is_compatible(hello.protocol_version):

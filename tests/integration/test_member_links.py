@@ -142,8 +142,11 @@ async def test_garbage_and_forged_member_messages_are_refused(tmp_path: Path) ->
                 # 4. a commit position of the highest term
                 commit = CommitPosition(2**63 - 1, 2**40, 2)
                 assert await send(c.consensus_port(follower.config.member_id), hello, commit)
-                # a hello from nobody, and a second hello for a member whose link is live
+                # a hello from nobody, from another cluster, and a second hello for a
+                # member whose link is live
                 assert await send(c.consensus_port(me), MemberHello(7, PROTOCOL_VERSION))
+                other_cluster = MemberHello(2, PROTOCOL_VERSION, 9)
+                assert await send(c.consensus_port(me), other_cluster, report)
                 live = MemberHello(follower.config.member_id, PROTOCOL_VERSION)
                 assert await send(c.consensus_port(me), live)
                 # 5. a storm of vote requests with ever higher terms

@@ -293,6 +293,7 @@ def test_every_setting_settable_from_each_layer(tmp_path: Path) -> None:
         "member-id": ("1", 1),
         "members": ("0=a:1:2:3,1=b:4:5:6", "0=a:1:2:3,1=b:4:5:6"),
         "dir": ("/tmp/x", "/tmp/x"),
+        "cluster-id": ("42", 42),
         "service": ("m:C", "m:C"),
         "authenticator": ("a:B", "a:B"),
         "admin-principals": ("root,ops", "root,ops"),
@@ -451,3 +452,9 @@ def test_archive_io_choice_is_checked() -> None:
     assert load_config([]).archive_io == "auto"
     with pytest.raises(ConfigError, match="archive-io"):
         load_config(["--archive-io", "async"])
+
+
+@pytest.mark.parametrize("value", ["-1", "2147483648", "x"])
+def test_cluster_id_must_fit_a_member_hello(value: str) -> None:
+    with pytest.raises(ConfigError, match="cluster-id"):
+        load_config(["--cluster-id", value], {})
