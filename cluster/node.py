@@ -182,7 +182,6 @@ class Node:
             self._deliver_consensus,
             delivered=self._consensus_delivered,
             max_frame_size=max(cfg.max_frame_size, 2 << 20),
-            live_within=cfg.leader_heartbeat_timeout / 1e9,
             cluster_id=cfg.cluster_id,
         )
         terms = TermHistory(

@@ -7,12 +7,14 @@ outbound connection is a MemberHello naming the caller.
 
 Nothing a peer sends is trusted: the hello must name this cluster's id (``--cluster-id``)
 and another configured member with a compatible protocol version, and a second hello for
-a member whose inbound link is live (heard from within ``live_within`` seconds) is
-refused, so it cannot take that link over; every later message is checked
-(:func:`cluster.core.validate.check_consensus_message`: ranges, member ids, the sender
-named in it is the member the link said hello as) before it reaches the consensus
-module.  A message that fails is a protocol error: logged, counted, the link closed.
-(Log bytes are checked by the follower's module once their place in its log is known.)
+a member whose inbound link is open is refused, so it cannot take that link over, not
+even while that member is paused (a crashed member's connection is closed by its kernel;
+one whose host is gone is found dead by TCP keepalive, see ``cluster.transport.tcp``);
+every later message is checked (:func:`cluster.core.validate.check_consensus_message`:
+ranges, member ids, the sender named in it is the member the link said hello as) before
+it reaches the consensus module.  A message that fails is a protocol error: logged,
+counted, the link closed.  (Log bytes are checked by the follower's module once their
+place in its log is known.)
 
 A broken or refused link is redialled with back-off; messages sent while a link is down
 are dropped (the consensus protocol resends what matters: heartbeats, and the leader's
@@ -91,7 +93,6 @@ class PeerLinks:
         delivered: Callable[[], Awaitable[None]] | None = None,
         max_frame_size: int,
         max_backlog: int = 64 << 20,
-        live_within: float = 10.0,
         cluster_id: int = 0,
     ) -> None:
         self.network = network
@@ -101,13 +102,12 @@ class PeerLinks:
         self.deliver = deliver
         self.delivered = delivered
         self.max_frame_size = max_frame_size
-        self.live_within = live_within
         self.cluster_id = cluster_id
         self.protocol_errors = 0
         self.last_error = ""
         self.inbound: dict[int, int] = {}
-        #: the live inbound link of each member: its stream and when it last brought data
-        self._live: dict[int, tuple[trio.abc.Stream, float]] = {}
+        #: the open inbound link of each member
+        self._live: dict[int, trio.abc.Stream] = {}
 
     def statistics(self) -> list[LinkStatus]:
         return [
@@ -188,10 +188,9 @@ class PeerLinks:
                 f"member {peer} speaks protocol {to_string(hello.protocol_version)}, "
                 f"this member {to_string(PROTOCOL_VERSION)}"
             )
-        live = self._live.get(peer)
-        if live is not None and trio.current_time() - live[1] < self.live_within:
-            raise ProtocolError(f"second link for member {peer}, whose link is live")
-        self._live[peer] = (stream, trio.current_time())
+        if peer in self._live:
+            raise ProtocolError(f"second link for member {peer}, whose link is open")
+        self._live[peer] = stream
         self.inbound[peer] = self.inbound.get(peer, 0) + 1
         return peer
 
@@ -207,8 +206,6 @@ class PeerLinks:
                 data = await stream.receive_some(256 * 1024)
                 if not data:
                     return
-                if peer >= 0:
-                    live[peer] = (stream, trio.current_time())
                 messages: list[ConsensusMessage] = []
                 bad: ProtocolError | None = None
                 try:
@@ -240,7 +237,7 @@ class PeerLinks:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
-            if peer >= 0 and live.get(peer, (None, 0.0))[0] is stream:
+            if peer >= 0 and live.get(peer) is stream:
                 del live[peer]
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
