@@ -48,24 +48,48 @@ def _position(value: int) -> bool:
     return 0 <= value <= MAX_POSITION
 
 
+def _check_append(
+    message: AppendRequest, members: tuple[int, ...], me: int, sender: int | None
+) -> str | None:
+    """The common case, kept to plain comparisons (every append a follower receives)."""
+    term, prev, data_term = message.leadership_term_id, message.prev_term_id, message.data_term_id
+    if not (-1 <= prev <= MAX_TERM and -1 <= data_term <= term <= MAX_TERM):
+        if not (_term(term) and _term(prev) and _term(data_term)):
+            return "term out of range"
+        return "data of a term after the leader's"
+    at, base = message.log_position, message.term_base_log_position
+    if not (
+        0 <= at <= MAX_POSITION - len(message.data)
+        and 0 <= base <= MAX_POSITION
+        and 0 <= message.commit_position <= MAX_POSITION
+    ):
+        return "position out of range"
+    leader = message.leader_member_id
+    if leader == me or leader not in members or (sender is not None and leader != sender):
+        return f"leader member {leader} is not the sender"
+    if message.data and (base > at or prev > data_term):
+        return "data inconsistent with its term"
+    return None
+
+
 def check_records(data: bytes) -> str | None:
     """Why ``data`` is not a sequence of whole, non-empty, CRC-valid log records (None if
     it is)."""
-    view = memoryview(data)
-    end = len(view)
+    end = len(data)
     offset = 0
-    while offset < end:
-        if end - offset < _HEADER:
+    unpack, crc32, header, limit = _unpack_header, _crc32, _HEADER, MAX_RECORD_LENGTH
+    while offset < end:  # the follower's hot path: one pass, slices of small bodies
+        if end - offset < header:
             return f"incomplete record header at offset {offset}"
-        length, crc = _unpack_header(view, offset)
-        if length == 0:
-            return f"empty record at offset {offset}"  # no log message encodes to nothing
-        if length > MAX_RECORD_LENGTH:
-            return f"record at offset {offset} is longer than {MAX_RECORD_LENGTH}"
-        body_end = offset + _HEADER + length
-        if body_end > end:
+        length, crc = unpack(data, offset)
+        body_end = offset + header + length
+        if not 0 < length <= limit or body_end > end:
+            if length == 0:
+                return f"empty record at offset {offset}"  # no message encodes to nothing
+            if length > limit:
+                return f"record at offset {offset} is longer than {limit}"
             return f"incomplete record at offset {offset}"
-        if _crc32(view[offset + _HEADER : body_end]) != crc:
+        if crc32(data[offset + header : body_end]) != crc:
             return f"record at offset {offset} fails its CRC"
         offset = body_end
     return None
@@ -85,33 +109,12 @@ def check_consensus_message(
     """Why ``message`` from another member (``sender``, the member its link said hello
     as; None: not known) must be refused, or None."""
 
+    if type(message) is AppendRequest:
+        return _check_append(message, members, me, sender)
+
     def member(value: int) -> bool:
         return value in members and value != me and (sender is None or value == sender)
 
-    if isinstance(message, AppendRequest):
-        if not (
-            _term(message.leadership_term_id)
-            and _term(message.prev_term_id)
-            and _term(message.data_term_id)
-        ):
-            return "term out of range"
-        if not (
-            _position(message.log_position)
-            and _position(message.term_base_log_position)
-            and _position(message.commit_position)
-            and message.log_position + len(message.data) <= MAX_POSITION
-        ):
-            return "position out of range"
-        if not member(message.leader_member_id):
-            return f"leader member {message.leader_member_id} is not the sender"
-        if message.data_term_id > message.leadership_term_id:
-            return "data of a term after the leader's"
-        if message.data and (
-            message.term_base_log_position > message.log_position
-            or message.prev_term_id > message.data_term_id
-        ):
-            return "data inconsistent with its term"
-        return None
     if isinstance(message, AppendPosition):
         if not _term(message.leadership_term_id) or not _position(message.log_position):
             return "term or position out of range"
