@@ -351,7 +351,9 @@ class LogAgent:
                 return self.container.apply_records(own, start)
         buf = self.log_buffer
         with memoryview(buf.data) as view, view[start - buf.base : stop - buf.base] as chunk:
-            return self.container.apply(chunk, start, mirror_into_consensus=mirror)
+            # the log buffer holds checked records only (a follower checks what it
+            # receives, the archive is checked when opened): no second CRC pass
+            return self.container.apply(chunk, start, mirror_into_consensus=mirror, checked=True)
 
     async def run(self) -> None:
         while True:

@@ -45,12 +45,18 @@ def encode_record(body: bytes | bytearray | memoryview) -> bytes:
 
 
 def iter_records(
-    data: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None
+    data: bytes | bytearray | memoryview,
+    offset: int = 0,
+    end: int | None = None,
+    *,
+    check_crc: bool = True,
 ) -> Iterator[tuple[int, memoryview]]:
     """Yield ``(offset, body)`` for each complete, CRC-valid record in ``data[offset:end]``.
 
     Stops quietly at an incomplete record at the end (the caller checks the offset it
     reached); raises :class:`RecordError` at a record whose length or CRC is wrong.
+    ``check_crc=False`` skips the CRC, for bytes already checked (a member's log in
+    memory: checked when it arrived, or when the archive was opened).
     """
     view = memoryview(data)
     stop = len(view) if end is None else end
@@ -63,7 +69,7 @@ def iter_records(
         if body_end > stop:
             return
         body = view[body_start:body_end]
-        if _crc32(body) != crc:
+        if check_crc and _crc32(body) != crc:
             raise RecordError(offset, "crc mismatch")
         yield offset, body
         offset = body_end

@@ -147,17 +147,20 @@ class ServiceContainer:
         base_position: int,
         *,
         mirror_into_consensus: bool = False,
+        checked: bool = False,
     ) -> int:
         """Apply every complete record in ``data`` (which starts at ``base_position``).
 
         Returns the number of bytes consumed (whole records only).  With
         ``mirror_into_consensus`` (followers, recovery) the consensus module also sees
-        each entry so it can rebuild its sessions and timers.
+        each entry so it can rebuild its sessions and timers.  ``checked``: the records'
+        CRCs were checked already (the log in memory: a follower checks what it receives
+        before appending it), so they are not checked again.
         """
         consumed = 0
         mirror = self.cm.on_replay_log_message if mirror_into_consensus else None
         now_ns = self._clock_ns() if mirror_into_consensus else 0
-        for offset, body in iter_records(data):
+        for offset, body in iter_records(data, check_crc=not checked):
             message = _decode_log(body)
             consumed = offset + RECORD_HEADER_LENGTH + len(body)
             position = base_position + consumed
