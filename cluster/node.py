@@ -48,7 +48,7 @@ from .archive.segments import Archive
 from .archive.storage import NodeStorage
 from .config import ConfigError, NodeConfig, describe, format_ingress_endpoints, load_config
 from .core.auth import AdminPrincipals, Authenticator, AuthorisationService
-from .core.base import ConsensusConfig, Event, LeaderReady, RoleChanged
+from .core.base import ConsensusConfig, Event, LeaderReady, MemberRefused, RoleChanged
 from .core.consensus import ConsensusModule
 from .core.driver import drive
 from .core.service_container import ServiceContainer
@@ -406,6 +406,8 @@ class Node:
     def on_event(self, event: Event) -> None:
         if isinstance(event, RoleChanged):
             self._on_role_change(event.role)
+        elif isinstance(event, MemberRefused):
+            self.links.close_inbound(event.member_id, event.reason)
         elif isinstance(event, LeaderReady):
             self.container.set_role(Role.LEADER)
             log.info(

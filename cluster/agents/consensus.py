@@ -106,8 +106,8 @@ class PeerLinks:
         self.protocol_errors = 0
         self.last_error = ""
         self.inbound: dict[int, int] = {}
-        #: the open inbound link of each member
-        self._live: dict[int, trio.abc.Stream] = {}
+        #: the open inbound link of each member, and the cancel scope of its reader
+        self._live: dict[int, tuple[trio.abc.Stream, trio.CancelScope]] = {}
 
     def statistics(self) -> list[LinkStatus]:
         return [
@@ -173,7 +173,17 @@ class PeerLinks:
                 link.connected = trio.Event()
             await trio.sleep(delay)
 
-    def _hello(self, hello: MemberHello, stream: trio.abc.Stream) -> int:
+    def close_inbound(self, member_id: int, reason: str) -> None:
+        """The consensus module refused a message of ``member_id``: a protocol error on
+        that member's link, which is closed (the member redials)."""
+        live = self._live.get(member_id)
+        self.protocol_errors += 1
+        self.last_error = f"from member {member_id}: {reason}"
+        if live is not None:
+            log.warning("closing member link from %d: %s", member_id, reason)
+            live[1].cancel()
+
+    def _hello(self, hello: MemberHello, stream: trio.abc.Stream, scope: trio.CancelScope) -> int:
         """Check a link's first frame; return the member it names."""
         peer = hello.member_id
         if hello.cluster_id != self.cluster_id:
@@ -190,54 +200,63 @@ class PeerLinks:
             )
         if peer in self._live:
             raise ProtocolError(f"second link for member {peer}, whose link is open")
-        self._live[peer] = stream
+        self._live[peer] = (stream, scope)
         self.inbound[peer] = self.inbound.get(peer, 0) + 1
         return peer
 
     async def _serve_peer(self, stream: trio.abc.Stream) -> None:
+        scope = trio.CancelScope()  # cancelled when the consensus module refuses the peer
+        peer = [-1]
+        try:
+            with scope:
+                await self._read_peer(stream, scope, peer)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            if peer[0] >= 0 and self._live.get(peer[0], (None,))[0] is stream:
+                del self._live[peer[0]]
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+
+    async def _read_peer(
+        self, stream: trio.abc.Stream, scope: trio.CancelScope, who: list[int]
+    ) -> None:
+        """Read, check and deliver one inbound link's messages until it ends or a
+        message fails its checks; ``who[0]`` is the member its hello named."""
         decoder = FrameDecoder(self.max_frame_size)
         peer = -1
         deliver = self.deliver
         delivered = self.delivered
         members, me = self.member_ids, self.me.member_id
-        live = self._live
-        try:
-            while True:
-                data = await stream.receive_some(256 * 1024)
-                if not data:
-                    return
-                messages: list[ConsensusMessage] = []
-                bad: ProtocolError | None = None
-                try:
-                    decoder.decode_into(data, _decode, messages)
-                except ProtocolError as exc:
-                    bad = exc  # the messages before the bad frame still count
-                try:
-                    for message in messages:
-                        if peer < 0:
-                            if not isinstance(message, MemberHello):
-                                raise ProtocolError("member link did not start with MemberHello")
-                            peer = self._hello(message, stream)
-                            continue
-                        reason = check_consensus_message(message, members, me, peer)
-                        if reason is not None:
-                            raise ProtocolError(f"{type(message).__name__}: {reason}")
-                        deliver(message)
-                    if bad is not None:
-                        raise bad
-                except ProtocolError as exc:
-                    self.protocol_errors += 1
-                    self.last_error = f"from member {peer}: {exc}"
-                    log.warning("closing member link from %s: %s", peer, exc)
-                    if delivered is not None:
-                        await delivered()  # messages decoded before the bad one still count
-                    return
+        while True:
+            data = await stream.receive_some(256 * 1024)
+            if not data:
+                return
+            messages: list[ConsensusMessage] = []
+            bad: ProtocolError | None = None
+            try:
+                decoder.decode_into(data, _decode, messages)
+            except ProtocolError as exc:
+                bad = exc  # the messages before the bad frame still count
+            try:
+                for message in messages:
+                    if peer < 0:
+                        if not isinstance(message, MemberHello):
+                            raise ProtocolError("member link did not start with MemberHello")
+                        peer = who[0] = self._hello(message, stream, scope)
+                        continue
+                    reason = check_consensus_message(message, members, me, peer)
+                    if reason is not None:
+                        raise ProtocolError(f"{type(message).__name__}: {reason}")
+                    deliver(message)
+                if bad is not None:
+                    raise bad
+            except ProtocolError as exc:
+                self.protocol_errors += 1
+                self.last_error = f"from member {peer}: {exc}"
+                log.warning("closing member link from %s: %s", peer, exc)
                 if delivered is not None:
-                    await delivered()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
-        finally:
-            if peer >= 0 and live.get(peer) is stream:
-                del live[peer]
-            with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(stream)
+                    await delivered()  # messages decoded before the bad one still count
+                return
+            if delivered is not None:
+                await delivered()

@@ -151,4 +151,15 @@ class LeaderReady:
     log_position: int
 
 
-Event = RoleChanged | LeaderReady
+@dataclass(frozen=True, slots=True)
+class MemberRefused:
+    """A member's message contradicted what this member knows (log bytes that are not
+    whole records, a report of more log than this leader has, a second leader for a
+    term, a term far ahead): refused and counted; the shell closes that member's link,
+    as it does for a message that fails the link's own checks."""
+
+    member_id: int
+    reason: str
+
+
+Event = RoleChanged | LeaderReady | MemberRefused

@@ -68,6 +68,7 @@ from .base import (
     EgressPort,
     Event,
     LeaderReady,
+    MemberRefused,
     NoConsensus,
     NoStorage,
     RoleChanged,
@@ -83,6 +84,7 @@ from .session import State
 from .sessions import SessionManager
 from .terms import TermHistory
 from .timers import TimerService
+from .validate import sender_of
 
 log = logging.getLogger("cluster.consensus")
 
@@ -130,7 +132,7 @@ class ConsensusModule:
         self.replication = LeaderReplication(config, self.log, self, self.consensus)
         self.followers = self.replication.progress  # the leader's view (read-only)
         self.replica = FollowerReplica(
-            config, self.log, self, self.consensus, self.storage, self.counters
+            config, self.log, self, self.consensus, self.storage, self.counters, self._refuse
         )
         self.session_manager = SessionManager(
             config,
@@ -220,6 +222,15 @@ class ConsensusModule:
         """Recovery replayed (applied) the log up to ``position``: it is committed and no
         more is known to be (later entries wait for a leader's commit position)."""
         self.log.commit_position = self.log.applied_position = position
+
+    def _refuse(self, member: int, reason: str) -> None:
+        """A member's message contradicts what this member knows: counted, logged, and
+        handed to the shell (which closes that member's link)."""
+        self.counters.invalid_messages += 1
+        log.warning(
+            "member %d refused a message of member %d: %s", self.config.member_id, member, reason
+        )
+        self._events.append(MemberRefused(member, reason))
 
     def _append(self, message: LogMessage) -> int:
         # only a leader applies its own records (a follower mirrors what it replays)
@@ -343,13 +354,7 @@ class ConsensusModule:
             return False
         if term == self.leadership_term_id and 0 <= self.leader_member_id != leader:
             # a term has one leader: a second one claiming it is a buggy or forged member
-            self.counters.invalid_messages += 1
-            log.warning(
-                "member %d claims to lead term %d, which member %d leads: refused",
-                leader,
-                term,
-                self.leader_member_id,
-            )
+            self._refuse(leader, f"claims to lead term {term}, which {self.leader_member_id} leads")
             return False
         if term > self.candidate_term_id:
             self.set_candidate_term(term)
@@ -395,12 +400,10 @@ class ConsensusModule:
             # Terms grow by one an election, and only after a quorum canvassed: a term
             # this far ahead is a buggy or forged member's, and adopting it would let
             # one message use up the terms the cluster has left.
-            self.counters.invalid_messages += 1
-            log.warning(
-                "%s of term %d, far beyond this member's term %d: refused",
-                type(message).__name__,
-                term,
-                self.candidate_term_id,
+            self._refuse(
+                sender_of(message),
+                f"{type(message).__name__} of term {term}, far beyond this member's "
+                f"term {self.candidate_term_id}",
             )
             return
         if isinstance(message, RequestVote):
@@ -515,12 +518,10 @@ class ConsensusModule:
         if acknowledged:
             self._maybe_commit()
         elif acknowledged is None:
-            self.counters.invalid_messages += 1
-            log.warning(
-                "member %d reports log position %d, beyond this leader's log (%d): refused",
+            self._refuse(
                 msg.follower_member_id,
-                msg.log_position,
-                self.log.published_position,
+                f"reports log position {msg.log_position} verified, beyond this leader's "
+                f"log ({self.log.published_position})",
             )
 
     def _maybe_commit(self) -> None:

@@ -15,6 +15,7 @@ of where to resend from.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from ..protocol.consensus import APPEND_POSITION_VERIFIED, AppendPosition, AppendRequest
 from .base import ConsensusConfig, ConsensusPort, Counters, StoragePort, TermView
@@ -35,6 +36,7 @@ class FollowerReplica:
         "counters",
         "leader_commit_position",
         "log",
+        "refuse",
         "storage",
         "verified_end",
         "view",
@@ -48,6 +50,7 @@ class FollowerReplica:
         consensus: ConsensusPort,
         storage: StoragePort,
         counters: Counters,
+        refuse: Callable[[int, str], None],
     ) -> None:
         self.config = config
         self.log = log
@@ -55,6 +58,7 @@ class FollowerReplica:
         self.consensus = consensus
         self.storage = storage
         self.counters = counters
+        self.refuse = refuse
         self.verified_end = -1
         """How far this log is known to match the current leader's (-1: not at all)."""
         self.leader_commit_position = -1
@@ -117,13 +121,8 @@ class FollowerReplica:
                 if reason is None and not record_boundary(msg.data, cut):
                     reason = f"what is not held yet starts inside a record (at {start})"
                 if reason is not None:
-                    self.counters.invalid_messages += 1
-                    log.warning(
-                        "member %d: AppendRequest from member %d at %d refused: %s",
-                        self.config.member_id,
-                        msg.leader_member_id,
-                        msg.log_position,
-                        reason,
+                    self.refuse(
+                        msg.leader_member_id, f"AppendRequest at {msg.log_position}: {reason}"
                     )
                     return
             if data:

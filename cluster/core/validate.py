@@ -103,6 +103,17 @@ def record_boundary(data: bytes, offset: int) -> bool:
     return position == offset
 
 
+def sender_of(message: ConsensusMessage) -> int:
+    """The member a consensus message says it comes from (-1 if it names none)."""
+    if isinstance(message, (AppendRequest, CommitPosition)):
+        return message.leader_member_id
+    if isinstance(message, RequestVote):
+        return message.candidate_member_id
+    if isinstance(message, (AppendPosition, CanvassPosition, Vote)):
+        return message.follower_member_id
+    return -1
+
+
 def check_consensus_message(
     message: ConsensusMessage, members: tuple[int, ...], me: int, sender: int | None = None
 ) -> str | None:

@@ -133,12 +133,13 @@ async def test_garbage_and_forged_member_messages_are_refused(tmp_path: Path) ->
                 assert follower.cm.log.published_position == end
                 # as a second leader of the current term: refused by the module
                 usurper = AppendRequest(term, 2, end, term, term, 0, end, bytes(records))
-                await send(c.consensus_port(follower.config.member_id), hello, usurper)
+                assert await send(c.consensus_port(follower.config.member_id), hello, usurper)
                 assert follower.cm.leader_member_id == me
                 assert follower.cm.counters.invalid_messages == 1
-                # 3. a report of 2**40 bytes verified, to the leader
+                # 3. a report of 2**40 bytes verified, to the leader: refused by its
+                # module, which has the link closed
                 report = AppendPosition(term, 2**40, 2, APPEND_POSITION_VERIFIED)
-                await send(c.consensus_port(me), hello, report)
+                assert await send(c.consensus_port(me), hello, report)
                 # 4. a commit position of the highest term
                 commit = CommitPosition(2**63 - 1, 2**40, 2)
                 assert await send(c.consensus_port(follower.config.member_id), hello, commit)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from cluster.archive.errors import ArchiveCorruptionError
 from cluster.archive.node_state import NodeState
 from cluster.archive.record import append_record, iter_records
-from cluster.core.base import ConsensusConfig
+from cluster.core.base import ConsensusConfig, MemberRefused
 from cluster.core.consensus import MAX_TERM_STEP, ConsensusModule
 from cluster.core.validate import check_consensus_message, check_records
 from cluster.protocol.consensus import (
@@ -142,6 +142,9 @@ def test_garbage_log_bytes_from_the_leader_are_refused_not_appended() -> None:
     assert cm.log.published_position == 0
     assert cm.commit_position == 0
     assert cm.counters.invalid_messages == 1
+    (refused,) = [e for e in cm.take_events() if isinstance(e, MemberRefused)]
+    assert refused.member_id == 1  # the shell closes member 1's link
+    assert "fails its CRC" in refused.reason or "record" in refused.reason
     good = records(b"fine")
     cm.on_consensus_message(append(data=good, commit_position=0), SECOND + MS)
     assert bytes(cm.log.buffer) == good  # the next good append is taken
