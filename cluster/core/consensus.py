@@ -18,12 +18,12 @@ function per role, to the part that owns the work:
 It performs no I/O and never calls into the shell.  Time arrives as ``now_ns``
 arguments (a monotonic clock in nanoseconds).  What the shell must do it hands out:
 the log to persist (:meth:`take_log_batch`, ``log.pending_truncate``), the commit
-position to apply up to, and :meth:`take_events` (role changes, leader ready).  Messages
-leave through ports that only enqueue (:class:`~cluster.core.base.EgressPort`,
-:class:`~cluster.core.base.ConsensusPort`).  The shell reports back what it did:
-:meth:`on_archive_position`, :meth:`on_truncated`, :meth:`on_applied`.  One driver
-loop (:func:`cluster.core.driver.drive`) does this for the node, the simulator and
-the unit tests alike.
+position to apply up to, and :meth:`take_events` (role changes, leader ready, refused
+members).  Messages leave through ports that only enqueue
+(:class:`~cluster.core.base.EgressPort`, :class:`~cluster.core.base.ConsensusPort`).
+The shell reports back what it did: :meth:`on_archive_position`, :meth:`on_truncated`,
+:meth:`on_applied`.  One driver loop (:func:`cluster.core.driver.drive`) does this for
+the node, the simulator and the unit tests alike.
 """
 
 from __future__ import annotations
@@ -189,7 +189,8 @@ class ConsensusModule:
         return self.log.take_batch()
 
     def take_events(self) -> Sequence[Event]:
-        """What happened since the last call (role changes, leader ready), in order."""
+        """What happened since the last call (role changes, leader ready, members whose
+        messages were refused), in order."""
         events = self._events
         if not events:
             return ()

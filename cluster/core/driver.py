@@ -4,7 +4,7 @@ After the consensus module has taken input (messages, a tick, a report), the she
 :func:`drive`, which hands each output to the shell and reports back what the shell did,
 until nothing is left to do:
 
-1. events (role changes, leader ready) go to :meth:`Shell.on_event`;
+1. events (role changes, leader ready, refused members) go to :meth:`Shell.on_event`;
 2. the log to persist (new records, a truncation) goes to :meth:`Shell.persist`, which
    writes it now or starts writing it, and reports what became durable
    (``on_archive_position``, ``on_truncated``);
