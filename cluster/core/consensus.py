@@ -142,6 +142,7 @@ class ConsensusModule:
             self._append,
             self,
             self.counters,
+            self.rng,
         )
         self.sessions = self.session_manager.sessions  # the open sessions (read-only view)
         self.control = ClusterControl(

@@ -44,9 +44,11 @@ class ClusterSession:
         "close_reason",
         "cluster_session_id",
         "correlation_id",
+        "egress_backoff_ns",
         "egress_connected",
         "egress_id",
         "egress_retry_ns",
+        "egress_up_since_ns",
         "encoded_principal",
         "has_new_leader_event_pending",
         "has_open_event_pending",
@@ -82,6 +84,8 @@ class ClusterSession:
         self.encoded_principal = b""
         self.egress_connected = False
         self.egress_retry_ns: int | None = None  # re-dial a lost egress at this time
+        self.egress_backoff_ns = 0  # the last wait before a re-dial (0: none yet)
+        self.egress_up_since_ns: int | None = None  # connected since (first seen)
         self.has_open_event_pending = False
         self.has_new_leader_event_pending = False
         self.rejection: tuple[int, str] | None = None  # (EventCode, detail) for a rejected session

@@ -19,6 +19,7 @@ log entries go out through the ``append`` callable it is given.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable, Iterable
 
 from ..protocol import version as protocol_version
@@ -39,7 +40,17 @@ from .session import ClusterSession, State
 log = logging.getLogger("cluster.consensus")
 
 EGRESS_RETRY_NS = 1_000_000_000
-"""How often a leader re-dials the lost egress of an open session."""
+"""How long a leader waits for a re-dial of a session's egress to connect or fail."""
+
+EGRESS_BACKOFF_MIN_NS = 10_000_000
+EGRESS_BACKOFF_MAX_NS = 2_000_000_000
+"""A lost egress is re-dialled after a back-off that doubles with each failure, from
+10 ms to 2 s, drawn at random in its upper half (jitter, so many sessions of one client
+host do not re-dial in step).  It starts again from 10 ms once a connection has stayed up
+for :data:`EGRESS_STABLE_NS`: a client that accepts and at once closes is not dialled
+a hundred times a second."""
+
+EGRESS_STABLE_NS = 2_000_000_000
 
 
 class PendingSessionProxy:
@@ -89,6 +100,7 @@ class SessionManager:
         append: Callable[[LogMessage], int],
         view: TermView,
         counters: Counters,
+        rng: random.Random | None = None,
     ) -> None:
         self.config = config
         self.egress = egress
@@ -97,6 +109,7 @@ class SessionManager:
         self.append = append
         self.view = view
         self.counters = counters
+        self.rng = rng or random.Random()
         self.sessions: dict[int, ClusterSession] = {}
         """Open sessions by id (never replaced: cleared and refilled)."""
         self.pending_sessions: list[ClusterSession] = []
@@ -220,10 +233,11 @@ class SessionManager:
         if session is None:
             return
         session.egress_connected = False
+        session.egress_up_since_ns = None
         if session.state is State.OPEN and self.view.is_ready_leader:
-            # The client may still be there (a reset connection): dial it again soon;
-            # if it is gone, the session times out as usual.
-            session.egress_retry_ns = 0
+            # The client may still be there (a reset connection): dial it again after a
+            # back-off (set at the next check); if it is gone, the session times out.
+            session.egress_retry_ns = -1
             return
         if session.state is not State.OPEN:
             # nobody to tell: drop a session that never opened
@@ -469,9 +483,18 @@ class SessionManager:
         timeout = self.config.session_timeout_ns
         commit = self.log.commit_position
         for session in list(self.sessions.values()):
-            if session.egress_retry_ns is not None and now_ns >= session.egress_retry_ns:
-                session.egress_retry_ns = now_ns + EGRESS_RETRY_NS  # until it connects
-                self.egress.connect(session.egress_id, session.response_channel)
+            retry = session.egress_retry_ns
+            if retry is not None:
+                if retry < 0:  # a dial failed: the next one after a back-off
+                    self._back_off(session, now_ns)
+                elif now_ns >= retry:
+                    session.egress_retry_ns = now_ns + EGRESS_RETRY_NS  # until it connects
+                    self.egress.connect(session.egress_id, session.response_channel)
+            elif session.egress_connected and session.egress_backoff_ns:
+                if session.egress_up_since_ns is None:
+                    session.egress_up_since_ns = now_ns
+                elif now_ns - session.egress_up_since_ns >= EGRESS_STABLE_NS:
+                    session.egress_backoff_ns = 0  # it held: the next loss re-dials soon
             if session.state is State.CLOSING:
                 self._close(session, session.close_reason or CloseReason.SERVICE_ACTION, now_ns)
                 work += 1
@@ -496,6 +519,14 @@ class SessionManager:
             elif session.has_open_event_pending and session.opened_log_position <= commit:
                 self._send_open_event(session)  # retry a send that found no room
         return work
+
+    def _back_off(self, session: ClusterSession, now_ns: int) -> None:
+        backoff = min(
+            max(2 * session.egress_backoff_ns, EGRESS_BACKOFF_MIN_NS), EGRESS_BACKOFF_MAX_NS
+        )
+        session.egress_backoff_ns = backoff
+        half = backoff // 2
+        session.egress_retry_ns = now_ns + half + self.rng.randrange(half + 1)
 
     def _close(self, session: ClusterSession, reason: CloseReason, now_ns: int) -> None:
         timestamp = self.log.stamp(now_ns)

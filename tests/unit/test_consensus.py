@@ -1102,3 +1102,43 @@ def test_fired_timer_survives_a_step_down_before_its_event_commits() -> None:
     cm.enter_election(T0 + MS, "test")  # deposed before the event committed
     assert cm.role is Role.FOLLOWER
     assert len(cm.timers) == 1  # live again: the next leader fires it
+
+
+def test_a_lost_egress_is_redialled_with_a_growing_jittered_back_off() -> None:
+    """Was: a failed re-dial reset the wait to nothing, so a client whose egress port
+    refused (or accepted and closed) was dialled about a hundred times a second."""
+    cm, egress, reader = make()
+    sid = open_session(cm, reader, T0)
+    now = T0
+
+    def dials() -> int:
+        return sum(1 for e, _ in egress.connects() if e == sid)
+
+    gaps = []
+    last = now
+    cm.session_manager.on_egress_failed(sid)  # the connection is lost
+    for _ in range(2000):  # 20 s of slow ticks, every re-dial failing at once
+        now += 10 * MS
+        cm.session_manager.on_keepalive(SessionKeepAlive(TERM, sid), now)  # client alive
+        n = dials()
+        cm.on_slow_tick(now)
+        if dials() > n:
+            gaps.append(now - last)
+            last = now
+            cm.session_manager.on_egress_failed(sid)
+    assert 10 <= len(gaps) <= 25  # not 2,000
+    assert max(gaps) <= 2 * SECOND + 10 * MS
+    assert gaps[-1] >= SECOND  # the wait grew to the upper half of its 2 s cap
+    # a connection that stays up resets the back-off: the next loss re-dials soon
+    cm.session_manager.on_egress_connected(sid)
+    for _ in range(300):
+        now += 10 * MS
+        cm.session_manager.on_keepalive(SessionKeepAlive(TERM, sid), now)
+        cm.on_slow_tick(now)
+    assert cm.sessions[sid].egress_backoff_ns == 0
+    cm.session_manager.on_egress_failed(sid)
+    n = dials()
+    for _ in range(3):
+        now += 10 * MS
+        cm.on_slow_tick(now)
+    assert dials() == n + 1
