@@ -120,6 +120,15 @@ class FollowerReplica:
                 reason = check_records(msg.data)
                 if reason is None and not record_boundary(msg.data, cut):
                     reason = f"what is not held yet starts inside a record (at {start})"
+                if (
+                    reason is None
+                    and msg.data_term_id != terms.term_at(start)
+                    and not (
+                        terms.term_start_containing(start) <= msg.term_base_log_position <= start
+                    )
+                ):
+                    # a new term must begin after the one before it and by the data
+                    reason = f"term {msg.data_term_id} cannot begin at {msg.term_base_log_position}"
                 if reason is not None:
                     self.refuse(
                         msg.leader_member_id, f"AppendRequest at {msg.log_position}: {reason}"

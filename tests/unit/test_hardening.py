@@ -150,6 +150,23 @@ def test_garbage_log_bytes_from_the_leader_are_refused_not_appended() -> None:
     assert bytes(cm.log.buffer) == good  # the next good append is taken
 
 
+def test_a_new_term_that_cannot_begin_where_it_says_is_refused() -> None:
+    # a log's terms only move forward: a forged base before the last term's base raised
+    # inside the term history (and stopped the node)
+    cm, _disk, _applied = follower()
+    one, two = records(b"a" * 10), records(b"b" * 10)  # 18 bytes each
+    cm.on_consensus_message(AppendRequest(2, 1, 0, -1, 1, 0, 0, one), SECOND)
+    cm.on_consensus_message(AppendRequest(2, 1, 18, 1, 2, 18, 0, two), SECOND + MS)
+    assert cm.log.published_position == 36
+    forged = AppendRequest(3, 1, 36, 2, 3, 10, 0, records(b"c" * 10))  # term 3 "at 10"
+    cm.on_consensus_message(forged, SECOND + 2 * MS)
+    assert cm.log.published_position == 36
+    assert cm.counters.invalid_messages == 1
+    good = AppendRequest(3, 1, 36, 2, 3, 36, 0, records(b"c" * 10))
+    cm.on_consensus_message(good, SECOND + 3 * MS)
+    assert cm.log.published_position == 54
+
+
 def test_an_append_that_does_not_line_up_with_the_log_is_refused() -> None:
     cm, _disk, _applied = follower()
     first = records(b"a" * 10, b"b" * 10)  # two records, 36 bytes, term 1
