@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from cluster.archive.errors import ArchiveCorruptionError
 from cluster.archive.node_state import NodeState
-from cluster.archive.record import append_record, iter_records
+from cluster.archive.record import RECORD_HEADER_LENGTH, append_record, iter_records
 from cluster.core.base import ConsensusConfig, MemberRefused
 from cluster.core.consensus import MAX_TERM_STEP, ConsensusModule
 from cluster.core.validate import check_consensus_message, check_records
@@ -34,6 +34,7 @@ from cluster.protocol.consensus import (
 from cluster.protocol.enums import Role
 
 MEMBERS = (0, 1, 2)
+HEADER = RECORD_HEADER_LENGTH
 
 
 def records(*bodies: bytes) -> bytes:
@@ -362,3 +363,54 @@ def test_a_bad_node_state_file_is_an_error_naming_the_file(tmp_path: Path) -> No
     path.write_text(json.dumps({"candidate_term_id": 2**64, "commit_position": 0}))
     with pytest.raises(ArchiveCorruptionError, match=r"node-state\.json.*out of range"):
         NodeState(tmp_path)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_appends_that_follow_the_log_survive_any_terms_and_bases(data: st.DataObject) -> None:
+    """Appends drawn against the follower's own state (at its end or inside its log,
+    with its own previous term or another, terms and bases anywhere), so the term
+    history is exercised: the follower never raises, keeps whole records, and its
+    terms only move forward."""
+    cm, disk, applied = follower()
+    shell = MemoryShell(cm, disk, applied, SECOND)
+    for step in range(data.draw(st.integers(1, 15))):
+        rlog = cm.log
+        end = rlog.published_position
+        # where a leader may start an append: a record boundary of this log (inside a
+        # record: test_an_append_inside_one_of_its_records_is_refused, below)
+        boundaries = [0] + [o + HEADER + len(b) for o, b in iter_records(bytes(disk))]
+        at = data.draw(st.one_of(st.just(end), st.sampled_from(boundaries)))
+        prev = data.draw(st.one_of(st.just(rlog.terms.term_at(at)), st.integers(-1, 8)))
+        data_term = data.draw(st.integers(max(prev, -1), 8))
+        term = data.draw(st.integers(data_term, 9))
+        base = data.draw(st.one_of(st.just(at), st.integers(0, at)))
+        bodies = data.draw(st.lists(st.binary(min_size=1, max_size=20), max_size=4))
+        message = AppendRequest(term, 1, at, prev, data_term, base, 0, records(*bodies))
+        if check_consensus_message(message, MEMBERS, 0, 1) is not None:
+            continue
+        cm.on_consensus_message(message, SECOND + step * MS)
+        shell.persist()
+        assert check_records(bytes(disk)) is None
+        history = list(rlog.terms)
+        assert [t for t, _ in history] == sorted({t for t, _ in history})
+        assert [b for _, b in history] == sorted(b for _, b in history)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: the follower truncates where a leader's append starts, and only a "
+    "record boundary of its own log is safe there; it needs the boundaries of its "
+    "uncommitted tail (issue #17, left open)",
+)
+def test_an_append_inside_one_of_its_records_is_refused() -> None:
+    """Found by hypothesis: a (buggy or forged) leader's append that starts inside one
+    of the follower's uncommitted records, with a matching previous term, truncates the
+    log in the middle of that record."""
+    cm, disk, applied = follower()
+    shell = MemoryShell(cm, disk, applied, SECOND)
+    cm.on_consensus_message(AppendRequest(0, 1, 0, -1, 0, 0, 0, records(b"\x00")), SECOND)
+    shell.persist()
+    cm.on_consensus_message(AppendRequest(1, 1, 1, 0, 1, 1, 0, records(b"\x00")), SECOND + MS)
+    shell.persist()
+    assert check_records(bytes(disk)) is None
