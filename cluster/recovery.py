@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .agents.log import LogBuffer
 from .archive.errors import ArchiveCorruptionError, ArchiveError
-from .archive.record import RecordError, iter_records
+from .archive.record import RECORD_HEADER_LENGTH, RecordError, iter_records
 from .archive.recording_log import CM_SERVICE_ID, ENTRY_TYPE_SNAPSHOT, RecordingLog
 from .archive.segments import Archive
 from .archive.snapshots import read_snapshot, snapshot_path
@@ -100,14 +100,13 @@ def recover(
     log_buffer.base = log_buffer.applied = position
     tail = bytearray(archive.read(position, end)) if end > position else bytearray()
     try:  # the log buffer holds checked records only (it is applied without CRC checks)
-        for _ in iter_records(tail):
-            pass
+        ends = [position + o + RECORD_HEADER_LENGTH + len(b) for o, b in iter_records(tail)]
     except RecordError as exc:
         raise ArchiveCorruptionError(
             data_dir / "archive", position + exc.offset, exc.reason
         ) from None
     log_buffer.data = tail
-    cm.restore(position)
+    cm.restore(position, ends)
     if end:
         log.info(
             "replayed %d bytes of log (%d..%d of %d, %d messages) in %.3fs",

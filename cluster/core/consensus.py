@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 from ..protocol.consensus import (
@@ -220,10 +220,11 @@ class ConsensusModule:
         if self.election is not None and self.role is Role.LEADER:
             self._check_leader_ready(now_ns)
 
-    def restore(self, position: int) -> None:
+    def restore(self, position: int, ends: Iterable[int] = ()) -> None:
         """Recovery replayed (applied) the log up to ``position``: it is committed and no
-        more is known to be (later entries wait for a leader's commit position)."""
-        self.log.commit_position = self.log.applied_position = position
+        more is known to be (later entries wait for a leader's commit position); ``ends``
+        are where the records of the log after it end."""
+        self.log.restore(position, ends)
 
     def _refuse(self, member: int, reason: str) -> None:
         """A member's message contradicts what this member knows: counted, logged, and

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from ..protocol.consensus import APPEND_POSITION_VERIFIED, AppendPosition, AppendRequest
 from .base import ConsensusConfig, ConsensusPort, Counters, StoragePort, TermView
 from .log import ReplicatedLog
-from .validate import check_records, record_boundary
+from .validate import check_records
 
 log = logging.getLogger("cluster.consensus")
 
@@ -117,9 +117,16 @@ class FollowerReplica:
                 # one that passes it and still is not whole, CRC-valid records, or
                 # would leave what is appended starting inside a record, comes from a
                 # buggy or forged leader): refused, nothing appended.
-                reason = check_records(msg.data)
-                if reason is None and not record_boundary(msg.data, cut):
+                ends: list[int] = []
+                reason = check_records(msg.data, ends)
+                if reason is None and cut and cut not in ends:
                     reason = f"what is not held yet starts inside a record (at {start})"
+                if (
+                    reason is None
+                    and start < rlog.published_position
+                    and not rlog.is_boundary(start)
+                ):
+                    reason = f"it would cut this log inside a record (at {start})"
                 if (
                     reason is None
                     and msg.data_term_id != terms.term_at(start)
@@ -145,7 +152,8 @@ class FollowerReplica:
                     self.storage.record_term(
                         msg.data_term_id, msg.term_base_log_position, rlog.cluster_time(now_ns)
                     )
-                rlog.append_data(data)
+                at = msg.log_position
+                rlog.append_data(data, [at + end for end in ends if end > cut])
             self.verified_end = max(self.verified_end, end_of_data)
         else:
             self.verified_end = max(self.verified_end, start)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import zlib
 from collections import deque
+from collections.abc import Iterable
 
 from ..archive.record import RECORD_HEADER
 from ..protocol.codec import encode as _encode
@@ -43,6 +44,7 @@ class ReplicatedLog:
         "_base",
         "applied_position",
         "archive_position",
+        "boundaries",
         "buffer",
         "commit_position",
         "epoch_offset_ns",
@@ -57,6 +59,9 @@ class ReplicatedLog:
         """Records encoded or received but not yet taken by the shell."""
         self._base = position
         self.own_records: deque[OwnRecord] = deque()
+        self.boundaries: deque[int] = deque()
+        """The ends of the records above the commit position, in order: the only places
+        the log may be cut (a follower truncating an uncommitted tail)."""
         self.pending_truncate: int | None = None
         self.archive_position = position
         self.commit_position = position
@@ -98,13 +103,27 @@ class ReplicatedLog:
         buf += _pack_record_header(len(body), _crc32(body))
         buf += body
         end = self._base + len(buf)
+        self.boundaries.append(end)
         if own:
             self.own_records.append((start, end, message))
         return end
 
-    def append_data(self, data: bytes) -> None:
-        """Log bytes from the leader, appended as they are."""
+    def append_data(self, data: bytes, ends: Iterable[int]) -> None:
+        """Checked log records from the leader, appended as they are; ``ends`` are the
+        positions where each of them ends."""
         self.buffer += data
+        self.boundaries.extend(ends)
+
+    def is_boundary(self, position: int) -> bool:
+        """Does a record of this log end at ``position`` (at or above the commit
+        position; below it the log is never cut)?"""
+        return position == self.commit_position or position in self.boundaries
+
+    def restore(self, position: int, ends: Iterable[int]) -> None:
+        """Recovery applied the log up to ``position``; ``ends`` are where the records
+        of the tail after it end."""
+        self.commit_position = self.applied_position = position
+        self.boundaries = deque(e for e in ends if e > position)
 
     def take_batch(self) -> tuple[int, bytearray] | None:
         """Hand the unstable tail to the shell: ``(start_position, data)``."""
@@ -141,6 +160,9 @@ class ReplicatedLog:
                 f"refusing to truncate committed log: {position} < {self.commit_position}"
             )
         self.own_records.clear()
+        boundaries = self.boundaries
+        while boundaries and boundaries[-1] > position:
+            boundaries.pop()
         if position >= self._base:
             del self.buffer[position - self._base :]
         else:
@@ -173,4 +195,7 @@ class ReplicatedLog:
         if position <= self.commit_position:
             return False
         self.commit_position = position
+        boundaries = self.boundaries
+        while boundaries and boundaries[0] <= position:
+            boundaries.popleft()
         return True

@@ -72,9 +72,9 @@ def _check_append(
     return None
 
 
-def check_records(data: bytes) -> str | None:
+def check_records(data: bytes, ends: list[int] | None = None) -> str | None:
     """Why ``data`` is not a sequence of whole, non-empty, CRC-valid log records (None if
-    it is)."""
+    it is); ``ends`` collects the offset where each record ends."""
     end = len(data)
     offset = 0
     unpack, crc32, header, limit = _unpack_header, _crc32, _HEADER, MAX_RECORD_LENGTH
@@ -92,15 +92,9 @@ def check_records(data: bytes) -> str | None:
         if crc32(data[offset + header : body_end]) != crc:
             return f"record at offset {offset} fails its CRC"
         offset = body_end
+        if ends is not None:
+            ends.append(body_end)
     return None
-
-
-def record_boundary(data: bytes, offset: int) -> bool:
-    """Is ``offset`` where a record of ``data`` (whole records) starts, or its end?"""
-    position = 0
-    while position < offset:
-        position += _HEADER + _unpack_header(data, position)[0]
-    return position == offset
 
 
 def sender_of(message: ConsensusMessage) -> int:
