@@ -14,9 +14,11 @@ Positions, all byte offsets into the log:
 A leader also keeps the messages it encoded (``own records``) until the shell applies
 them, so it applies its own entries without decoding the bytes it has just encoded.
 
-Truncation (a follower dropping uncommitted entries of an old term) is a request to the
-shell: ``pending_truncate`` names the position until the shell reports it done; until
-then no write report counts and nothing past that position may be applied.
+Truncation (a follower dropping uncommitted entries of an old term) happens only where
+one of its records ends (:attr:`ReplicatedLog.boundaries` keeps the ends of the records
+above the commit position), and is a request to the shell: ``pending_truncate`` names
+the position until the shell reports it done; until then no write report counts and
+nothing past that position may be applied.
 """
 
 from __future__ import annotations
