@@ -104,7 +104,6 @@ class PeerLinks:
         self.max_frame_size = max_frame_size
         self.cluster_id = cluster_id
         self.protocol_errors = 0
-        self.last_error = ""
         self.inbound: dict[int, int] = {}
         #: the open inbound link of each member, and the cancel scope of its reader
         self._live: dict[int, tuple[trio.abc.Stream, trio.CancelScope]] = {}
@@ -178,7 +177,6 @@ class PeerLinks:
         that member's link, which is closed (the member redials)."""
         live = self._live.get(member_id)
         self.protocol_errors += 1
-        self.last_error = f"from member {member_id}: {reason}"
         if live is not None:
             log.warning("closing member link from %d: %s", member_id, reason)
             live[1].cancel()
@@ -253,7 +251,6 @@ class PeerLinks:
                     raise bad
             except ProtocolError as exc:
                 self.protocol_errors += 1
-                self.last_error = f"from member {peer}: {exc}"
                 log.warning("closing member link from %s: %s", peer, exc)
                 if delivered is not None:
                     await delivered()  # messages decoded before the bad one still count
