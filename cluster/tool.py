@@ -13,6 +13,10 @@ Queries: ``describe`` (every member, as a table or ``--json``), ``list-members``
 member.  Members only accept the cluster actions and ``invalidate-latest-snapshot`` from
 a loopback address, so run the tool on a member's host.
 
+``certs --out DIR [--client NAME ...] [--days N]`` needs no running cluster: it makes the
+cluster's certificates (:mod:`cluster.certs`) for the members of ``--members`` in ``DIR``,
+reusing the CA already there and keeping the folders already made.
+
 ``describe`` answers are decoded with their type
 (:class:`~cluster.protocol.admin.MemberStatus`); a member whose answer is not one is
 reported with that error.  Unreachable members are shown as down.  Exit codes: 0
@@ -30,11 +34,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import trio
 
+from .certs import DEFAULT_DAYS, make_certs, planned_folders
 from .config import MemberEndpoints, UsageParser, duration_seconds
 from .protocol.admin import AdminCommand, AdminReply, MemberStatus, decode_body, decode_status
 from .protocol.codec import ADMIN
@@ -43,7 +49,7 @@ from .protocol.framing import FrameDecoder, encode_frame
 
 QUERIES = ("describe", "list-members", "recording-log", "errors")
 ACTIONS = ("snapshot", "suspend", "resume", "shutdown", "abort")
-COMMANDS = (*QUERIES, *ACTIONS, "invalidate-latest-snapshot")
+COMMANDS = (*QUERIES, *ACTIONS, "invalidate-latest-snapshot", "certs")
 MAX_REPLY_SIZE = 64 << 20
 
 _correlation_ids = itertools.count(1)
@@ -420,6 +426,29 @@ async def run(opts: Options, command: str) -> int:
     return await cmd_action(opts, command)
 
 
+def cmd_certs(parser: UsageParser, members: Sequence[MemberEndpoints], args: Any) -> int:
+    """``certs``: make the cluster's certificates; one line per folder made or kept."""
+    if not args.out:
+        parser.error("certs needs --out DIR")
+    if args.days <= 0:
+        parser.error(f"--days must be positive, not {args.days}")
+    pairs = [(m.member_id, m.host) for m in members]
+    try:
+        folders = planned_folders(args.out, pairs, args.client)
+        created = set(make_certs(args.out, pairs, args.client, args.days))
+    except ValueError as exc:
+        print(f"{parser.prog} certs: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        where = exc.filename or args.out
+        print(f"{parser.prog} certs: error: cannot write {where}: {exc.strerror or exc}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    for folder in folders:
+        print(f"{'created' if folder in created else 'kept':<8}{folder}")
+    return 0
+
+
 # ---------------------------------------------------------------------- CLI
 
 
@@ -430,8 +459,9 @@ def build_parser() -> UsageParser:
         epilog=(
             "commands: describe, list-members, recording-log, errors (queries); snapshot, "
             "suspend, resume, shutdown, abort (sent to the leader, or to --member); "
-            "invalidate-latest-snapshot (--member N or every member).  Exit codes: 0 ok, "
-            "1 refused or failed, 2 usage."
+            "invalidate-latest-snapshot (--member N or every member); certs --out DIR "
+            "[--client NAME ...] (makes the cluster's certificates, no cluster needed).  "
+            "Exit codes: 0 ok, 1 refused or failed, 2 usage."
         ),
     )
     parser.add_argument(
@@ -453,6 +483,22 @@ def build_parser() -> UsageParser:
         help="how long snapshot waits for the snapshot to be taken (default 30s)",
     )
     parser.add_argument("--member", type=int, default=None, help="only this member")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="certs: the directory of the certificates"
+    )
+    parser.add_argument(
+        "--client",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="certs: a client principal besides admin and app (repeatable)",
+    )
+    parser.add_argument(
+        "--days",
+        type=int,
+        default=DEFAULT_DAYS,
+        help=f"certs: how long the certificates are valid (default {DEFAULT_DAYS} days)",
+    )
     parser.add_argument("command", choices=COMMANDS, metavar="COMMAND", help=", ".join(COMMANDS))
     return parser
 
@@ -461,6 +507,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     members = parser.members(args.members)
+    if args.command == "certs":
+        return cmd_certs(parser, members, args)
     if args.member is not None and args.member not in {m.member_id for m in members}:
         parser.error(f"--member {args.member} is not in --members")
     opts = Options(members, args.json, args.timeout, args.snapshot_timeout, args.member)
