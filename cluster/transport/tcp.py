@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 
 import trio
 
 from .base import StreamHandler
+from .tls import TlsIdentity
 
 log = logging.getLogger("cluster.transport")
 
@@ -35,20 +37,74 @@ def _tune(stream: trio.SocketStream) -> None:
         pass
 
 
-class TcpNetwork:
-    """:class:`~cluster.transport.base.Network` over real TCP sockets."""
+def _failure_reason(exc: BaseException) -> str:
+    """A handshake failure in a few words: OpenSSL's reason, or what the socket said."""
+    cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return f"certificate refused ({cause.verify_message})"
+    if isinstance(cause, ssl.SSLEOFError) or cause is None:
+        return "connection closed during the handshake"
+    if isinstance(cause, ssl.SSLError) and cause.reason:
+        return str(cause.reason)
+    return str(cause) or type(cause).__name__
 
-    def __init__(self, connect_timeout: float = 2.0) -> None:
+
+class TcpNetwork:
+    """:class:`~cluster.transport.base.Network` over real TCP sockets.
+
+    With ``tls`` (:func:`~cluster.transport.tls.load_identity`) every stream is mutual
+    TLS: :meth:`open_stream` returns a ``trio.SSLStream`` whose handshake is done, and
+    :meth:`serve` hands its handler only streams whose handshake finished within
+    ``handshake_timeout``; the others are closed and counted in ``tls_failures`` (and
+    summarised in at most one INFO line a second).
+    """
+
+    def __init__(
+        self,
+        connect_timeout: float = 2.0,
+        *,
+        tls: TlsIdentity | None = None,
+        handshake_timeout: float = 5.0,
+    ) -> None:
         self.connect_timeout = connect_timeout
+        self.tls = tls
+        self.handshake_timeout = handshake_timeout
+        self.tls_failures = 0
+        self._unreported = 0
+        self._last_failure = ""
+        self._reported_at = float("-inf")
+        self._report_pending = False
 
     async def open_stream(self, host: str, port: int) -> trio.abc.Stream:
-        with trio.fail_after(self.connect_timeout):
+        """Connect (and with ``tls`` shake hands) within ``connect_timeout``; ``OSError``
+        if that fails or takes longer."""
+        what = "connecting to"
+        with trio.move_on_after(self.connect_timeout):
+            stream = await trio.open_tcp_stream(host, port)
+            _tune(stream)
+            if self.tls is None:
+                return stream
+            what = "in the TLS handshake with"
+            return await self._client_handshake(stream, self.tls, host, port)
+        raise OSError(f"timed out {what} {host}:{port}")
+
+    async def _client_handshake(
+        self, stream: trio.SocketStream, tls: TlsIdentity, host: str, port: int
+    ) -> trio.SSLStream[trio.SocketStream]:
+        tls_stream = trio.SSLStream(
+            stream, tls.client_context, server_side=False, https_compatible=False
+        )
+        try:
             try:
-                stream = await trio.open_tcp_stream(host, port)
-            except trio.TooSlowError:
-                raise OSError(f"timed out connecting to {host}:{port}") from None
-        _tune(stream)
-        return stream
+                await tls_stream.do_handshake()
+            except (trio.BrokenResourceError, OSError) as exc:
+                raise OSError(
+                    f"TLS handshake with {host}:{port} failed: {_failure_reason(exc)}"
+                ) from None
+        except BaseException:  # the error above, or the timeout's cancellation
+            await trio.aclose_forcefully(stream)
+            raise
+        return tls_stream
 
     async def serve(
         self,
@@ -66,5 +122,72 @@ class TcpNetwork:
             await handler(stream)
 
         async with trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, handle, listeners)
+            if self.tls is None:
+                await nursery.start(trio.serve_listeners, handle, listeners)
+            else:
+                tls = self.tls
+
+                async def handle_tls(stream: trio.SocketStream) -> None:
+                    _tune(stream)
+                    tls_stream = await self._server_handshake(stream, tls, nursery)
+                    if tls_stream is not None:
+                        await handler(tls_stream)
+
+                await nursery.start(trio.serve_listeners, handle_tls, listeners)
             task_status.started(bound)
+
+    async def _server_handshake(
+        self, stream: trio.SocketStream, tls: TlsIdentity, nursery: trio.Nursery
+    ) -> trio.SSLStream[trio.SocketStream] | None:
+        """``stream`` wrapped and shaken hands with, or ``None`` once it is closed and
+        counted (no certificate, a wrong one, not TLS at all, too slow)."""
+        tls_stream = trio.SSLStream(
+            stream, tls.server_context, server_side=True, https_compatible=False
+        )
+        reason = f"no handshake within {self.handshake_timeout:g}s"
+        with trio.move_on_after(self.handshake_timeout):
+            try:
+                await tls_stream.do_handshake()
+                return tls_stream
+            except (trio.BrokenResourceError, OSError) as exc:
+                reason = _failure_reason(exc)
+        try:
+            peer = "{}:{}".format(*stream.socket.getpeername()[:2])
+        except OSError:
+            peer = "?"
+        self._tls_failed(f"{peer}: {reason}", nursery)
+        await trio.aclose_forcefully(stream)
+        return None
+
+    def _tls_failed(self, what: str, nursery: trio.Nursery) -> None:
+        self.tls_failures += 1
+        self._unreported += 1
+        self._last_failure = what
+        if self._report_pending:
+            return
+        wait = self._reported_at + 1.0 - trio.current_time()
+        if wait <= 0:
+            self._report_failures()
+        else:
+            self._report_pending = True
+            nursery.start_soon(self._report_later, wait)
+
+    async def _report_later(self, wait: float) -> None:
+        try:
+            await trio.sleep(wait)
+        finally:
+            self._report_pending = False
+        self._report_failures()
+
+    def _report_failures(self) -> None:
+        self._reported_at = trio.current_time()
+        count, self._unreported = self._unreported, 0
+        if count == 1:
+            log.info("TLS handshake failed: %s", self._last_failure)
+        else:
+            log.info(
+                "TLS handshake failed on %d connections (%d in all); the last: %s",
+                count,
+                self.tls_failures,
+                self._last_failure,
+            )
