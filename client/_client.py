@@ -114,6 +114,8 @@ class ClusterClient:
             self._spawn,
             data_ready=data_ready,
             lost_before_open=self._lost_before_open,
+            on_message=self._on_egress,
+            next_correlation_id=self._next_correlation_id,
         )
         self._handshake = Handshake(
             session, writer, backend, self._spawn, max_events=max_egress_backlog

@@ -77,6 +77,8 @@ class ConnectResult:
     """Member whose ingress connection carried the handshake (the leader)."""
     endpoints: dict[int, Endpoint]
     """Ingress endpoints as last learned (from a REDIRECT, or as given)."""
+    session_secret: bytes = b""
+    """Proves the session on another connection (a SessionResumeRequest)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +303,7 @@ class AsyncConnect:
                 leader_member_id=event.leader_member_id,
                 member_id=pending.member_id,
                 endpoints=dict(self._endpoints),
+                session_secret=bytes(event.session_secret),
             )
             self._state = ConnectState.CONCLUDE_CONNECT
             return [Done(self._result)]

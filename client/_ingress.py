@@ -1,6 +1,9 @@
 """The ingress half of the anyio shell: connections to the leader, and the writer.
 
-Ingress is one TCP connection to the leader on which the client only writes.  The
+Ingress is one TCP connection to the leader.  The cluster answers the connect
+handshake on it (and, without a response channel, sends the session's egress on it):
+its watcher decodes what arrives and hands it to ``on_message``.  A new connection of
+an open session starts with the session's proof (a SessionResumeRequest).  The
 :class:`~client._session.Session` queues encoded frames in ``session.pending``; the
 :class:`IngressWriter` sends them:
 
@@ -18,10 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import suppress
+from typing import Any
 
 import anyio
 import anyio.abc
 
+from cluster.protocol import EGRESS, FrameDecoder, ProtocolError
 from cluster.protocol.framing import HEADER_LENGTH, LENGTH
 from cluster.protocol.ingress import SessionKeepAlive
 
@@ -52,6 +57,9 @@ NETWORK_ERRORS: tuple[type[BaseException], ...] = (
     anyio.ClosedResourceError,
     anyio.EndOfStream,
 )
+
+
+_READ_ERRORS: tuple[type[BaseException], ...] = (ProtocolError, *NETWORK_ERRORS)
 
 
 def retry_delay(attempt: int) -> float:
@@ -121,8 +129,12 @@ class IngressWriter:
         *,
         data_ready: Broadcast,
         lost_before_open: Callable[[Ingress], None],
+        on_message: Callable[[Any], None] = lambda message: None,
+        next_correlation_id: Callable[[], int] = lambda: 0,
     ) -> None:
         self._session = session
+        self._on_message = on_message
+        self._next_correlation_id = next_correlation_id
         self._backend = backend
         self._spawn = spawn
         self._lost_before_open = lost_before_open
@@ -159,16 +171,27 @@ class IngressWriter:
         self.flushed.notify()
 
     async def _watch(self, ingress: Ingress) -> None:
-        """Notice when the node closes the ingress connection (it never writes on it).
+        """Read what the node sends on the ingress connection, and notice when it closes.
 
         The stream is closed here when it broke or was dropped; when the whole client
-        is being cancelled, ``close()`` closes it after its last send instead.
+        is being cancelled, ``close()`` closes it after its last send instead.  A bad
+        frame drops the connection.
         """
+        decoder = FrameDecoder(self._session.max_frame_size)
+        on_message = self._on_message
         with ingress.scope:
             try:
                 while True:
-                    await ingress.stream.receive(RECEIVE_SIZE)
-            except NETWORK_ERRORS:
+                    data = await ingress.stream.receive(RECEIVE_SIZE)
+                    messages: list[Any] = []
+                    try:
+                        decoder.decode_into(data, EGRESS.decode, messages)
+                    finally:  # what came before a bad frame still counts
+                        for message in messages:
+                            if ingress.broken:
+                                break
+                            on_message(message)
+            except _READ_ERRORS:
                 pass
         self.drop(ingress)
         await self.close_ingress(ingress)
@@ -330,6 +353,7 @@ class IngressWriter:
                 continue
             failures = 0
             ingress = self.new_ingress(member_id, endpoint, stream)
+            ingress.tail = session.resume_frame(self._next_correlation_id())
             self.ingress = ingress
             self.install(ingress)
             self.data_ready.notify()

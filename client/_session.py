@@ -32,10 +32,11 @@ from typing import Any
 
 import msgspec
 
-from cluster.protocol import INGRESS, FrameDecoder, encode_frames_into
+from cluster.protocol import INGRESS, FrameDecoder, encode_frame, encode_frames_into
 from cluster.protocol.egress import AdminResponse, NewLeaderEvent, SessionEvent
 from cluster.protocol.enums import CloseReason, EventCode
-from cluster.protocol.ingress import SessionMessageHeader
+from cluster.protocol.ingress import SessionMessageHeader, SessionResumeRequest
+from cluster.protocol.version import PROTOCOL_VERSION
 
 from ._connect import ConnectResult
 from ._endpoints import Endpoint, parse_endpoints
@@ -103,6 +104,7 @@ class Session:
         "max_frame_size",
         "open",
         "pending",
+        "session_secret",
     )
 
     def __init__(
@@ -128,6 +130,7 @@ class Session:
         self.leadership_term_id = -1
         self.leader_member_id = -1
         self.leader_endpoint: Endpoint | None = None
+        self.session_secret = b""
 
         # Ingress frames queued but not yet sent.
         self.pending = bytearray()
@@ -146,7 +149,20 @@ class Session:
         self.leader_member_id = result.leader_member_id
         self.endpoints = dict(result.endpoints)
         self.leader_endpoint = leader_endpoint
+        self.session_secret = result.session_secret
         self.open = True
+
+    def resume_frame(self, correlation_id: int) -> bytes:
+        """The first frame on a new ingress connection of an open session: the proof
+        that it holds the session (the cluster takes nothing else from it before)."""
+        return encode_frame(
+            SessionResumeRequest(
+                correlation_id=correlation_id,
+                cluster_session_id=self.cluster_session_id,
+                version=PROTOCOL_VERSION,
+                session_secret=self.session_secret,
+            )
+        )
 
     def check_usable(self) -> None:
         """Raise unless messages may be queued (open, and neither closing nor closed)."""
@@ -239,8 +255,14 @@ class Session:
                 self.backlog.append(message)
             self._wake_receivers()
         elif isinstance(message, SessionEvent):
-            if message.cluster_session_id == session_id and message.code is EventCode.CLOSED:
-                return Closed(message.detail or EventCode.CLOSED.name)
+            if message.cluster_session_id != session_id:
+                return None
+            code = message.code
+            if code is EventCode.CLOSED or code is EventCode.ERROR:
+                # ERROR: the cluster refused this client's proof of the session
+                return Closed(message.detail or code.name)
+            if code is EventCode.REDIRECT:
+                return self._on_redirect(message)
         elif isinstance(message, NewLeaderEvent):
             if message.cluster_session_id == session_id:
                 return self._on_new_leader(message)
@@ -250,6 +272,23 @@ class Session:
                 waiter.response = message
                 waiter.wake()
         return None
+
+    def _on_redirect(self, event: SessionEvent) -> Reconnect | None:
+        """A member this client resumed on does not lead: go to the one that does."""
+        if event.leadership_term_id < self.leadership_term_id or event.leader_member_id < 0:
+            return None
+        if event.detail:
+            with suppress(ValueError):
+                self.endpoints = parse_endpoints(event.detail)
+        endpoint = self.endpoints.get(event.leader_member_id)
+        if endpoint is None:
+            return None
+        if event.leadership_term_id != self.leadership_term_id and self.pending:
+            self.pending = self.retarget(self.pending)
+        self.leadership_term_id = event.leadership_term_id
+        self.leader_member_id = event.leader_member_id
+        self.leader_endpoint = endpoint
+        return Reconnect(event.leader_member_id, endpoint)
 
     def _on_new_leader(self, event: NewLeaderEvent) -> Reconnect | None:
         if event.leadership_term_id < self.leadership_term_id or self.close_reason is not None:

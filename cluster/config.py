@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import os
 import re
 import sys
@@ -473,3 +474,18 @@ def describe(config: NodeConfig) -> str:
 
 def data_path(config: NodeConfig) -> Path:
     return Path(config.dir)
+
+
+def load_object(spec: str, what: str) -> Any:
+    """Import ``module:Name`` and return the object, with a clear error if it fails."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"bad {what} {spec!r}: expected MODULE:CLASS")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {what} module {module_name!r}: {exc}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"{what} {spec!r}: module has no attribute {attr!r}") from None

@@ -17,11 +17,11 @@ any agent cancels the nursery, so the node never runs half alive.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import os
 import random
+import secrets
 import signal
 import sys
 import time
@@ -46,9 +46,23 @@ from .archive.node_state import NodeState
 from .archive.recording_log import CM_SERVICE_ID, RecordingLog
 from .archive.segments import Archive
 from .archive.storage import NodeStorage
-from .config import ConfigError, NodeConfig, describe, format_ingress_endpoints, load_config
+from .config import (
+    ConfigError,
+    NodeConfig,
+    describe,
+    format_ingress_endpoints,
+    load_config,
+    load_object,
+)
 from .core.auth import AdminPrincipals, Authenticator, AuthorisationService
-from .core.base import ConsensusConfig, Event, LeaderReady, MemberRefused, RoleChanged
+from .core.base import (
+    ConsensusConfig,
+    Event,
+    IngressSource,
+    LeaderReady,
+    MemberRefused,
+    RoleChanged,
+)
 from .core.consensus import ConsensusModule
 from .core.driver import drive
 from .core.service_container import ServiceContainer
@@ -78,21 +92,6 @@ async def _run_inline(fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
 
 
-def load_object(spec: str, what: str) -> Any:
-    """Import ``module:Name`` and return the object, with a clear error if it fails."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"bad {what} {spec!r}: expected MODULE:CLASS")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import {what} module {module_name!r}: {exc}") from None
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ConfigError(f"{what} {spec!r}: module has no attribute {attr!r}") from None
-
-
 class Node:
     """One cluster member: its state, its agents and its lifecycle."""
 
@@ -120,9 +119,10 @@ class Node:
             time.time_ns() - time.monotonic_ns() if epoch_offset_ns is None else epoch_offset_ns
         )
         self.rng = rng or random.Random()
+        # session secrets from the seed in a simulation, so that it replays the same log
+        self._token = secrets.token_bytes if rng is None else self.rng.randbytes
         self.run_blocking: RunBlocking = run_blocking or _run_in_thread
-        # Log writes off the event loop go to a thread of their own (a third of the cost
-        # of trio.to_thread per write), unless the simulator supplies the seam.
+        # Log writes off the loop: a thread of their own (a third of trio.to_thread's cost).
         self._log_writer: WorkerThread | None = None
         self.run_log_write: RunBlocking
         if config.archive_io == "inline":
@@ -213,6 +213,7 @@ class Node:
             candidate_term_id=self.node_state.candidate_term_id,
             rng=self.rng,
             authorisation=self._authorisation(),
+            token=self._token,
         )
         self.container = ServiceContainer(
             self.service, self.cm, self.egress, member_id=cfg.member_id, clock_ns=self.now_ns
@@ -249,6 +250,9 @@ class Node:
             self.member.ingress_port,
             self.inbox,
             max_frame_size=cfg.max_frame_size,
+            max_backlog=cfg.max_egress_backlog,
+            on_closed=self._on_source_closed,
+            on_written=self.egress.mark_dirty,
         )
         self._leadership_scope: trio.CancelScope | None = None
         self.replicators: dict[int, Replicator] = {}
@@ -349,6 +353,10 @@ class Node:
         self.cm.session_manager.on_egress_failed(egress_id)
         self._kick()
 
+    def _on_source_closed(self, source: IngressSource) -> None:
+        self.cm.session_manager.on_source_closed(source)
+        self._kick()
+
     def _on_appended(self) -> None:
         self._kick()
 
@@ -373,9 +381,7 @@ class Node:
     def _kick(self) -> None:
         """After the consensus module changed: drive it (:func:`cluster.core.driver.drive`:
         react to its events, write the new log, apply what is committed, send what is
-        queued).
-
-        All of it happens right here, in the caller's task (Aeron's shared duty cycle):
+        queued).  All of it happens right here, in the caller's task (Aeron's shared duty cycle):
         a task switch per hop costs more than the work.  Only what has to wait (a write
         behind another, a truncation, a retry after a failed write) goes to the archive
         agent's task, which kicks again once it is done."""
@@ -440,6 +446,7 @@ class Node:
             on_message = self.cm.on_message
             for message in batch:
                 on_message(message, now)
+            self.cm.end_of_batch()
             if inbox.commands:
                 commands, inbox.commands = inbox.commands, []
                 for command in commands:
@@ -461,13 +468,7 @@ class Node:
                 self._leadership_scope.cancel()
                 self._leadership_scope = None
             self.container.set_role(Role.FOLLOWER)
-            self.cm.session_manager.reset(
-                (
-                    (s.id, s.response_stream_id, s.response_channel, s.encoded_principal)
-                    for s in self.container.sessions.values()
-                ),
-                self.now_ns(),
-            )
+            self.cm.session_manager.reset(self.container.session_records(), self.now_ns())
 
     async def read_log(self, start: int, stop: int) -> bytes:
         """Log bytes ``[start, stop)``: from memory if still there, else from the archive."""
@@ -639,6 +640,7 @@ class Node:
                     await self.links.wait_sent()
             with trio.move_on_after(1.0):
                 await self.egress.drain()
+                await self.ingress.drain()  # after flushing what they carry
         if scope.cancelled_caught:
             log.warning("shutdown drain timed out after %.1fs", drain_timeout)
         self._nursery.cancel_scope.cancel()

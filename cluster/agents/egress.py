@@ -1,10 +1,13 @@
-"""Egress agent: one outbound connection per client session, shared by the consensus
-module and the service (Aeron's shared egress publication, seed 000).
+"""Egress agent: each client session's egress, shared by the consensus module and the
+service (Aeron's shared egress publication, seed 000).
 
-The consensus module asks to :meth:`EgressPublisher.connect` to a session's response
-channel (``host:port``); frames sent before the connection is up are queued (bounded) and
-go out first.  Each connection has one writer task that sends everything queued with one
-``send_all`` per wake-up.  Connection results are reported back to the consensus module.
+A session's egress goes back on the client's own ingress connection
+(:meth:`EgressPublisher.attach`: the ingress agent's writer for that connection), or,
+for a client that named a response channel, on a connection the leader dials
+(:meth:`EgressPublisher.connect`, ``host:port``): frames sent before it is up are queued
+(bounded) and go out first.  Each connection has one writer task that sends everything
+queued with one ``send_all`` per wake-up.  Dial results are reported back to the
+consensus module.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 import trio
 
+from ..core.base import IngressSource
 from ..transport.base import Network
 from ..transport.framed import FrameWriter
 
@@ -22,12 +26,13 @@ log = logging.getLogger("cluster.egress")
 
 
 class _Egress:
-    __slots__ = ("channel", "connected", "scope", "writer")
+    __slots__ = ("attached", "channel", "connected", "scope", "writer")
 
-    def __init__(self, channel: str, max_backlog: int) -> None:
+    def __init__(self, channel: str, writer: FrameWriter | None = None) -> None:
         self.channel = channel
-        self.writer = FrameWriter(max_backlog, flushed_by_owner=True)
-        self.connected = False
+        self.attached = writer is not None  # the writer of a client's ingress connection
+        self.writer = writer if writer is not None else FrameWriter(0, flushed_by_owner=True)
+        self.connected = self.attached
         self.scope = trio.CancelScope()
 
 
@@ -66,15 +71,40 @@ class EgressPublisher:
     # ---- EgressPort -----------------------------------------------------------------
 
     def connect(self, egress_id: int, channel: str) -> None:
-        old = self._egress.pop(egress_id, None)
-        if old is not None:
-            old.scope.cancel()
-        egress = _Egress(channel, self.max_backlog)
+        self._forget(egress_id)
+        egress = _Egress(channel)
+        egress.writer.max_backlog = self.max_backlog
         self._egress[egress_id] = egress
         if self._nursery is None:
             self._queued_starts.append((egress_id, egress))
         else:
             self._nursery.start_soon(self._run, egress_id, egress)
+
+    def attach(self, egress_id: int, source: IngressSource) -> None:
+        self._forget(egress_id)
+        writer = source.link
+        if isinstance(writer, FrameWriter) and not writer.closing:
+            self._egress[egress_id] = _Egress("", writer)
+
+    def reply(self, source: IngressSource, message: Any) -> bool:
+        writer = source.link
+        if not isinstance(writer, FrameWriter):
+            return False
+        if not writer.backlog:
+            self._dirty.append(writer)
+        if not writer.write_message(message):
+            self.dropped_messages += 1
+            return False
+        return True
+
+    def mark_dirty(self, writer: FrameWriter) -> None:
+        """``writer`` was written to outside this publisher: flush it with the rest."""
+        self._dirty.append(writer)
+
+    def _forget(self, egress_id: int) -> None:
+        old = self._egress.pop(egress_id, None)
+        if old is not None and not old.attached:
+            old.scope.cancel()
 
     def send(self, egress_id: int, message: Any) -> bool:
         egress = self._egress.get(egress_id)
@@ -99,7 +129,7 @@ class EgressPublisher:
 
     def close(self, egress_id: int) -> None:
         egress = self._egress.pop(egress_id, None)
-        if egress is not None:
+        if egress is not None and not egress.attached:
             egress.writer.close()
             if not egress.connected:
                 egress.scope.cancel()

@@ -4,6 +4,10 @@ Each connection gets a reader task that decodes every frame that arrived in one 
 and hands the whole batch to the node's duty cycle, which handles it right in a reader's
 task (no task switch), once per scheduler batch (:meth:`IngressInbox.notify_soon`).  Bad
 bytes close that connection and are counted; the node lives on.
+
+Each connection is an :class:`~cluster.core.base.IngressSource` to the consensus module,
+put in the inbox ahead of the messages read from it, and has a writer: the answers to
+its connect requests, and the egress of the sessions it holds, go back on it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from ..core.base import IngressSource
 from ..protocol.admin import IngressStatus
 from ..protocol.codec import INGRESS
 from ..protocol.consensus import ConsensusMessage
@@ -21,6 +26,7 @@ from ..protocol.errors import ProtocolError
 from ..protocol.framing import FrameDecoder
 from ..protocol.ingress import IngressMessage
 from ..transport.base import Network
+from ..transport.framed import FrameWriter
 
 log = logging.getLogger("cluster.ingress")
 
@@ -41,7 +47,7 @@ class IngressInbox:
     """Messages decoded by the ingress and member-link readers, for the consensus agent."""
 
     limit: int = 65_536
-    messages: list[IngressMessage | ConsensusMessage] = field(default_factory=list)
+    messages: list[IngressMessage | ConsensusMessage | IngressSource] = field(default_factory=list)
     wake: trio.Event = field(default_factory=trio.Event)
     drained: trio.Event = field(default_factory=trio.Event)
     #: handles the messages in the caller's task (the node's duty cycle); without it the
@@ -78,7 +84,7 @@ class IngressInbox:
         else:
             self.wake.set()
 
-    def take(self) -> list[IngressMessage | ConsensusMessage]:
+    def take(self) -> list[IngressMessage | ConsensusMessage | IngressSource]:
         batch, self.messages = self.messages, []
         self.wake = trio.Event()
         self.drained.set()
@@ -95,13 +101,21 @@ class IngressAgent:
         inbox: IngressInbox,
         *,
         max_frame_size: int,
+        max_backlog: int = 8 << 20,
+        on_closed: Callable[[IngressSource], None] | None = None,
+        on_written: Callable[[FrameWriter], None] | None = None,
     ) -> None:
         self.network = network
         self.host = host
         self.port = port
         self.inbox = inbox
         self.max_frame_size = max_frame_size
+        self.max_backlog = max_backlog
         self.stats = IngressStats()
+        self._on_closed = on_closed
+        self._next_conn_id = 0
+        self.sources: set[IngressSource] = set()
+        self._all_closed = trio.Event()
 
     def statistics(self) -> IngressStatus:
         stats = self.stats
@@ -116,19 +130,64 @@ class IngressAgent:
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         await self.network.serve(self.host, self.port, self._handle, task_status=task_status)
 
+    async def drain(self) -> None:
+        """Flush and close every client connection (a graceful shutdown); the caller
+        bounds the wait."""
+        for source in list(self.sources):
+            writer = source.link
+            if isinstance(writer, FrameWriter):
+                writer.close()
+        while self.sources:
+            self._all_closed = trio.Event()
+            await self._all_closed.wait()
+
     async def _handle(self, stream: trio.abc.Stream) -> None:
+        self._next_conn_id += 1
+        writer = FrameWriter(self.max_backlog, flushed_by_owner=True)
+        source = IngressSource(
+            self._next_conn_id, peer_host(stream), peer_principal(stream), link=writer
+        )
+        self.sources.add(source)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write, writer, stream, nursery.cancel_scope)
+                await self._read(stream, source)
+                nursery.cancel_scope.cancel()
+        finally:
+            self.sources.discard(source)
+            if not self.sources:
+                self._all_closed.set()
+            writer.close()
+            if self._on_closed is not None:
+                self._on_closed(source)
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+
+    @staticmethod
+    async def _write(writer: FrameWriter, stream: trio.abc.Stream, done: trio.CancelScope) -> None:
+        try:
+            await writer.run(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        done.cancel()  # closed by the node, or broken: stop reading too
+
+    async def _read(self, stream: trio.abc.Stream, source: IngressSource) -> None:
         stats = self.stats
         stats.connections += 1
         stats.open_connections += 1
         decoder = FrameDecoder(self.max_frame_size)
         inbox = self.inbox
+        messages = inbox.messages
         try:
             while True:
                 data = await stream.receive_some(256 * 1024)
                 if not data:
                     return
+                messages = inbox.messages
+                mark = len(messages)
+                messages.append(source)
                 try:
-                    frames = decoder.decode_into(data, _decode, inbox.messages)
+                    frames = decoder.decode_into(data, _decode, messages)
                 except ProtocolError as exc:
                     inbox.notify()  # frames decoded before the bad one still count
                     stats.protocol_errors += 1
@@ -136,6 +195,7 @@ class IngressAgent:
                     log.warning("closing ingress connection after bad frame: %s", exc)
                     return
                 if not frames:
+                    del messages[mark]
                     continue
                 stats.frames += frames
                 await inbox.notify_soon()
@@ -145,5 +205,35 @@ class IngressAgent:
             pass
         finally:
             stats.open_connections -= 1
-            with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(stream)
+
+
+def peer_host(stream: trio.abc.Stream) -> str:
+    """The address of the peer of ``stream`` (``""`` when it has none)."""
+    inner = getattr(stream, "transport_stream", stream)
+    remote = getattr(inner, "remote_host", None)  # the simulated network
+    if isinstance(remote, str):
+        return remote
+    sock = getattr(inner, "socket", None)
+    try:
+        peer = sock.getpeername() if sock is not None else getattr(inner, "peer", "")
+    except OSError:
+        return ""
+    if isinstance(peer, tuple):
+        return str(peer[0])
+    return str(peer or "")
+
+
+def peer_principal(stream: trio.abc.Stream) -> str | None:
+    """The name on the peer's client certificate (None without TLS)."""
+    getpeercert = getattr(stream, "getpeercert", None)
+    if getpeercert is None:
+        return None
+    try:
+        cert = getpeercert()
+    except (ValueError, AttributeError):
+        return None
+    for rdn in (cert or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None

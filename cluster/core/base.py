@@ -60,6 +60,36 @@ class Counters:
     invalid_messages: int = 0
     """Member messages refused by the consensus module: a report of more log than this
     leader has, an append that would not start at a record boundary."""
+    foreign_session_messages: int = 0
+    """Client messages naming a session that their connection does not hold."""
+    rejected_resumes: int = 0
+    """Resume requests with a wrong secret."""
+
+
+class IngressSource:
+    """One client connection to this member's ingress, as the core knows it.
+
+    The shell makes one per connection and puts it in the inbox ahead of the messages
+    read from it, so the core knows which connection every client message came on: a
+    session's messages are accepted only from the connection that holds it.
+    ``address`` is the peer's host, ``principal`` the name on its client certificate
+    (None without TLS), ``link`` the shell's handle for replying on it.
+    """
+
+    __slots__ = ("address", "closed", "conn_id", "link", "pending", "principal")
+
+    def __init__(
+        self, conn_id: int, address: str, principal: str | None = None, link: object = None
+    ) -> None:
+        self.conn_id = conn_id
+        self.address = address
+        self.principal = principal
+        self.link = link
+        self.closed = False
+        self.pending = 0  # sessions not yet open that came on this connection
+
+    def __repr__(self) -> str:
+        return f"IngressSource({self.conn_id}, {self.address!r}, {self.principal!r})"
 
 
 class EgressPort(Protocol):
@@ -67,6 +97,13 @@ class EgressPort(Protocol):
 
     def connect(self, egress_id: int, channel: str) -> None:
         """Start connecting to a client's egress channel ``host:port``."""
+
+    def attach(self, egress_id: int, source: IngressSource) -> None:
+        """The egress goes back on the client's own ingress connection."""
+
+    def reply(self, source: IngressSource, message: EgressMessage) -> bool:
+        """Queue a message on a client's ingress connection (handshake answers);
+        False if it is closed or its backlog is full."""
 
     def send(self, egress_id: int, message: EgressMessage) -> bool:
         """Queue a message; False if the egress is unknown or its backlog is full."""

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterable, Sequence
+import secrets
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 from ..protocol.consensus import (
@@ -51,6 +52,7 @@ from ..protocol.ingress import (
     SessionConnectRequest,
     SessionKeepAlive,
     SessionMessageHeader,
+    SessionResumeRequest,
 )
 from ..protocol.log import (
     ClusterActionRequest,
@@ -67,6 +69,7 @@ from .base import (
     Counters,
     EgressPort,
     Event,
+    IngressSource,
     LeaderReady,
     MemberRefused,
     NoConsensus,
@@ -81,12 +84,13 @@ from .log import ReplicatedLog
 from .pending import PendingServiceMessageTracker, service_session_id
 from .replication import LeaderReplication
 from .session import State
-from .sessions import SessionManager
+from .sessions import CLIENT_REQUESTS, SessionManager
 from .terms import TermHistory
 from .timers import TimerService
 from .validate import sender_of
 
 log = logging.getLogger("cluster.consensus")
+
 
 MAX_TERM_STEP = 1 << 20
 """The furthest a member's message may be ahead of this member's term.  A real cluster
@@ -112,6 +116,7 @@ class ConsensusModule:
         candidate_term_id: int = -1,
         rng: random.Random | None = None,
         authorisation: AuthorisationService | None = None,
+        token: Callable[[int], bytes] = secrets.token_bytes,
     ) -> None:
         self.config = config
         self.egress = egress
@@ -143,6 +148,7 @@ class ConsensusModule:
             self,
             self.counters,
             self.rng,
+            token,
         )
         self.sessions = self.session_manager.sessions  # the open sessions (read-only view)
         self.control = ClusterControl(
@@ -153,6 +159,8 @@ class ConsensusModule:
         self.ready_position = -1
         """A leader takes client work once it has applied the log up to here."""
         self.last_leader_heard_ns = 0
+        self._source: IngressSource | None = None
+        """The client connection the ingress messages being handled came on."""
 
     # ------------------------------------------------------------------ views
 
@@ -375,22 +383,42 @@ class ConsensusModule:
 
     # ------------------------------------------------------------------ dispatch
 
-    def on_message(self, message: IngressMessage | ConsensusMessage, now_ns: int) -> None:
-        """Dispatch one message from a client or a member (application messages first)."""
+    def on_message(
+        self, message: IngressMessage | ConsensusMessage | IngressSource, now_ns: int
+    ) -> None:
+        """Dispatch one message from a client or a member (application messages first).
+
+        An :class:`IngressSource` says which client connection the ingress messages
+        after it came on (the shell puts one ahead of each read); a client message
+        with none before it is dropped."""
         if type(message) is SessionMessageHeader:
             self.on_ingress_message(message, now_ns)
-        elif isinstance(message, SessionKeepAlive):
-            self.session_manager.on_keepalive(message, now_ns)
-        elif isinstance(message, SessionConnectRequest):
-            self.session_manager.on_connect(message, now_ns)
-        elif isinstance(message, SessionCloseRequest):
-            self.session_manager.on_close_request(message, now_ns)
-        elif isinstance(message, ChallengeResponse):
-            self.session_manager.on_challenge_response(message, now_ns)
-        elif isinstance(message, AdminRequest):
-            self.on_admin_request(message, now_ns)
+        elif type(message) is IngressSource:
+            self._source = message
+        elif isinstance(message, CLIENT_REQUESTS):
+            source = self._source
+            if source is None or source.closed:
+                self.counters.foreign_session_messages += 1
+                return
+            manager = self.session_manager
+            if isinstance(message, SessionKeepAlive):
+                manager.on_keepalive(message, source, now_ns)
+            elif isinstance(message, SessionConnectRequest):
+                manager.on_connect(message, source, now_ns)
+            elif isinstance(message, SessionCloseRequest):
+                manager.on_close_request(message, source, now_ns)
+            elif isinstance(message, ChallengeResponse):
+                manager.on_challenge_response(message, source, now_ns)
+            elif isinstance(message, SessionResumeRequest):
+                manager.on_resume(message, source, now_ns)
+            else:
+                self.on_admin_request(message, now_ns)
         else:
             self.on_consensus_message(cast(ConsensusMessage, message), now_ns)
+
+    def end_of_batch(self) -> None:
+        """The messages of one inbox batch were handled (forget their connection)."""
+        self._source = None
 
     def on_consensus_message(self, message: ConsensusMessage, now_ns: int) -> None:
         """Dispatch a member's message to the step function of this member's role."""
@@ -554,6 +582,9 @@ class ConsensusModule:
             # count it
             self.session_manager.lookup_open(header.cluster_session_id, header.leadership_term_id)
             return False
+        if session.source is not self._source or session.source is None:
+            self.counters.foreign_session_messages += 1
+            return False
         session.time_of_last_activity_ns = now_ns
         rlog = self.log
         t = (now_ns + rlog.epoch_offset_ns) // 1_000_000
@@ -568,8 +599,9 @@ class ConsensusModule:
     def on_admin_request(self, msg: AdminRequest, now_ns: int) -> None:
         if not self.is_ready_leader:
             return
-        session = self.session_manager.lookup_open(msg.cluster_session_id, msg.leadership_term_id)
-        if session is None:
+        manager = self.session_manager
+        session = manager.lookup_open(msg.cluster_session_id, msg.leadership_term_id)
+        if session is None or not manager.holds(session, self._source):
             return
         session.time_of_last_activity_ns = now_ns
         self.egress.send(session.egress_id, self.control.on_admin_request(msg, session, now_ns))

@@ -8,7 +8,7 @@ routes the service's requests (close a session, timers) to the consensus module.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ..archive.record import RECORD_HEADER_LENGTH, iter_records
 from ..protocol.codec import LOG
@@ -39,6 +39,7 @@ class _ClientSession:
         "is_closing",
         "response_channel",
         "response_stream_id",
+        "secret_hash",
     )
 
     def __init__(
@@ -49,6 +50,7 @@ class _ClientSession:
         self.response_stream_id = event.response_stream_id
         self.response_channel = event.response_channel
         self.encoded_principal = event.encoded_principal
+        self.secret_hash = event.secret_hash
         self.is_closing = False
 
     def offer(self, payload: bytes) -> bool:
@@ -104,6 +106,11 @@ class ServiceContainer:
             self.max_session_id = max(self.max_session_id, session.id)
 
     # ---- the Cluster handle -------------------------------------------------------
+
+    def session_records(self) -> Iterator[tuple[int, int, str, bytes, bytes]]:
+        """The committed sessions, as the session manager rebuilds its table from."""
+        for s in self.sessions.values():
+            yield s.id, s.response_stream_id, s.response_channel, s.encoded_principal, s.secret_hash
 
     @property
     def client_sessions(self) -> list[ClientSession]:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import enum
+import hashlib
+import ipaddress
 
-from ..protocol.enums import CloseReason
+from ..protocol.egress import Challenge
+from ..protocol.enums import CloseReason, EventCode
+from .base import EgressPort, IngressSource
 
 
 class State(enum.Enum):
@@ -57,6 +61,9 @@ class ClusterSession:
         "response_channel",
         "response_stream_id",
         "restored_from_snapshot",
+        "secret",
+        "secret_hash",
+        "source",
         "state",
         "time_of_last_activity_ns",
     )
@@ -90,9 +97,100 @@ class ClusterSession:
         self.has_new_leader_event_pending = False
         self.rejection: tuple[int, str] | None = None  # (EventCode, detail) for a rejected session
         self.restored_from_snapshot = False  # closed after the first election (seed 004)
+        # the connection that holds the session here (None: none does, until a resume)
+        self.source: IngressSource | None = None
+        self.secret = b""  # only on the leader that opened it, until OK is sent
+        self.secret_hash = b""  # SHA-256 of the secret, replicated in SessionOpenEvent
+
+    @property
+    def own_connection(self) -> bool:
+        """Egress goes back on the ingress connection (no response channel to dial)."""
+        return not self.response_channel
 
     def __repr__(self) -> str:
         return (
             f"ClusterSession(id={self.cluster_session_id}, state={self.state.name}, "
             f"channel={self.response_channel!r})"
+        )
+
+
+SECRET_BYTES = 16
+
+
+def secret_hash(secret: bytes) -> bytes:
+    """What the log keeps of a session's secret."""
+    return hashlib.sha256(secret).digest()
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def same_host(channel_host: str, address: str) -> bool:
+    """Whether a response channel's host is the address a request came from (any
+    loopback address stands for any other: one machine)."""
+    if channel_host == address:
+        return True
+    return _is_loopback(channel_host) and _is_loopback(address)
+
+
+def check_channel(channel: str, source: IngressSource) -> str:
+    """Why a response channel may not be dialled ("" when it may)."""
+    if not channel:
+        return ""
+    host, sep, port = channel.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return f"bad response channel {channel!r}: expected host:port, or empty"
+    if not same_host(host, source.address):
+        return (
+            f"response channel {channel!r} is not at the address the request came "
+            f"from ({source.address}); leave it empty to get egress on this connection"
+        )
+    return ""
+
+
+class PendingSessionProxy:
+    """The :class:`~cluster.core.auth.SessionProxy` handed to the authenticator."""
+
+    __slots__ = ("_egress", "_session")
+
+    def __init__(self, egress: EgressPort, session: ClusterSession) -> None:
+        self._egress = egress
+        self._session = session
+
+    @property
+    def principal(self) -> str | None:
+        """The name on the client's certificate (None without TLS)."""
+        source = self._session.source
+        return None if source is None else source.principal
+
+    @property
+    def session_id(self) -> int:
+        return self._session.cluster_session_id
+
+    def challenge(self, encoded_challenge: bytes) -> bool:
+        s = self._session
+        if s.source is None:
+            return False
+        sent = self._egress.reply(
+            s.source, Challenge(s.correlation_id, s.cluster_session_id, encoded_challenge)
+        )
+        if sent:
+            s.state = State.CHALLENGED
+        return sent
+
+    def authenticate(self, encoded_principal: bytes = b"") -> bool:
+        self._session.encoded_principal = encoded_principal
+        self._session.state = State.AUTHENTICATED
+        return True
+
+    def reject(self) -> None:
+        self._session.state = State.REJECTED
+        self._session.rejection = (
+            EventCode.AUTHENTICATION_REJECTED,
+            "session failed authentication",
         )

@@ -2,13 +2,23 @@
 
 Aeron's consensus module keeps sessions in four groups, and so does this one:
 
-* **pending**: a ready leader accepted a connect request; the session connects its
-  egress and authenticates (challenge/response) before it opens;
-* **redirect**: a member that is not a ready leader got the request; once its egress
-  is up and a leader is known, it is told where the leader is (REDIRECT) and closed;
-* **rejected**: refused (version, session limit, authentication); told why, then closed;
+* **pending**: a ready leader accepted a connect request; the session authenticates
+  (challenge/response) before it opens;
+* **redirect**: a member that is not a ready leader got the request; once a leader is
+  known, it is told where the leader is (REDIRECT);
+* **rejected**: refused (version, session limit, response channel, authentication);
+  told why;
 * **open**: its SessionOpenEvent is on the log.  The client hears OK only once that
   event is committed, so it never holds a session a new leader could not know about.
+
+Every answer before OK goes back on the connection the request came on (its
+:class:`~cluster.core.base.IngressSource`): a member dials nobody for a stranger.  A
+session is bound to that connection: its messages are accepted from no other, until
+another connection proves it holds the session with the secret that OK carried
+(:class:`~cluster.protocol.ingress.SessionResumeRequest`, after a leader change or a
+broken connection).  The session's egress goes back on its connection too, unless the
+client named a response channel: then the leader dials it once the session is
+authenticated, and only at the address the request came from.
 
 Open sessions time out after ``session_timeout_ns`` without activity; a leader that
 steps down redirects its pending sessions; a new leader re-dials every open session's
@@ -18,26 +28,47 @@ log entries go out through the ``append`` callable it is given.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import random
+import secrets
 from collections.abc import Callable, Iterable
 
 from ..protocol import version as protocol_version
-from ..protocol.egress import Challenge, NewLeaderEvent, SessionEvent
+from ..protocol.egress import NewLeaderEvent, SessionEvent
 from ..protocol.enums import CloseReason, EventCode
 from ..protocol.ingress import (
+    AdminRequest,
     ChallengeResponse,
     SessionCloseRequest,
     SessionConnectRequest,
     SessionKeepAlive,
+    SessionResumeRequest,
 )
 from ..protocol.log import LogMessage, SessionCloseEvent, SessionOpenEvent
 from .auth import Authenticator
-from .base import ConsensusConfig, Counters, EgressPort, TermView
+from .base import ConsensusConfig, Counters, EgressPort, IngressSource, TermView
 from .log import ReplicatedLog
-from .session import ClusterSession, State
+from .session import (
+    SECRET_BYTES,
+    ClusterSession,
+    PendingSessionProxy,
+    State,
+    check_channel,
+    secret_hash,
+)
 
 log = logging.getLogger("cluster.consensus")
+
+CLIENT_REQUESTS = (
+    SessionKeepAlive,
+    SessionConnectRequest,
+    SessionCloseRequest,
+    ChallengeResponse,
+    SessionResumeRequest,
+    AdminRequest,
+)
+"""Client messages about sessions (their connection is checked)."""
 
 EGRESS_RETRY_NS = 1_000_000_000
 """How long a leader waits for a re-dial of a session's egress to connect or fail."""
@@ -53,41 +84,6 @@ a hundred times a second."""
 EGRESS_STABLE_NS = 2_000_000_000
 
 
-class PendingSessionProxy:
-    """The :class:`~cluster.core.auth.SessionProxy` handed to the authenticator."""
-
-    __slots__ = ("_egress", "_session")
-
-    def __init__(self, egress: EgressPort, session: ClusterSession) -> None:
-        self._egress = egress
-        self._session = session
-
-    @property
-    def session_id(self) -> int:
-        return self._session.cluster_session_id
-
-    def challenge(self, encoded_challenge: bytes) -> bool:
-        s = self._session
-        sent = self._egress.send(
-            s.egress_id, Challenge(s.correlation_id, s.cluster_session_id, encoded_challenge)
-        )
-        if sent:
-            s.state = State.CHALLENGED
-        return sent
-
-    def authenticate(self, encoded_principal: bytes = b"") -> bool:
-        self._session.encoded_principal = encoded_principal
-        self._session.state = State.AUTHENTICATED
-        return True
-
-    def reject(self) -> None:
-        self._session.state = State.REJECTED
-        self._session.rejection = (
-            EventCode.AUTHENTICATION_REJECTED,
-            "session failed authentication",
-        )
-
-
 class SessionManager:
     """Pending, redirected, rejected and open sessions of one member."""
 
@@ -101,6 +97,7 @@ class SessionManager:
         view: TermView,
         counters: Counters,
         rng: random.Random | None = None,
+        token: Callable[[int], bytes] = secrets.token_bytes,
     ) -> None:
         self.config = config
         self.egress = egress
@@ -110,6 +107,7 @@ class SessionManager:
         self.view = view
         self.counters = counters
         self.rng = rng or random.Random()
+        self.token = token
         self.sessions: dict[int, ClusterSession] = {}
         """Open sessions by id (never replaced: cleared and refilled)."""
         self.pending_sessions: list[ClusterSession] = []
@@ -121,7 +119,9 @@ class SessionManager:
 
     # ------------------------------------------------------------------ requests
 
-    def on_connect(self, request: SessionConnectRequest, now_ns: int) -> None:
+    def on_connect(
+        self, request: SessionConnectRequest, source: IngressSource, now_ns: int
+    ) -> None:
         # Only a ready leader assigns session ids: before its log of earlier terms is
         # applied it does not know every id in use.  Until then, redirect (to itself,
         # once ready).
@@ -142,12 +142,16 @@ class SessionManager:
             request.response_channel,
             now_ns,
         )
-        session.state = State.CONNECTING
-        self.egress.connect(egress_id, request.response_channel)
+        session.source = source
+        session.state = State.CONNECTED
         if not ready:
             self.redirect_sessions.append(session)
             return
-        if not protocol_version.is_compatible(request.version):
+        channel_error = check_channel(request.response_channel, source)
+        if channel_error:
+            session.rejection = (EventCode.ERROR, channel_error)
+            self.rejected_sessions.append(session)
+        elif not protocol_version.is_compatible(request.version):
             session.rejection = (
                 EventCode.ERROR,
                 f"invalid client version {protocol_version.to_string(request.version)}, "
@@ -161,7 +165,82 @@ class SessionManager:
             self.authenticator.on_connect_request(
                 session_id, request.encoded_credentials, self.log.cluster_time(now_ns)
             )
+            if session.own_connection:
+                self.egress.attach(egress_id, source)
+                session.egress_connected = True
+            source.pending += 1
             self.pending_sessions.append(session)
+
+    def holds(self, session: ClusterSession, source: IngressSource | None) -> bool:
+        """Whether ``source`` may act for ``session`` (counted when not)."""
+        if session.source is source and source is not None:
+            return True
+        self.counters.foreign_session_messages += 1
+        return False
+
+    def on_resume(self, request: SessionResumeRequest, source: IngressSource, now_ns: int) -> None:
+        """A connection proves it holds an open session (see the module docstring)."""
+        view = self.view
+        if not view.is_ready_leader:
+            if view.leader_member_id >= 0 and not view.in_election:
+                self._reply(source, request, EventCode.REDIRECT, self.config.ingress_endpoints)
+            return  # no leader known: the client tries again
+        session = self.sessions.get(request.cluster_session_id)
+        if session is None or session.state is not State.OPEN:
+            self._reply(source, request, EventCode.CLOSED, "no such open session")
+            return
+        if not session.secret_hash or not hmac.compare_digest(
+            secret_hash(bytes(request.session_secret)), session.secret_hash
+        ):
+            self.counters.rejected_resumes += 1
+            self._reply(source, request, EventCode.ERROR, "session secret rejected")
+            return
+        if session.source is not None and session.source is not source and session.own_connection:
+            self.egress.close(session.egress_id)  # detach from the old connection
+        session.source = source
+        session.time_of_last_activity_ns = now_ns
+        if session.own_connection:
+            self.egress.attach(session.egress_id, source)
+            session.egress_connected = True
+            session.has_new_leader_event_pending = True
+        self._send_new_leader_event(session)
+
+    def _reply(
+        self, source: IngressSource, request: SessionResumeRequest, code: EventCode, detail: str
+    ) -> None:
+        view = self.view
+        self.egress.reply(
+            source,
+            SessionEvent(
+                cluster_session_id=request.cluster_session_id,
+                correlation_id=request.correlation_id,
+                leadership_term_id=view.leadership_term_id,
+                leader_member_id=view.leader_member_id,
+                code=code,
+                version=protocol_version.PROTOCOL_VERSION,
+                detail=detail,
+            ),
+        )
+
+    def on_source_closed(self, source: IngressSource) -> None:
+        """A client's ingress connection closed: sessions not yet open that came on it
+        are dropped; open ones it held wait for a resume (or time out)."""
+        source.closed = True
+        for group in (self.pending_sessions, self.redirect_sessions, self.rejected_sessions):
+            if any(s.source is source for s in group):
+                kept = [s for s in group if s.source is not source]
+                for session in group:
+                    if session.source is source:
+                        if session.own_connection:
+                            self.egress.close(session.egress_id)
+                        session.state = State.CLOSED
+                group[:] = kept
+        for session in self.sessions.values():
+            if session.source is source:
+                session.source = None
+                if session.own_connection:
+                    self.egress.close(session.egress_id)
+                    session.egress_connected = False
 
     def lookup_open(
         self, cluster_session_id: int, leadership_term_id: int
@@ -177,26 +256,31 @@ class SessionManager:
             return None
         return session
 
-    def on_keepalive(self, msg: SessionKeepAlive, now_ns: int) -> None:
+    def on_keepalive(self, msg: SessionKeepAlive, source: IngressSource, now_ns: int) -> None:
         if not self.view.is_ready_leader:
             return
         session = self.lookup_open(msg.cluster_session_id, msg.leadership_term_id)
-        if session is not None:
+        if session is not None and self.holds(session, source):
             session.time_of_last_activity_ns = now_ns
 
-    def on_close_request(self, msg: SessionCloseRequest, now_ns: int) -> None:
+    def on_close_request(
+        self, msg: SessionCloseRequest, source: IngressSource, now_ns: int
+    ) -> None:
         if not self.view.is_ready_leader:
             return
         session = self.lookup_open(msg.cluster_session_id, msg.leadership_term_id)
-        if session is not None:
+        if session is not None and self.holds(session, source):
             self._close(session, CloseReason.CLIENT_ACTION, now_ns)
 
-    def on_challenge_response(self, msg: ChallengeResponse, now_ns: int) -> None:
+    def on_challenge_response(
+        self, msg: ChallengeResponse, source: IngressSource, now_ns: int
+    ) -> None:
         for session in self.pending_sessions:
             if (
                 session.cluster_session_id == msg.cluster_session_id
                 and session.correlation_id == msg.correlation_id
                 and session.state is State.CHALLENGED
+                and session.source is source
             ):
                 session.time_of_last_activity_ns = now_ns
                 self.authenticator.on_challenge_response(
@@ -239,12 +323,6 @@ class SessionManager:
             # back-off (set at the next check); if it is gone, the session times out.
             session.egress_retry_ns = -1
             return
-        if session.state is not State.OPEN:
-            # nobody to tell: drop a session that never opened
-            for group in (self.pending_sessions, self.redirect_sessions, self.rejected_sessions):
-                if session in group:
-                    group.remove(session)
-            session.state = State.CLOSED
 
     def _find_by_egress(self, egress_id: int) -> ClusterSession | None:
         session = self.sessions.get(egress_id) if egress_id > 0 else None
@@ -274,11 +352,15 @@ class SessionManager:
         """This leader steps down: connecting clients are redirected to whoever leads
         next, not left waiting; open sessions' egress is closed (the next leader
         re-dials it)."""
+        for session in self.pending_sessions:
+            if session.source is not None:
+                session.source.pending -= 1
         self.redirect_sessions.extend(self.pending_sessions)
         self.pending_sessions.clear()
         for session in self.sessions.values():
             self.egress.close(session.egress_id)
             session.egress_connected = False
+            session.has_open_event_pending = False
         self._awaiting_ok.clear()
 
     def follow(self) -> None:
@@ -287,8 +369,10 @@ class SessionManager:
             session.restored_from_snapshot = False
 
     def lead(self, now_ns: int) -> None:
-        """This leader is ready: re-dial every open session and tell it of the new
-        leader (sessions loaded from a snapshot are closed instead)."""
+        """This leader is ready: re-dial every open session that named a response
+        channel and tell it of the new leader; the others hear of it once they resume
+        on a connection to this member (sessions loaded from a snapshot are closed
+        instead)."""
         for session in self.sessions.values():
             if session.restored_from_snapshot:
                 # sessions loaded from a snapshot are not reconnected; the timeout check
@@ -297,37 +381,47 @@ class SessionManager:
                 continue
             session.time_of_last_activity_ns = now_ns
             session.has_new_leader_event_pending = True
+            if session.own_connection:
+                if session.source is not None and not session.source.closed:
+                    # still connected here (it was a follower's client): carry on
+                    self.egress.attach(session.egress_id, session.source)
+                    session.egress_connected = True
+                continue
             session.egress_connected = False
             self.egress.connect(session.egress_id, session.response_channel)
 
-    def reset(self, sessions: Iterable[tuple[int, int, str, bytes]], now_ns: int) -> None:
+    def reset(self, sessions: Iterable[tuple[int, int, str, bytes, bytes]], now_ns: int) -> None:
         """Rebuild the open sessions from the service's committed view: ``(id,
-        response_stream_id, response_channel, encoded_principal)`` each.  Used when a
-        leader steps down: sessions it opened or closed in entries that never committed
-        must not survive in its table."""
+        response_stream_id, response_channel, encoded_principal, secret_hash)`` each.
+        Used when a leader steps down: sessions it opened or closed in entries that
+        never committed must not survive in its table."""
+        held = {s.cluster_session_id: s.source for s in self.sessions.values()}
         self.sessions.clear()
-        for session_id, stream_id, channel, principal in sessions:
+        for session_id, stream_id, channel, principal, hashed in sessions:
             session = ClusterSession(session_id, session_id, 0, stream_id, channel, now_ns)
             session.state = State.OPEN
             session.encoded_principal = principal
+            session.secret_hash = hashed
+            session.source = held.get(session_id)
             self.sessions[session_id] = session
             self.next_session_id = max(self.next_session_id, session_id + 1)
 
     def restore(
         self,
-        sessions: Iterable[tuple[int, int, int, str]],
+        sessions: Iterable[tuple[int, int, int, str, bytes]],
         next_session_id: int,
         now_ns: int,
     ) -> None:
         """Sessions from a snapshot: ``(id, correlation_id, response_stream_id,
-        response_channel)`` each.  They are closed by the first election this member
-        leads (their clients do not know of this member)."""
+        response_channel, secret_hash)`` each.  They are closed by the first election
+        this member leads (their clients do not know of this member)."""
         self.next_session_id = max(self.next_session_id, next_session_id)
-        for session_id, correlation_id, stream_id, channel in sessions:
+        for session_id, correlation_id, stream_id, channel, hashed in sessions:
             session = ClusterSession(
                 session_id, session_id, correlation_id, stream_id, channel, now_ns
             )
             session.state = State.OPEN
+            session.secret_hash = hashed
             session.restored_from_snapshot = True
             self.sessions[session_id] = session
 
@@ -346,6 +440,7 @@ class SessionManager:
         session.state = State.OPEN
         session.opened_log_position = position
         session.encoded_principal = message.encoded_principal
+        session.secret_hash = message.secret_hash
         self.sessions[session.cluster_session_id] = session
         if message.cluster_session_id >= self.next_session_id:
             self.next_session_id = message.cluster_session_id + 1
@@ -361,43 +456,48 @@ class SessionManager:
         if self.redirect_sessions:
             remaining = []
             for session in self.redirect_sessions:
-                if not session.egress_connected or view.leader_member_id < 0 or view.in_election:
+                if view.leader_member_id < 0 or view.in_election:
                     if now_ns - session.time_of_last_activity_ns > self.config.session_timeout_ns:
                         self.egress.close(session.egress_id)  # no leader emerged in time
+                        session.state = State.CLOSED
                         work += 1
                     else:
                         remaining.append(session)  # redirect once a leader is known
                     continue
                 self.send_event(session, EventCode.REDIRECT, self.config.ingress_endpoints)
                 self.egress.close(session.egress_id)
+                session.state = State.CLOSED
                 self.counters.redirected_sessions += 1
                 work += 1
             self.redirect_sessions = remaining
         if self.rejected_sessions:
             remaining = []
             for session in self.rejected_sessions:
-                if not session.egress_connected:
-                    remaining.append(session)
-                    continue
                 self._reject(session)
                 work += 1
             self.rejected_sessions = remaining
         return work
 
-    def send_event(self, session: ClusterSession, code: EventCode, detail: str) -> bool:
+    def send_event(
+        self, session: ClusterSession, code: EventCode, detail: str, secret: bytes = b""
+    ) -> bool:
+        """Tell the client of its session: on its connection here while it has one
+        (answers before OK always do), else on its dialled egress."""
         view = self.view
-        return self.egress.send(
-            session.egress_id,
-            SessionEvent(
-                cluster_session_id=session.cluster_session_id,
-                correlation_id=session.correlation_id,
-                leadership_term_id=view.leadership_term_id,
-                leader_member_id=view.leader_member_id,
-                code=code,
-                version=protocol_version.PROTOCOL_VERSION,
-                detail=detail,
-            ),
+        event = SessionEvent(
+            cluster_session_id=session.cluster_session_id,
+            correlation_id=session.correlation_id,
+            leadership_term_id=view.leadership_term_id,
+            leader_member_id=view.leader_member_id,
+            code=code,
+            version=protocol_version.PROTOCOL_VERSION,
+            detail=detail,
+            session_secret=secret,
         )
+        source = session.source
+        if source is not None and not source.closed:
+            return self.egress.reply(source, event)
+        return self.egress.send(session.egress_id, event)
 
     def _reject(self, session: ClusterSession) -> None:
         code, detail = session.rejection or (EventCode.ERROR, "rejected")
@@ -415,9 +515,6 @@ class SessionManager:
         now_ms = self.log.cluster_time(now_ns)
         remaining: list[ClusterSession] = []
         for session in self.pending_sessions:
-            if session.state is State.CONNECTING and session.egress_connected:
-                session.state = State.CONNECTED
-                work += 1
             if session.state is State.CONNECTED:
                 self.authenticator.on_connected_session(
                     PendingSessionProxy(self.egress, session), now_ms
@@ -427,10 +524,12 @@ class SessionManager:
                     PendingSessionProxy(self.egress, session), now_ms
                 )
             if session.state is State.AUTHENTICATED:
+                self._leave_pending(session)
                 self._open(session, now_ns)
                 work += 1
                 continue
-            if session.state is State.REJECTED and session.egress_connected:
+            if session.state is State.REJECTED:
+                self._leave_pending(session)
                 self._reject(session)
                 work += 1
                 continue
@@ -441,6 +540,7 @@ class SessionManager:
                     session.cluster_session_id,
                     session.state.name,
                 )
+                self._leave_pending(session)
                 self.egress.close(session.egress_id)
                 session.state = State.CLOSED
                 work += 1
@@ -449,7 +549,17 @@ class SessionManager:
         self.pending_sessions = remaining
         return work
 
+    @staticmethod
+    def _leave_pending(session: ClusterSession) -> None:
+        if session.source is not None:
+            session.source.pending -= 1
+
     def _open(self, session: ClusterSession, now_ns: int) -> None:
+        session.secret = self.token(SECRET_BYTES)
+        session.secret_hash = secret_hash(session.secret)
+        if not session.own_connection:
+            # authenticated: only now is the response channel dialled
+            self.egress.connect(session.egress_id, session.response_channel)
         timestamp = self.log.stamp(now_ns)
         session.opened_log_position = self.append(
             SessionOpenEvent(
@@ -460,6 +570,7 @@ class SessionManager:
                 response_stream_id=session.response_stream_id,
                 response_channel=session.response_channel,
                 encoded_principal=session.encoded_principal,
+                secret_hash=session.secret_hash,
             )
         )
         session.state = State.OPEN
@@ -473,8 +584,13 @@ class SessionManager:
     def _send_open_event(self, session: ClusterSession) -> None:
         if session.state is not State.OPEN:
             return
-        if self.send_event(session, EventCode.OK, ""):
+        if session.source is None or session.source.closed:
+            session.has_open_event_pending = False  # gone: it resumes, or times out
+            session.secret = b""
+            return
+        if self.send_event(session, EventCode.OK, "", session.secret):
             session.has_open_event_pending = False
+            session.secret = b""
 
     def check(self, now_ns: int) -> int:
         """Open sessions: egress re-dials, closes asked for by the service, timeouts,
@@ -504,21 +620,28 @@ class SessionManager:
                 self._close(session, CloseReason.TIMEOUT, now_ns)
                 work += 1
             elif session.has_new_leader_event_pending and session.egress_connected:
-                view = self.view
-                if self.egress.send(
-                    session.egress_id,
-                    NewLeaderEvent(
-                        leadership_term_id=view.leadership_term_id,
-                        cluster_session_id=session.cluster_session_id,
-                        leader_member_id=view.leader_member_id,
-                        ingress_endpoints=self.config.ingress_endpoints,
-                    ),
-                ):
-                    session.has_new_leader_event_pending = False
+                if self._send_new_leader_event(session):
                     work += 1
             elif session.has_open_event_pending and session.opened_log_position <= commit:
                 self._send_open_event(session)  # retry a send that found no room
         return work
+
+    def _send_new_leader_event(self, session: ClusterSession) -> bool:
+        if not session.egress_connected:
+            return False
+        view = self.view
+        if self.egress.send(
+            session.egress_id,
+            NewLeaderEvent(
+                leadership_term_id=view.leadership_term_id,
+                cluster_session_id=session.cluster_session_id,
+                leader_member_id=view.leader_member_id,
+                ingress_endpoints=self.config.ingress_endpoints,
+            ),
+        ):
+            session.has_new_leader_event_pending = False
+            return True
+        return False
 
     def _back_off(self, session: ClusterSession, now_ns: int) -> None:
         backoff = min(

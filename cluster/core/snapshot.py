@@ -103,7 +103,9 @@ def take_snapshot(
     records.append(marker(CONSENSUS_MODULE_TYPE_ID, SnapshotMark.END))
     records.append(marker(SERVICE_TYPE_ID, SnapshotMark.BEGIN))
     records += [
-        ClientSession(s.id, s.response_stream_id, s.response_channel, s.encoded_principal)
+        ClientSession(
+            s.id, s.response_stream_id, s.response_channel, s.encoded_principal, s.secret_hash
+        )
         for s in sessions
     ]
     records.append(ServiceState(container.service.on_take_snapshot()))
@@ -163,9 +165,16 @@ def load_snapshot(
 ) -> None:
     """Restore the consensus module and the container (then start the service with
     ``snapshot.service_state``)."""
+    hashes = {r.cluster_session_id: r.secret_hash for r in snapshot.client_sessions}
     cm.session_manager.restore(
         (
-            (r.cluster_session_id, r.correlation_id, r.response_stream_id, r.response_channel)
+            (
+                r.cluster_session_id,
+                r.correlation_id,
+                r.response_stream_id,
+                r.response_channel,
+                hashes.get(r.cluster_session_id, b""),
+            )
             for r in snapshot.sessions
         ),
         snapshot.module.next_session_id,

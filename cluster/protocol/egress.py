@@ -18,6 +18,9 @@ class SessionEvent(Message, tag=2):
     code: EventCode
     version: Int32
     detail: str = ""
+    #: with OK only: the proof of holding the session on another connection
+    #: (:class:`~cluster.protocol.ingress.SessionResumeRequest`)
+    session_secret: bytes = b""
 
 
 class NewLeaderEvent(Message, tag=6):

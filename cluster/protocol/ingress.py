@@ -22,6 +22,11 @@ class SessionMessageHeader(Message, tag=1):
 
 
 class SessionConnectRequest(Message, tag=3):
+    """``response_channel`` empty: the cluster's egress for the session comes back on
+    this same connection (the default: members dial nobody).  ``host:port``: the
+    leader dials it once the session is authenticated (the seeds' response channel);
+    ``host`` must be the address the request came from."""
+
     correlation_id: Int64
     response_stream_id: Int32
     version: Int32
@@ -45,6 +50,19 @@ class ChallengeResponse(Message, tag=8):
     encoded_credentials: bytes = b""
 
 
+class SessionResumeRequest(Message, tag=9):
+    """A client's new ingress connection proves it holds an open session (after a
+    leader change, or a broken connection): ``session_secret`` is the secret its
+    SessionEvent OK carried.  Until it has, the connection may not act for the session.
+    A member that does not lead answers REDIRECT; an unknown or closed session, CLOSED.
+    """
+
+    correlation_id: Int64
+    cluster_session_id: Int64
+    version: Int32
+    session_secret: bytes
+
+
 class AdminRequest(Message, tag=26):
     leadership_term_id: Int64
     cluster_session_id: Int64
@@ -59,5 +77,6 @@ IngressMessage = (
     | SessionCloseRequest
     | SessionKeepAlive
     | ChallengeResponse
+    | SessionResumeRequest
     | AdminRequest
 )

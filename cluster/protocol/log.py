@@ -22,6 +22,8 @@ class SessionOpenEvent(Message, tag=21):
     response_stream_id: Int32
     response_channel: str
     encoded_principal: bytes = b""
+    #: SHA-256 of the session's secret: any leader can check a resume against it
+    secret_hash: bytes = b""
 
 
 class SessionCloseEvent(Message, tag=22):

@@ -22,6 +22,7 @@ class ClientSession(Message, tag=102):
     response_stream_id: Int32
     response_channel: str
     encoded_principal: bytes = b""
+    secret_hash: bytes = b""
 
 
 class ClusterSessionSnapshot(Message, tag=103):

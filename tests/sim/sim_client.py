@@ -35,7 +35,13 @@ from cluster.examples.kv import Put, Response
 from cluster.protocol import EGRESS, FrameDecoder, ProtocolError, encode_frame
 from cluster.protocol.egress import AdminResponse, NewLeaderEvent, SessionEvent
 from cluster.protocol.enums import AdminRequestType, EventCode
-from cluster.protocol.ingress import AdminRequest, SessionKeepAlive, SessionMessageHeader
+from cluster.protocol.ingress import (
+    AdminRequest,
+    SessionKeepAlive,
+    SessionMessageHeader,
+    SessionResumeRequest,
+)
+from cluster.protocol.version import PROTOCOL_VERSION
 from cluster.transport.sim import SimNetwork
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -129,6 +135,7 @@ class SimClient:
         self._op_numbers = itertools.count()
         # session
         self.session_id = -1
+        self.session_secret = b""
         self.term = -1
         self.leader_id = -1
         self.sessions_opened = 0
@@ -287,11 +294,14 @@ class SimClient:
         nursery.start_soon(self._watch_ingress, stream)
 
     async def _watch_ingress(self, stream: trio.abc.Stream) -> None:
-        """The node never writes on ingress: notice when it closes or breaks."""
+        """Read the node's answers on ingress; notice when it closes or breaks."""
+        decoder = FrameDecoder()
         try:
-            while await stream.receive_some():
-                pass
-        except _NETWORK_ERRORS:
+            while data := await stream.receive_some():
+                for body in decoder.feed(data):
+                    if self._ingress is stream:
+                        self._on_egress(EGRESS.decode(body))
+        except (*_NETWORK_ERRORS, ProtocolError):
             pass
         if self._ingress is stream:
             self._ingress = None
@@ -366,6 +376,7 @@ class SimClient:
                     result = action.result
                     ac.on_concluded()
                     self.session_id = result.cluster_session_id
+                    self.session_secret = result.session_secret
                     self.term = result.leadership_term_id
                     self.leader_id = result.leader_member_id
                     self.endpoints = dict(result.endpoints)
@@ -426,7 +437,16 @@ class SimClient:
             if stream is not None:
                 if leader == self.leader_id:
                     await self._use_ingress(nursery, leader, stream)
-                    return
+                    # the new connection proves it holds the session first
+                    resume = SessionResumeRequest(
+                        next(self._correlation_ids),
+                        self.session_id,
+                        PROTOCOL_VERSION,
+                        self.session_secret,
+                    )
+                    if await self._send(resume):
+                        return
+                    continue
                 await trio.aclose_forcefully(stream)
                 continue
             await trio.sleep(self.rng.uniform(0.05, 0.2))

@@ -23,9 +23,10 @@ from hypothesis.stateful import (
 
 from cluster.archive.record import complete_length, iter_records
 from cluster.core.auth import AdminPrincipals, Authenticator, AuthorisationService, SessionProxy
-from cluster.core.base import ConsensusConfig
+from cluster.core.base import ConsensusConfig, IngressSource
 from cluster.core.consensus import ConsensusModule
 from cluster.core.session import State
+from cluster.core.sessions import secret_hash
 from cluster.protocol import LOG
 from cluster.protocol import version as pv
 from cluster.protocol.consensus import APPEND_POSITION_VERIFIED, AppendPosition
@@ -46,6 +47,7 @@ from cluster.protocol.ingress import (
     SessionConnectRequest,
     SessionKeepAlive,
     SessionMessageHeader,
+    SessionResumeRequest,
 )
 from cluster.protocol.log import (
     ClusterActionRequest,
@@ -60,6 +62,9 @@ SECOND = 1_000_000_000
 T0 = 1_700_000_000 * SECOND  # a realistic monotonic-ish start so timestamps are non-zero
 TERM = 3
 CHANNEL = "127.0.0.1:20000"
+CLIENT = IngressSource(1, "127.0.0.1")
+"""The client connection every request in these tests comes on (a fresh one per test
+would only add ceremony: tests that need a second connection make one)."""
 ENDPOINTS = "0=127.0.0.1:9010,1=127.0.0.1:9011,2=127.0.0.1:9012"
 
 
@@ -84,6 +89,17 @@ class RecordingEgress:
 
     def connect(self, egress_id: int, channel: str) -> None:
         self.calls.append(("connect", egress_id, channel))
+
+    def attach(self, egress_id: int, source: IngressSource) -> None:
+        self.calls.append(("attach", egress_id, source))
+
+    def reply(self, source: IngressSource, message: Any) -> bool:
+        """Answers on the client's connection, recorded under the session they name."""
+        self.calls.append(("reply", source, message))
+        if self.accept:
+            commit = self.cm.commit_position if self.cm is not None else -1
+            self.sent.append(Sent(message.cluster_session_id, message, commit))
+        return self.accept
 
     def send(self, egress_id: int, message: Any) -> bool:
         self.calls.append(("send", egress_id, message))
@@ -252,18 +268,20 @@ def connect(
     correlation_id: int = 100,
     version: int = pv.PROTOCOL_VERSION,
     credentials: bytes = b"",
+    source: IngressSource = CLIENT,
 ) -> int:
-    """Send a SessionConnectRequest; return the egress id the module connected to."""
+    """Send a SessionConnectRequest on the ``source`` connection; return the session id
+    (the leader dials CHANNEL only once the session opens)."""
     egress: RecordingEgress = cm.egress  # type: ignore[assignment]
     before = len(egress.connects())
-    cm.session_manager.on_connect(
-        SessionConnectRequest(correlation_id, 7, version, CHANNEL, credentials), now
-    )
-    connects = egress.connects()
-    assert len(connects) == before + 1
-    egress_id, channel = connects[-1]
-    assert channel == CHANNEL
-    return egress_id
+    manager = cm.session_manager
+    next_id = manager.next_session_id
+    cm.on_message(source, now)  # the connection the messages below come on
+    cm.on_message(SessionConnectRequest(correlation_id, 7, version, CHANNEL, credentials), now)
+    assert len(egress.connects()) == before  # nobody dialled for a stranger
+    if manager.next_session_id == next_id + 1:
+        return next_id
+    return manager.redirect_sessions[-1].egress_id
 
 
 def commit_all(cm: ConsensusModule, reader: LogReader) -> None:
@@ -300,19 +318,15 @@ def test_connect_flow_step_by_step() -> None:
     assert sid == 1
     (pending,) = cm.session_manager.pending_sessions
     assert pending.cluster_session_id == sid
-    assert pending.state is State.CONNECTING
+    assert pending.state is State.CONNECTED  # on the connection it came on
+    assert pending.source is CLIENT
     assert sid not in cm.sessions
-
-    # nothing happens on a slow tick while the egress is still connecting
-    cm.on_slow_tick(T0 + 10 * MS)
-    assert pending.state is State.CONNECTING
     assert egress.sent == []
+    assert egress.connects() == []  # nobody is dialled before authentication
     assert auth.seen == []
     assert reader.pull() == []
 
-    cm.session_manager.on_egress_connected(sid)
-    assert pending.state is State.CONNECTING  # only the slow tick moves it on
-    cm.on_slow_tick(T0 + 20 * MS)
+    cm.on_slow_tick(T0 + 20 * MS)  # only the slow tick moves it on
     assert auth.seen == [("before", State.CONNECTED), ("after", State.AUTHENTICATED)]
     assert pending.state is State.OPEN
     assert cm.session_manager.pending_sessions == []
@@ -329,8 +343,11 @@ def test_connect_flow_step_by_step() -> None:
         response_stream_id=7,
         response_channel=CHANNEL,
         encoded_principal=b"",
+        secret_hash=open_event.secret_hash,
     )
+    assert len(open_event.secret_hash) == 32
     assert pending.opened_log_position == position
+    assert egress.connects() == [(sid, CHANNEL)]  # dialled once authenticated
 
     # OK only once the open event is committed (the archive covers its position)
     assert egress.events(sid) == []
@@ -345,6 +362,7 @@ def test_connect_flow_step_by_step() -> None:
     assert ok.leadership_term_id == TERM
     assert ok.correlation_id == 42
     assert ok.leader_member_id == cm.config.member_id
+    assert secret_hash(ok.session_secret) == open_event.secret_hash
     assert ok.version == pv.PROTOCOL_VERSION
     assert cm.commit_position == position
 
@@ -387,11 +405,8 @@ def test_version_mismatch_is_rejected_with_error() -> None:
     sid = connect(cm, T0, version=pv.compose((major + 1) % 256, 0, 0))
     assert cm.session_manager.pending_sessions == []
     assert len(cm.session_manager.rejected_sessions) == 1
-    cm.on_slow_tick(T0)
-    assert egress.sent == []  # waits for the egress
-    cm.session_manager.on_egress_connected(sid)
     cm.on_slow_tick(T0 + 10 * MS)
-    (event,) = egress.events(sid)
+    (event,) = egress.events(sid)  # on the connection: nobody dialled
     assert event.code is EventCode.ERROR
     assert "invalid client version" in event.detail
     assert egress.closes() == [sid]
@@ -426,7 +441,7 @@ def test_concurrent_session_limit() -> None:
     assert set(cm.sessions) == {a, b}
     assert c in egress.closes()
     # closing one makes room again
-    cm.session_manager.on_close_request(SessionCloseRequest(TERM, a), T0 + 20 * MS)
+    cm.session_manager.on_close_request(SessionCloseRequest(TERM, a), CLIENT, T0 + 20 * MS)
     d = connect(cm, T0 + 20 * MS, correlation_id=4)
     assert cm.session_manager.rejected_sessions == []
     cm.session_manager.on_egress_connected(d)
@@ -459,7 +474,7 @@ def _challenged(
 def test_challenge_right_response_opens_session() -> None:
     cm, egress, reader, auth, sid = _challenged()
     cm.session_manager.on_challenge_response(
-        ChallengeResponse(55, sid, b"answer:nonce-%d" % sid), T0 + 30 * MS
+        ChallengeResponse(55, sid, b"answer:nonce-%d" % sid), CLIENT, T0 + 30 * MS
     )
     assert "challenge_response" in auth.calls
     cm.on_slow_tick(T0 + 40 * MS)
@@ -472,7 +487,9 @@ def test_challenge_right_response_opens_session() -> None:
 
 def test_challenge_wrong_response_rejects() -> None:
     cm, egress, reader, _auth, sid = _challenged()
-    cm.session_manager.on_challenge_response(ChallengeResponse(55, sid, b"wrong"), T0 + 30 * MS)
+    cm.session_manager.on_challenge_response(
+        ChallengeResponse(55, sid, b"wrong"), CLIENT, T0 + 30 * MS
+    )
     cm.on_slow_tick(T0 + 40 * MS)
     assert sid not in cm.sessions
     assert cm.session_manager.pending_sessions == []
@@ -486,10 +503,10 @@ def test_challenge_wrong_response_rejects() -> None:
 def test_challenge_response_with_wrong_ids_is_ignored_and_counted() -> None:
     cm, _egress, _reader, auth, sid = _challenged()
     cm.session_manager.on_challenge_response(
-        ChallengeResponse(56, sid, b"answer:nonce-%d" % sid), T0
+        ChallengeResponse(56, sid, b"answer:nonce-%d" % sid), CLIENT, T0
     )
     cm.session_manager.on_challenge_response(
-        ChallengeResponse(55, sid + 1, b"answer:nonce-%d" % sid), T0
+        ChallengeResponse(55, sid + 1, b"answer:nonce-%d" % sid), CLIENT, T0
     )
     assert cm.counters.unknown_session_messages == 2
     assert "challenge_response" not in auth.calls
@@ -527,10 +544,10 @@ def test_unknown_session_and_wrong_term_are_ignored_and_counted() -> None:
     assert not cm.on_ingress_message(msg(cm, sid, term=TERM - 1), T0)
     assert not cm.on_ingress_message(msg(cm, sid, term=TERM + 1), T0)
     assert cm.counters.wrong_term_messages == 2
-    cm.session_manager.on_keepalive(SessionKeepAlive(TERM, sid + 99), T0)
-    cm.session_manager.on_keepalive(SessionKeepAlive(TERM + 1, sid), T0)
-    cm.session_manager.on_close_request(SessionCloseRequest(TERM, sid + 99), T0)
-    cm.session_manager.on_close_request(SessionCloseRequest(TERM - 1, sid), T0)
+    cm.session_manager.on_keepalive(SessionKeepAlive(TERM, sid + 99), CLIENT, T0)
+    cm.session_manager.on_keepalive(SessionKeepAlive(TERM + 1, sid), CLIENT, T0)
+    cm.session_manager.on_close_request(SessionCloseRequest(TERM, sid + 99), CLIENT, T0)
+    cm.session_manager.on_close_request(SessionCloseRequest(TERM - 1, sid), CLIENT, T0)
     assert cm.counters.unknown_session_messages == 3
     assert cm.counters.wrong_term_messages == 4
     assert reader.messages(SessionMessageHeader) == []
@@ -556,7 +573,7 @@ def test_activity_prevents_timeout(kind: str) -> None:
         now += timeout // 2
         cm.on_slow_tick(now)
         if kind == "keepalive":
-            cm.session_manager.on_keepalive(SessionKeepAlive(TERM, sid), now)
+            cm.session_manager.on_keepalive(SessionKeepAlive(TERM, sid), CLIENT, now)
         else:
             assert cm.on_ingress_message(msg(cm, sid), now)
     assert now - T0 > 2 * timeout
@@ -588,19 +605,30 @@ def test_idle_session_times_out() -> None:
     assert cm.counters.unknown_session_messages == 1
 
 
-def test_pending_session_whose_egress_never_connects_times_out() -> None:
+def test_a_response_channel_elsewhere_than_the_requesting_host_is_never_dialled() -> None:
     cm, egress, reader = make()
-    sid = connect(cm, T0)
-    cm.on_slow_tick(T0 + cm.config.session_timeout_ns + 1)
-    assert cm.session_manager.pending_sessions == []
-    assert egress.closes() == [sid]
+    for channel, why in (
+        ("10.9.9.9:4000", "not at the address"),
+        ("evil.example:80", "not at the address"),
+        ("127.0.0.1:notaport", "bad response channel"),
+        ("127.0.0.1:0", "bad response channel"),
+    ):
+        cm.on_message(CLIENT, T0)
+        cm.on_message(SessionConnectRequest(5, 7, pv.PROTOCOL_VERSION, channel, b""), T0)
+        cm.on_slow_tick(T0 + MS)
+        assert why in egress.events()[-1].detail
+    assert egress.connects() == []
     assert reader.messages(SessionOpenEvent) == []
+    # a loopback client may name any loopback address
+    sid = connect(cm, T0, source=IngressSource(2, "127.0.0.2"))
+    cm.on_slow_tick(T0 + 2 * MS)
+    assert egress.connects() == [(sid, CHANNEL)]
 
 
 def test_close_request_is_client_action() -> None:
     cm, egress, reader = make()
     sid = open_session(cm, reader, T0)
-    cm.session_manager.on_close_request(SessionCloseRequest(TERM, sid), T0 + MS)
+    cm.session_manager.on_close_request(SessionCloseRequest(TERM, sid), CLIENT, T0 + MS)
     (close,) = reader.messages(SessionCloseEvent)
     assert close.close_reason is CloseReason.CLIENT_ACTION
     assert close.cluster_session_id == sid
@@ -680,7 +708,7 @@ def test_admin_request_refused_without_authorisation_or_when_suspended() -> None
 # ---------------------------------------------------------------------- followers, egress
 
 
-def test_follower_redirects_once_egress_connected() -> None:
+def test_follower_redirects_on_the_connection_without_dialling() -> None:
     cm, egress, reader = make(role=Role.FOLLOWER)
     cm.on_replay_log_message(
         NewLeadershipTermEvent(TERM, 0, 5, 0, 2, 0, ClusterTimeUnit.MILLIS, 1), 40, T0
@@ -688,10 +716,8 @@ def test_follower_redirects_once_egress_connected() -> None:
     egress_id = connect(cm, T0, correlation_id=77)
     assert egress_id < 0  # a local id, not a cluster session id
     assert cm.session_manager.pending_sessions == []
-    cm.on_slow_tick(T0)
-    assert egress.sent == []
-    cm.session_manager.on_egress_connected(egress_id)
     cm.on_slow_tick(T0 + 10 * MS)
+    assert egress.connects() == []
     (event,) = egress.events(egress_id)
     assert event.code is EventCode.REDIRECT
     assert event.detail == ENDPOINTS
@@ -711,18 +737,17 @@ def test_follower_redirects_once_egress_connected() -> None:
 def test_follower_ignores_ingress() -> None:
     cm, _egress, reader = make(role=Role.FOLLOWER)
     assert not cm.on_ingress_message(SessionMessageHeader(TERM, 1, 0, b"x"), T0)
-    cm.session_manager.on_keepalive(SessionKeepAlive(TERM, 1), T0)
-    cm.session_manager.on_close_request(SessionCloseRequest(TERM, 1), T0)
+    cm.session_manager.on_keepalive(SessionKeepAlive(TERM, 1), CLIENT, T0)
+    cm.session_manager.on_close_request(SessionCloseRequest(TERM, 1), CLIENT, T0)
     assert reader.pull() == []
 
 
-def test_egress_failure_drops_pending_session() -> None:
+def test_a_closed_connection_drops_its_pending_session() -> None:
     cm, egress, reader = make()
-    sid = connect(cm, T0)
-    cm.session_manager.on_egress_failed(sid)
+    source = IngressSource(7, "127.0.0.1")
+    connect(cm, T0, source=source)
+    cm.session_manager.on_source_closed(source)
     assert cm.session_manager.pending_sessions == []
-    assert cm.counters.egress_failures == 1
-    cm.session_manager.on_egress_connected(sid)  # late news about a dropped session: harmless
     cm.on_slow_tick(T0 + 10 * MS)
     assert cm.sessions == {}
     assert reader.messages(SessionOpenEvent) == []
@@ -731,18 +756,20 @@ def test_egress_failure_drops_pending_session() -> None:
     assert len(cm.sessions) + len(cm.session_manager.pending_sessions) == 0
 
 
-def test_egress_failure_drops_redirect_and_rejected_sessions() -> None:
+def test_a_closed_connection_drops_its_redirect_and_rejected_sessions() -> None:
     follower, f_egress, _ = make(role=Role.FOLLOWER)
-    eid = connect(follower, T0)
-    follower.session_manager.on_egress_failed(eid)
+    source = IngressSource(7, "127.0.0.1")
+    connect(follower, T0, source=source)
+    follower.session_manager.on_source_closed(source)
     assert follower.session_manager.redirect_sessions == []
-    follower.session_manager.on_egress_connected(eid)
     follower.on_slow_tick(T0)
     assert f_egress.sent == []
 
     cm, _egress, _ = make()
-    sid = connect(cm, T0, version=pv.compose((pv.major(pv.PROTOCOL_VERSION) + 1) % 256, 0, 0))
-    cm.session_manager.on_egress_failed(sid)
+    other = IngressSource(8, "127.0.0.1")
+    version = pv.compose((pv.major(pv.PROTOCOL_VERSION) + 1) % 256, 0, 0)
+    connect(cm, T0, version=version, source=other)
+    cm.session_manager.on_source_closed(other)
     assert cm.session_manager.rejected_sessions == []
 
 
@@ -758,11 +785,11 @@ def test_egress_failure_of_open_session_keeps_it_until_timeout() -> None:
 
 
 def test_become_leader_restores_sessions_and_sends_new_leader_event() -> None:
-    old, _old_egress, old_log = make()
+    old, old_egress, old_log = make()
     s1 = open_session(old, old_log, T0, correlation_id=1)
     s2 = open_session(old, old_log, T0, correlation_id=2)
     s3 = open_session(old, old_log, T0, correlation_id=3)
-    old.session_manager.on_close_request(SessionCloseRequest(TERM, s2), T0 + MS)
+    old.session_manager.on_close_request(SessionCloseRequest(TERM, s2), CLIENT, T0 + MS)
     old_log.pull()
 
     cm, egress, reader = make(role=Role.FOLLOWER, log_position=old_log.end)
@@ -795,9 +822,16 @@ def test_become_leader_restores_sessions_and_sends_new_leader_event() -> None:
     cm.on_slow_tick(T0 + SECOND + 30 * MS)
     assert len(egress.messages(None, NewLeaderEvent)) == 2  # once each
 
-    # new sessions never reuse a replayed id; old sessions keep working in the new term
+    # new sessions never reuse a replayed id; old sessions keep working in the new term,
+    # once their new connection has proved it holds them
     s4 = open_session(cm, reader, T0 + SECOND + 40 * MS, correlation_id=4)
     assert s4 > s3
+    assert not cm.on_ingress_message(SessionMessageHeader(TERM + 1, s1, 0, b"x"), T0 + SECOND)
+    assert cm.counters.foreign_session_messages == 1
+    secret = old_egress.events(s1)[-1].session_secret
+    assert len(secret) == 16
+    cm.on_message(IngressSource(9, "127.0.0.1"), T0 + SECOND)
+    cm.on_message(SessionResumeRequest(5, s1, pv.PROTOCOL_VERSION, secret), T0 + SECOND)
     assert cm.on_ingress_message(SessionMessageHeader(TERM + 1, s1, 0, b"x"), T0 + SECOND)
     assert not cm.on_ingress_message(SessionMessageHeader(TERM, s1, 0, b"x"), T0 + SECOND)
 
@@ -826,7 +860,7 @@ def test_timestamps_never_go_backwards_when_clock_does() -> None:
     cm.on_ingress_message(msg(cm, sid), T0)
     cm.timers.schedule(1, 0)
     cm.consensus_work(T0 - SECOND)
-    cm.session_manager.on_close_request(SessionCloseRequest(TERM, sid), T0 - 2 * SECOND)
+    cm.session_manager.on_close_request(SessionCloseRequest(TERM, sid), CLIENT, T0 - 2 * SECOND)
     lead(cm, TERM + 1, T0 - 3 * SECOND)
     stamps = [m.timestamp for m in reader.messages()]
     assert len(stamps) == 8
@@ -994,13 +1028,13 @@ class SessionMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def keepalive(self, data: st.DataObject) -> None:
         self.cm.session_manager.on_keepalive(
-            SessionKeepAlive(TERM, self._session_id(data)), self.now
+            SessionKeepAlive(TERM, self._session_id(data)), CLIENT, self.now
         )
 
     @rule(data=st.data())
     def close(self, data: st.DataObject) -> None:
         self.cm.session_manager.on_close_request(
-            SessionCloseRequest(TERM, self._session_id(data)), self.now
+            SessionCloseRequest(TERM, self._session_id(data)), CLIENT, self.now
         )
 
     @rule(data=st.data())
@@ -1078,8 +1112,8 @@ class SessionMachine(RuleBasedStateMachine):
                 assert sid in self.opened
                 assert sent.commit_position >= self.opened[sid], "OK before commit"
                 assert m.leadership_term_id == TERM
-            if isinstance(m, SessionEvent):
-                assert sent.egress_id in self.connected or sent.egress_id in self.opened
+            if isinstance(m, SessionEvent):  # answers go on the connection, to a known id
+                assert sent.egress_id in self.egress_ids
         self.sent_checked = len(self.egress.sent)
 
 
@@ -1119,7 +1153,7 @@ def test_a_lost_egress_is_redialled_with_a_growing_jittered_back_off() -> None:
     cm.session_manager.on_egress_failed(sid)  # the connection is lost
     for _ in range(2000):  # 20 s of slow ticks, every re-dial failing at once
         now += 10 * MS
-        cm.session_manager.on_keepalive(SessionKeepAlive(TERM, sid), now)  # client alive
+        cm.session_manager.on_keepalive(SessionKeepAlive(TERM, sid), CLIENT, now)  # client alive
         n = dials()
         cm.on_slow_tick(now)
         if dials() > n:
@@ -1133,7 +1167,7 @@ def test_a_lost_egress_is_redialled_with_a_growing_jittered_back_off() -> None:
     cm.session_manager.on_egress_connected(sid)
     for _ in range(300):
         now += 10 * MS
-        cm.session_manager.on_keepalive(SessionKeepAlive(TERM, sid), now)
+        cm.session_manager.on_keepalive(SessionKeepAlive(TERM, sid), CLIENT, now)
         cm.on_slow_tick(now)
     assert cm.sessions[sid].egress_backoff_ns == 0
     cm.session_manager.on_egress_failed(sid)

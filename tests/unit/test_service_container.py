@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from cluster.archive.record import RECORD_HEADER_LENGTH, encode_record, iter_records
-from cluster.core.base import ConsensusConfig
+from cluster.core.base import ConsensusConfig, IngressSource
 from cluster.core.consensus import ConsensusModule
 from cluster.core.service_container import ServiceContainer
 from cluster.core.session import State
@@ -45,6 +46,13 @@ class RecordingEgress:
 
     def close(self, egress_id: int) -> None:
         self.calls.append(("close", egress_id))
+
+    def attach(self, egress_id: int, source: IngressSource) -> None:
+        self.calls.append(("attach", egress_id, source))
+
+    def reply(self, source: IngressSource, message: Any) -> bool:
+        self.calls.append(("send", message.cluster_session_id, message))
+        return self.accept
 
     def replies(self) -> list[tuple[int, SessionMessageHeader]]:
         return [
@@ -110,7 +118,9 @@ class Node:
     def __init__(self, role: Role = Role.LEADER) -> None:
         self.now = T0
         self.egress = RecordingEgress()
-        self.cm = ConsensusModule(ConsensusConfig(), self.egress)
+        self.source = IngressSource(1, "127.0.0.1")
+        # session secrets from a seed: two runs of the same inputs send the same bytes
+        self.cm = ConsensusModule(ConsensusConfig(), self.egress, token=random.Random(7).randbytes)
         self.service = RecordingService()
         self.container = ServiceContainer(
             self.service, self.cm, self.egress, member_id=0, clock_ns=lambda: self.now
@@ -134,7 +144,8 @@ class Node:
 
     def open(self, correlation_id: int = 1) -> int:
         sid = self.cm.session_manager.next_session_id
-        self.cm.session_manager.on_connect(
+        self.cm.on_message(self.source, self.now)  # the client's connection
+        self.cm.on_message(
             SessionConnectRequest(correlation_id, 3, pv.PROTOCOL_VERSION, CHANNEL), self.now
         )
         self.cm.session_manager.on_egress_connected(sid)
@@ -180,7 +191,7 @@ def test_callbacks_in_log_order() -> None:
     node.send(a, b"a2")
     node.cm.timers.schedule(77, node.cm.log.timestamp)
     node.tick()
-    node.cm.session_manager.on_close_request(SessionCloseRequest(TERM, a), node.now)
+    node.cm.session_manager.on_close_request(SessionCloseRequest(TERM, a), node.source, node.now)
     applied = node.apply_all()
 
     # the callbacks follow the log exactly
@@ -419,7 +430,7 @@ def _scripted_run(node: Node, *, from_own_records: bool) -> None:
             node.tick()
         if i % 7 == 0:
             node.tick()
-    node.cm.session_manager.on_close_request(SessionCloseRequest(TERM, a), node.now)
+    node.cm.session_manager.on_close_request(SessionCloseRequest(TERM, a), node.source, node.now)
     data = node.log_bytes()
     base = node.applied
     end = base + len(data)
