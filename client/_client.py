@@ -29,12 +29,16 @@ The first two are here, the connectors in :mod:`client._handshake`, the rest in
 from __future__ import annotations
 
 import itertools
+import os
+import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.abc
+from anyio.streams.tls import TLSStream
 
 from cluster.protocol import DEFAULT_MAX_FRAME_SIZE, EGRESS, FrameDecoder, ProtocolError
 from cluster.protocol.codec import encode_into
@@ -47,13 +51,22 @@ from cluster.protocol.ingress import (
     SessionKeepAlive,
     SessionMessageHeader,
 )
+from cluster.transport.tls import TlsIdentity, load_identity
 
 from ._connect import AsyncConnect, Done
 from ._credentials import CredentialsSupplier, as_credentials_supplier
 from ._endpoints import Endpoint, format_endpoints, parse_endpoints
 from ._exception_groups import raise_unwrapped
 from ._handshake import Handshake
-from ._ingress import NETWORK_ERRORS, RECEIVE_SIZE, RETRY_DELAY_MIN, Ingress, IngressWriter
+from ._ingress import (
+    NETWORK_ERRORS,
+    RECEIVE_SIZE,
+    RETRY_DELAY_MIN,
+    Ingress,
+    IngressWriter,
+    aclose_quietly,
+    peer_role,
+)
 from ._session import Action, Reconnect, Session
 from ._sync import Backend, Broadcast
 from .errors import ConnectTimeoutError, SessionClosedError
@@ -68,6 +81,8 @@ _HEADER_ZERO = bytes(HEADER_LENGTH)
 _CLOSE_FLUSH_TIMEOUT = 1.0  # close() waits this long for the SessionCloseRequest to go out
 
 _EGRESS_ERRORS: tuple[type[BaseException], ...] = (ProtocolError, *NETWORK_ERRORS)
+_TLS_HANDSHAKE_TIMEOUT = 5.0
+_TLS_FAILURES: tuple[type[BaseException], ...] = (TimeoutError, ssl.SSLError, *_EGRESS_ERRORS)
 
 
 class ClusterClient:
@@ -87,8 +102,10 @@ class ClusterClient:
         keepalive_interval: float,
         max_frame_size: int,
         max_egress_backlog: int,
+        identity: TlsIdentity | None = None,
     ) -> None:
         """Internal: use :func:`connect`."""
+        self._identity = identity
         self._credentials = credentials
         self._egress_host = egress_host
         self._keepalive_interval = keepalive_interval
@@ -116,6 +133,7 @@ class ClusterClient:
             lost_before_open=self._lost_before_open,
             on_message=self._on_egress,
             next_correlation_id=self._next_correlation_id,
+            tls=None if identity is None else identity.client_context,
         )
         self._handshake = Handshake(
             session, writer, backend, self._spawn, max_events=max_egress_backlog
@@ -396,10 +414,27 @@ class ClusterClient:
                     continue
                 self._spawn(self._egress_reader, stream)
 
-    async def _egress_reader(self, stream: anyio.abc.SocketStream) -> None:
-        """Decode one egress connection; a bad frame closes it (the others carry on)."""
+    async def _egress_reader(self, raw: anyio.abc.SocketStream) -> None:
+        """Decode one egress connection; a bad frame closes it (the others carry on).
+        With certificates, only a member of the cluster may send egress."""
         decoder = FrameDecoder(self._session.max_frame_size)
         on_egress = self._on_egress
+        stream: anyio.abc.ByteStream = raw
+        if self._identity is not None:
+            try:
+                with anyio.fail_after(_TLS_HANDSHAKE_TIMEOUT):
+                    stream = await TLSStream.wrap(
+                        raw,
+                        server_side=True,
+                        ssl_context=self._identity.server_context,
+                        standard_compatible=False,
+                    )
+            except _TLS_FAILURES:
+                await aclose_quietly(raw)
+                return
+            if peer_role(stream) != "member":
+                await aclose_quietly(stream)
+                return
         async with stream:
             try:
                 while True:
@@ -483,6 +518,7 @@ async def connect(
     keepalive_interval: float = 1.0,
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
     max_egress_backlog: int = 100_000,
+    certs_dir: str | os.PathLike[str] | None = None,
 ) -> AsyncIterator[ClusterClient]:
     """Open a session with the cluster; close it when the block ends.
 
@@ -499,6 +535,8 @@ async def connect(
     - ``max_frame_size``: largest frame accepted on egress or offered on ingress.
     - ``max_egress_backlog``: received application messages held before ``receive()``
       fails with :class:`~client.errors.EgressBacklogExceededError`.
+    - ``certs_dir``: a ``client-<NAME>`` folder from ``cluster-tool certs``: mutual TLS
+      with the members (whose certificates are checked), and NAME is the principal.
 
     Raises :class:`SessionRejectedError`, :class:`AuthenticationRejectedError`,
     :class:`ConnectTimeoutError`, :class:`ValueError` (bad arguments).  Errors come out
@@ -506,6 +544,7 @@ async def connect(
     """
     endpoints = parse_endpoints(ingress_endpoints)
     supplier = as_credentials_supplier(credentials)
+    identity = None if certs_dir is None else load_identity(Path(certs_dir))
     _check_positive("connect_timeout", connect_timeout)
     _check_positive("keepalive_interval", keepalive_interval)
     _check_positive("max_frame_size", max_frame_size)
@@ -520,6 +559,7 @@ async def connect(
                 keepalive_interval=keepalive_interval,
                 max_frame_size=max_frame_size,
                 max_egress_backlog=max_egress_backlog,
+                identity=identity,
             )
             try:
                 await tg.start(client._run)

@@ -110,7 +110,7 @@ class Handshake:
         stream: anyio.abc.SocketStream | None = None
         attempt = 0
         while stream is None:
-            stream = await try_connect(endpoint)
+            stream = await try_connect(endpoint, self._writer.tls)
             if stream is None:
                 attempt += 1
                 await anyio.sleep(retry_delay(attempt))

@@ -19,12 +19,14 @@ whose send failed is queued again ahead of newer frames, to go to the next conne
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
 import anyio
 import anyio.abc
+from anyio.streams.tls import TLSAttribute
 
 from cluster.protocol import EGRESS, FrameDecoder, ProtocolError
 from cluster.protocol.framing import HEADER_LENGTH, LENGTH
@@ -74,13 +76,38 @@ async def aclose_quietly(resource: anyio.abc.AsyncResource) -> None:
             await resource.aclose()
 
 
-async def try_connect(endpoint: Endpoint) -> anyio.abc.SocketStream | None:
-    """One TCP connect attempt; ``None`` if refused, unreachable or too slow."""
+async def try_connect(
+    endpoint: Endpoint, tls: ssl.SSLContext | None = None
+) -> anyio.abc.SocketStream | None:
+    """One TCP connect attempt (with ``tls``: and a TLS handshake, with a member's
+    certificate on the other end); ``None`` if refused, unreachable or too slow."""
     try:
         with anyio.fail_after(CONNECT_ATTEMPT_TIMEOUT):
-            return await anyio.connect_tcp(endpoint.host, endpoint.port)
-    except (OSError, TimeoutError):
+            if tls is None:
+                return await anyio.connect_tcp(endpoint.host, endpoint.port)
+            stream = await anyio.connect_tcp(
+                endpoint.host, endpoint.port, ssl_context=tls, tls_standard_compatible=False
+            )
+    except (OSError, TimeoutError, anyio.BrokenResourceError, ssl.SSLError):
         return None
+    if peer_role(stream) != "member":
+        await aclose_quietly(stream)
+        return None
+    return stream  # type: ignore[return-value]
+
+
+def peer_role(stream: anyio.abc.AnyByteStream) -> str | None:
+    """The OU of the peer's certificate on a TLS stream (None without one)."""
+    try:
+        cert = stream.extra(TLSAttribute.peer_certificate)
+    except anyio.TypedAttributeLookupError:
+        return None
+    subject: Any = (cert or {}).get("subject", ())
+    for rdn in subject:
+        for key, value in rdn:
+            if key == "organizationalUnitName":
+                return str(value)
+    return None
 
 
 class Ingress:
@@ -131,7 +158,9 @@ class IngressWriter:
         lost_before_open: Callable[[Ingress], None],
         on_message: Callable[[Any], None] = lambda message: None,
         next_correlation_id: Callable[[], int] = lambda: 0,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        self.tls = tls
         self._session = session
         self._on_message = on_message
         self._next_correlation_id = next_correlation_id
@@ -157,7 +186,10 @@ class IngressWriter:
         self, member_id: int, endpoint: Endpoint, stream: anyio.abc.SocketStream
     ) -> Ingress:
         """Track a freshly connected stream (:meth:`close_ingress` forgets it)."""
-        ingress = Ingress(member_id, endpoint, stream, direct=self._backend.is_trio)
+        # under TLS every byte goes through the TLS stream: never the raw socket
+        ingress = Ingress(
+            member_id, endpoint, stream, direct=self._backend.is_trio and self.tls is None
+        )
         self.ingresses.add(ingress)
         return ingress
 
@@ -337,7 +369,7 @@ class IngressWriter:
                 await self.ingress_changed.wait()
                 continue
             member_id = session.leader_member_id
-            stream = await try_connect(endpoint)
+            stream = await try_connect(endpoint, self.tls)
             if stream is None:
                 failures += 1
                 with anyio.move_on_after(retry_delay(failures)):

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import ssl
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -29,6 +31,7 @@ from .protocol.admin import AdminCommand, AdminReply, decode_body
 from .protocol.codec import ADMIN
 from .protocol.errors import ProtocolError
 from .protocol.framing import FrameDecoder, encode_frame
+from .transport.tls import load_identity
 
 __all__ = ["MAX_REPLY_SIZE", "AdminConnection", "AdminUnreachable", "request"]
 
@@ -42,7 +45,23 @@ _NETWORK_ERRORS: tuple[type[BaseException], ...] = (
     anyio.ClosedResourceError,
     anyio.EndOfStream,
 )
-_FAILURES: tuple[type[BaseException], ...] = (*_NETWORK_ERRORS, ProtocolError)
+_FAILURES: tuple[type[BaseException], ...] = (*_NETWORK_ERRORS, ProtocolError, ssl.SSLError)
+_tls: ssl.SSLContext | None = None
+
+
+def use_certs(folder: str | os.PathLike[str] | None) -> None:
+    """Talk to admin ports over mutual TLS with the ``client-<NAME>`` folder ``folder``
+    (``cluster-tool`` and ``cluster-tui`` take it as ``--certs-dir``); None: plaintext."""
+    global _tls
+    _tls = None if folder is None else load_identity(Path(folder)).client_context
+
+
+async def _connect(member: MemberEndpoints) -> anyio.abc.ByteStream:
+    if _tls is None:
+        return await anyio.connect_tcp(member.host, member.admin_port)
+    return await anyio.connect_tcp(
+        member.host, member.admin_port, ssl_context=_tls, tls_standard_compatible=False
+    )
 
 
 class AdminUnreachable(Exception):
@@ -95,7 +114,7 @@ async def request(
     message = AdminCommand(next(_correlation_ids), command, dict(args or {}))
     try:
         with anyio.fail_after(timeout):
-            stream = await anyio.connect_tcp(member.host, member.admin_port)
+            stream = await _connect(member)
             async with stream:
                 return await _exchange(stream, FrameDecoder(MAX_REPLY_SIZE), message)
     except TimeoutError:
@@ -113,7 +132,7 @@ class AdminConnection:
 
     def __init__(self, member: MemberEndpoints) -> None:
         self.member = member
-        self._stream: anyio.abc.SocketStream | None = None
+        self._stream: anyio.abc.ByteStream | None = None
         self._decoder = FrameDecoder(MAX_REPLY_SIZE)
         self._lock = anyio.Lock()
 
@@ -135,9 +154,7 @@ class AdminConnection:
             try:
                 with anyio.fail_after(timeout):
                     if self._stream is None:
-                        self._stream = await anyio.connect_tcp(
-                            self.member.host, self.member.admin_port
-                        )
+                        self._stream = await _connect(self.member)
                         self._decoder = FrameDecoder(MAX_REPLY_SIZE)
                     reply = await _exchange(self._stream, self._decoder, message)
                 done = reply.correlation_id != -1

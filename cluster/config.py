@@ -159,6 +159,17 @@ def _log_level(text: Any) -> str:
     return level
 
 
+def _flag(text: Any) -> bool:
+    if isinstance(text, bool):
+        return text
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false: {text!r}")
+
+
 def _choice(*choices: str) -> Callable[[Any], str]:
     def check(text: Any) -> str:
         value = str(text).strip().lower()
@@ -245,6 +256,19 @@ SETTINGS: tuple[Setting, ...] = (
         0,
         _cluster_id,
         "this cluster's id: a member link from a member of another cluster is refused",
+    ),
+    Setting(
+        "certs-dir",
+        "",
+        str,
+        "this member's folder from `cluster-tool certs` (member-<id>): mutual TLS on the "
+        "ingress, consensus and admin ports; empty = plaintext, loopback addresses only",
+    ),
+    Setting(
+        "insecure",
+        False,
+        _flag,
+        "allow plaintext on a non-loopback address (a network you trust): true or false",
     ),
     Setting("dir", "cluster-data", str, "data directory (archive segments, recording log)"),
     Setting(
@@ -354,6 +378,8 @@ class NodeConfig:
     service: str = "cluster.examples.kv:KeyValueService"
     authenticator: str = ""
     admin_principals: str = ""
+    certs_dir: str = ""
+    insecure: bool = False
     session_timeout: int = 10_000_000_000
     leader_heartbeat_timeout: int = 10_000_000_000
     leader_heartbeat_interval: int = 200_000_000
@@ -419,12 +445,14 @@ def build_parser(prog: str = "python -m cluster.node") -> argparse.ArgumentParse
     parser.add_argument("--config", metavar="FILE.toml", help="TOML file of settings")
     for s in SETTINGS:
         env = "CLUSTER_" + _attr(s.name).upper()
+        flag = {"nargs": "?", "const": "true"} if s.parse is _flag else {}
         parser.add_argument(
             f"--{s.name}",
             dest=_attr(s.name),
             default=None,
             metavar=_attr(s.name).upper(),
             help=f"{s.help} (default: {s.show(s.default)}; env {env})",
+            **flag,  # type: ignore[arg-type]
         )
     return parser
 

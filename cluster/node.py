@@ -71,6 +71,7 @@ from .protocol.admin import MemberStatus
 from .protocol.consensus import ConsensusMessage
 from .protocol.enums import ClusterAction, Role
 from .recovery import recover
+from .security import check_exposure, configure_logging, network_for
 from .service import ClusteredService
 from .status import member_status
 from .transport.base import Network
@@ -646,21 +647,13 @@ class Node:
         self._nursery.cancel_scope.cancel()
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level, logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load_config(argv)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    _configure_logging(config.log_level)
+    configure_logging(config.log_level)
     try:
         service_cls = load_object(config.service, "service")
         authenticator = (
@@ -669,13 +662,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         service = service_cls()
         if not isinstance(service, ClusteredService):
             raise ConfigError(f"service {config.service!r} is not a ClusteredService")
+        check_exposure(config)
+        network = network_for(config)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     log.info(
         "starting member %d (pid %d) with\n%s", config.member_id, os.getpid(), describe(config)
     )
-    node = Node(config, service, authenticator=authenticator)
+    node = Node(config, service, authenticator=authenticator, network=network)
     try:
         trio.run(node.run)
     except ArchiveError as exc:

@@ -46,6 +46,8 @@ from .protocol.admin import AdminCommand, AdminReply, MemberStatus, decode_body,
 from .protocol.codec import ADMIN
 from .protocol.errors import ProtocolError
 from .protocol.framing import FrameDecoder, encode_frame
+from .transport.tcp import TcpNetwork
+from .transport.tls import TlsError, load_identity
 
 QUERIES = ("describe", "list-members", "recording-log", "errors")
 ACTIONS = ("snapshot", "suspend", "resume", "shutdown", "abort")
@@ -91,6 +93,15 @@ class Result:
         return decode_body(self.reply.body) if self.reply is not None else None
 
 
+_network = TcpNetwork()
+"""How the tool reaches admin ports (mutual TLS with ``--certs-dir``)."""
+
+
+def use_certs(folder: str | None) -> None:
+    global _network
+    _network = TcpNetwork(tls=None if folder is None else load_identity(Path(folder)))
+
+
 async def request(
     member: MemberEndpoints, command: str, args: dict[str, str], limit: float
 ) -> AdminReply:
@@ -98,7 +109,7 @@ async def request(
     correlation_id = next(_correlation_ids)
     try:
         with trio.fail_after(limit):
-            stream = await trio.open_tcp_stream(member.host, member.admin_port)
+            stream = await _network.open_stream(member.host, member.admin_port)
             async with stream:
                 await stream.send_all(encode_frame(AdminCommand(correlation_id, command, args)))
                 decoder = FrameDecoder(MAX_REPLY_SIZE)
@@ -499,6 +510,12 @@ def build_parser() -> UsageParser:
         default=DEFAULT_DAYS,
         help=f"certs: how long the certificates are valid (default {DEFAULT_DAYS} days)",
     )
+    parser.add_argument(
+        "--certs-dir",
+        default=os.environ.get("CLUSTER_CERTS_DIR"),
+        help="a client-<NAME> folder from `cluster-tool certs`, for a cluster with TLS; "
+        "control commands need an admin principal (default: $CLUSTER_CERTS_DIR)",
+    )
     parser.add_argument("command", choices=COMMANDS, metavar="COMMAND", help=", ".join(COMMANDS))
     return parser
 
@@ -511,6 +528,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_certs(parser, members, args)
     if args.member is not None and args.member not in {m.member_id for m in members}:
         parser.error(f"--member {args.member} is not in --members")
+    try:
+        use_certs(args.certs_dir)
+    except TlsError as exc:
+        parser.error(f"--certs-dir: {exc}")
     opts = Options(members, args.json, args.timeout, args.snapshot_timeout, args.member)
     try:
         return trio.run(run, opts, args.command)

@@ -41,7 +41,9 @@ from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.widgets import DataTable, Footer, Header, Label, RichLog, Sparkline, Static
 
+from cluster.admin_client import use_certs
 from cluster.config import UsageParser, duration_seconds
+from cluster.transport.tls import TlsError
 
 from .messages import ActionDone, ClusterPolled
 from .model import ClusterModel, Event, MemberRow, SessionRow, Severity
@@ -560,6 +562,12 @@ def build_parser() -> UsageParser:
         help="credentials of the snapshot session, for clusters with an authenticator "
         "(default: $CLUSTER_CREDENTIALS)",
     )
+    parser.add_argument(
+        "--certs-dir",
+        default=os.environ.get("CLUSTER_CERTS_DIR"),
+        help="a client-<NAME> folder from `cluster-tool certs`, for a cluster with TLS "
+        "(default: $CLUSTER_CERTS_DIR)",
+    )
     return parser
 
 
@@ -568,7 +576,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     members = parser.members(args.members)
     credentials = args.credentials.encode() if args.credentials else None
-    source = LiveSource(members, timeout=args.timeout, credentials=credentials)
+    try:
+        use_certs(args.certs_dir)
+    except TlsError as exc:
+        parser.error(f"--certs-dir: {exc}")
+    source = LiveSource(
+        members, timeout=args.timeout, credentials=credentials, certs_dir=args.certs_dir
+    )
     app = ClusterConsole(source, interval=args.interval, closed_retention=args.closed_retention)
     try:
         app.run()

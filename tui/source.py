@@ -98,6 +98,7 @@ class LiveSource:
         *,
         timeout: float = 1.0,
         credentials: bytes | None = None,
+        certs_dir: str | None = None,
         snapshot_timeout: float = 10.0,
     ) -> None:
         self._members = list(members)
@@ -105,6 +106,7 @@ class LiveSource:
         self._connections = {m.member_id: AdminConnection(m) for m in self._members}
         self.timeout = timeout
         self.credentials = credentials
+        self.certs_dir = certs_dir
         self.snapshot_timeout = snapshot_timeout
 
     @property
@@ -144,7 +146,10 @@ class LiveSource:
         started = time.monotonic()
         try:
             async with client.connect(
-                endpoints, credentials=self.credentials, connect_timeout=self.timeout * 3
+                endpoints,
+                credentials=self.credentials,
+                connect_timeout=self.timeout * 3,
+                certs_dir=self.certs_dir,
             ) as c:
                 response = await c.request_snapshot(timeout=self.snapshot_timeout)
                 leader = c.leader_member_id

@@ -44,11 +44,13 @@ from ..archive.recording_log import (
     ENTRY_TYPE_TERM,
     RecordingLog,
 )
+from ..config import NodeConfig
 from ..protocol.admin import AdminCommand, AdminReply, MemberStatus, encode_body
 from ..protocol.codec import ADMIN
 from ..protocol.enums import ClusterAction
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import FrameDecoder, encode_frame
+from ..security import client_cert
 from ..transport.base import Network
 
 log = logging.getLogger("cluster.admin")
@@ -109,6 +111,9 @@ class AdminTarget(Protocol):
 
     @property
     def network(self) -> Network: ...
+
+    @property
+    def config(self) -> NodeConfig: ...
 
     @property
     def admin_endpoint(self) -> tuple[str, int]:
@@ -175,7 +180,13 @@ class AdminServer:
 
     async def _serve(self, stream: trio.abc.Stream) -> None:
         self.connections += 1
-        local = peer_is_local(stream)
+        allowed, cert = client_cert(stream)
+        if not allowed:  # with TLS: a client certificate of this cluster's CA
+            log.warning("closing admin connection: %s is not a client certificate", cert)
+            await trio.aclose_forcefully(stream)
+            return
+        # control: from a loopback address without TLS; with TLS, an admin principal
+        local = peer_is_local(stream) if cert is None else self._is_admin(cert.name)
         decoder = FrameDecoder(max(self.node.max_frame_size, 64 * 1024))
         try:
             while True:
@@ -200,6 +211,10 @@ class AdminServer:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
 
+    def _is_admin(self, principal: str) -> bool:
+        admins = {p.strip() for p in self.node.config.admin_principals.split(",") if p.strip()}
+        return principal in (admins or {"admin"})
+
     async def execute(self, command: AdminCommand, *, local: bool = True) -> AdminReply:
         """Run one command; never raises (failures become ``ok=False`` replies)."""
         self.commands += 1
@@ -212,8 +227,9 @@ class AdminServer:
             return AdminReply(
                 cid,
                 False,
-                f"{command.command} refused: only allowed from a loopback address "
-                "on the member's own host",
+                f"{command.command} refused: only allowed to an admin principal "
+                "(--admin-principals) or, without TLS, from a loopback address on the "
+                "member's own host",
             )
         try:
             return await handler(command)

@@ -36,6 +36,7 @@ from ..protocol.consensus import ConsensusMessage, MemberHello
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import FrameDecoder
 from ..protocol.version import PROTOCOL_VERSION, is_compatible, to_string
+from ..security import member_cert_error
 from ..transport.base import Network
 from ..transport.framed import FrameWriter
 
@@ -157,6 +158,12 @@ class PeerLinks:
                 await trio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 continue
+            refusal = member_cert_error(stream, link.member.member_id)
+            if refusal:  # not the member this address should be: try again later
+                log.warning("member link to %d refused: %s", link.member.member_id, refusal)
+                await trio.aclose_forcefully(stream)
+                await trio.sleep(1.0)
+                continue
             delay = 0.05
             writer = FrameWriter(link.max_backlog, flushed_by_owner=True)
             writer.write_message(MemberHello(self.me.member_id, PROTOCOL_VERSION, self.cluster_id))
@@ -196,6 +203,9 @@ class PeerLinks:
                 f"member {peer} speaks protocol {to_string(hello.protocol_version)}, "
                 f"this member {to_string(PROTOCOL_VERSION)}"
             )
+        refusal = member_cert_error(stream, peer)
+        if refusal:
+            raise ProtocolError(f"member link hello as member {peer}: {refusal}")
         if peer in self._live:
             raise ProtocolError(f"second link for member {peer}, whose link is open")
         self._live[peer] = (stream, scope)

@@ -25,6 +25,7 @@ from ..protocol.consensus import ConsensusMessage
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import FrameDecoder
 from ..protocol.ingress import IngressMessage
+from ..security import client_cert
 from ..transport.base import Network
 from ..transport.framed import FrameWriter
 
@@ -142,10 +143,19 @@ class IngressAgent:
             await self._all_closed.wait()
 
     async def _handle(self, stream: trio.abc.Stream) -> None:
+        allowed, cert = client_cert(stream)
+        if not allowed:  # a member's certificate is no client's
+            self.stats.protocol_errors += 1
+            log.warning("closing ingress connection: %s is not a client certificate", cert)
+            await trio.aclose_forcefully(stream)
+            return
         self._next_conn_id += 1
         writer = FrameWriter(self.max_backlog, flushed_by_owner=True)
         source = IngressSource(
-            self._next_conn_id, peer_host(stream), peer_principal(stream), link=writer
+            self._next_conn_id,
+            peer_host(stream),
+            None if cert is None else cert.name,
+            link=writer,
         )
         self.sources.add(source)
         try:
@@ -221,19 +231,3 @@ def peer_host(stream: trio.abc.Stream) -> str:
     if isinstance(peer, tuple):
         return str(peer[0])
     return str(peer or "")
-
-
-def peer_principal(stream: trio.abc.Stream) -> str | None:
-    """The name on the peer's client certificate (None without TLS)."""
-    getpeercert = getattr(stream, "getpeercert", None)
-    if getpeercert is None:
-        return None
-    try:
-        cert = getpeercert()
-    except (ValueError, AttributeError):
-        return None
-    for rdn in (cert or {}).get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                return str(value)
-    return None

@@ -184,7 +184,10 @@ class PendingSessionProxy:
         return sent
 
     def authenticate(self, encoded_principal: bytes = b"") -> bool:
-        self._session.encoded_principal = encoded_principal
+        # with TLS the name on the client's certificate is its principal: an
+        # authenticator may check more, but never names anyone else
+        cert = self.principal
+        self._session.encoded_principal = encoded_principal if cert is None else cert.encode()
         self._session.state = State.AUTHENTICATED
         return True
 
