@@ -293,6 +293,8 @@ def test_every_setting_settable_from_each_layer(tmp_path: Path) -> None:
         "member-id": ("1", 1),
         "members": ("0=a:1:2:3,1=b:4:5:6", "0=a:1:2:3,1=b:4:5:6"),
         "dir": ("/tmp/x", "/tmp/x"),
+        "certs-dir": ("/tmp/certs/member-1", "/tmp/certs/member-1"),
+        "insecure": ("yes", True),
         "cluster-id": ("42", 42),
         "service": ("m:C", "m:C"),
         "authenticator": ("a:B", "a:B"),
@@ -458,3 +460,11 @@ def test_archive_io_choice_is_checked() -> None:
 def test_cluster_id_must_fit_a_member_hello(value: str) -> None:
     with pytest.raises(ConfigError, match="cluster-id"):
         load_config(["--cluster-id", value], {})
+
+
+def test_insecure_is_a_flag_that_takes_no_value_on_the_command_line() -> None:
+    assert load_config(["--insecure"], {}).insecure is True
+    assert load_config(["--insecure", "false"], {}).insecure is False
+    assert load_config([], {}).insecure is False
+    with pytest.raises(ConfigError, match="true or false"):
+        load_config(["--insecure", "maybe"], {})
