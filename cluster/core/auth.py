@@ -4,12 +4,17 @@ The consensus module calls the :class:`Authenticator` as a connection progresses
 
 1. :meth:`Authenticator.on_connect_request` with the credentials of the
    SessionConnectRequest;
-2. :meth:`Authenticator.on_connected_session` on every slow tick once the session's egress
-   is connected, until the authenticator decides: ``authenticate``, ``challenge`` or
-   ``reject`` through the :class:`SessionProxy`;
+2. :meth:`Authenticator.on_connected_session` on every slow tick until the
+   authenticator decides: ``authenticate``, ``challenge`` or ``reject`` through the
+   :class:`SessionProxy` (answers go back on the request's connection);
 3. after a challenge, :meth:`Authenticator.on_challenge_response` with the client's
    answer, then :meth:`Authenticator.on_challenged_session` on each slow tick until it
-   decides.
+   decides;
+4. :meth:`Authenticator.on_pending_ended` once the session is no longer pending, however
+   that came about: nothing need be kept for it after.
+
+With TLS, the name on the client's certificate is the principal (``authenticate`` cannot
+change it); :attr:`SessionProxy.principal` shows it to the authenticator.
 
 Authenticators run in the consensus module, not in the replicated service, so they may
 use randomness and wall-clock time.
@@ -25,6 +30,11 @@ class SessionProxy(Protocol):
 
     @property
     def session_id(self) -> int: ...
+
+    @property
+    def principal(self) -> str | None:
+        """The name on the client's certificate (None without TLS)."""
+        ...
 
     def challenge(self, encoded_challenge: bytes) -> bool:
         """Send a Challenge to the client; the session becomes CHALLENGED."""
@@ -60,6 +70,10 @@ class Authenticator:
 
     def on_challenged_session(self, proxy: SessionProxy, now_ms: int) -> None:
         """Called on each slow tick for a CHALLENGED session until a decision is made."""
+
+    def on_pending_ended(self, session_id: int) -> None:
+        """The pending session left: opened, rejected, timed out, its connection closed,
+        or the leader stepped down.  Drop whatever is kept for it."""
 
 
 DefaultAuthenticator = Authenticator

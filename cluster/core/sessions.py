@@ -231,6 +231,8 @@ class SessionManager:
                 kept = [s for s in group if s.source is not source]
                 for session in group:
                     if session.source is source:
+                        if group is self.pending_sessions:
+                            self._leave_pending(session)
                         if session.own_connection:
                             self.egress.close(session.egress_id)
                         session.state = State.CLOSED
@@ -353,8 +355,7 @@ class SessionManager:
         next, not left waiting; open sessions' egress is closed (the next leader
         re-dials it)."""
         for session in self.pending_sessions:
-            if session.source is not None:
-                session.source.pending -= 1
+            self._leave_pending(session)
         self.redirect_sessions.extend(self.pending_sessions)
         self.pending_sessions.clear()
         for session in self.sessions.values():
@@ -549,10 +550,10 @@ class SessionManager:
         self.pending_sessions = remaining
         return work
 
-    @staticmethod
-    def _leave_pending(session: ClusterSession) -> None:
+    def _leave_pending(self, session: ClusterSession) -> None:
         if session.source is not None:
             session.source.pending -= 1
+        self.authenticator.on_pending_ended(session.cluster_session_id)
 
     def _open(self, session: ClusterSession, now_ns: int) -> None:
         session.secret = self.token(SECRET_BYTES)

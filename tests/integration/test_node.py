@@ -177,7 +177,7 @@ async def test_version_mismatch_gets_error(tmp_path: Path) -> None:
 
 async def test_challenge_authentication(tmp_path: Path) -> None:
     secret = b"s3cret"
-    auth = SharedSecretAuthenticator(secret)
+    auth = SharedSecretAuthenticator({b"alice": secret, b"bob": b"b0b"})
     with trio.fail_after(20):
         async with running_node(make_config(tmp_path), EchoService(), auth) as node:
             creds = SharedSecretCredentials(b"alice", secret)
@@ -187,11 +187,15 @@ async def test_challenge_authentication(tmp_path: Path) -> None:
                 # the principal named in the credentials reached the service via the log
                 session = node.container.sessions[c.cluster_session_id]
                 assert session.encoded_principal == b"alice"
-            with pytest.raises(AuthenticationRejectedError):
-                async with client.connect(
-                    endpoints(node), credentials=SharedSecretCredentials(b"mallory", b"wrong")
-                ):
-                    pass
+            for wrong in (
+                SharedSecretCredentials(b"mallory", b"wrong"),  # unknown principal
+                SharedSecretCredentials(b"bob", secret),  # alice's secret, bob's name
+                SharedSecretCredentials(b"x" * 2048, secret),  # over-long credentials
+            ):
+                with pytest.raises(AuthenticationRejectedError):
+                    async with client.connect(endpoints(node), credentials=wrong):
+                        pass
+            assert auth.pending_state == 0  # nothing kept past a pending session
 
 
 class RecordingService(ClusteredService):

@@ -18,6 +18,7 @@ import pytest
 import trio
 
 import client
+from client import AuthenticationRejectedError
 from cluster.archive.reader import list_segments
 from cluster.archive.record import RECORD_HEADER_LENGTH, iter_records
 from cluster.config import NodeConfig
@@ -333,13 +334,21 @@ async def test_admin_requests_need_an_admin_principal_when_authenticated(
     secret = b"s3cret"
     with trio.fail_after(40):
         async with cluster(tmp_path, n=1, admin_principals="root") as c:
-            c.authenticator = lambda: SharedSecretAuthenticator(secret)
+            c.authenticator = lambda: SharedSecretAuthenticator(
+                {b"alice": secret, b"root": b"r00t"}
+            )
             await c.start_all()
             alice = SharedSecretCredentials(b"alice", secret)
             async with client.connect(c.endpoints, credentials=alice) as cc:
                 response = await cc.request_snapshot()
                 assert response.response_code is AdminResponseCode.UNAUTHORISED_ACCESS
-            root = SharedSecretCredentials(b"root", secret)
+            # alice's secret does not make her root
+            with pytest.raises(AuthenticationRejectedError):
+                async with client.connect(
+                    c.endpoints, credentials=SharedSecretCredentials(b"root", secret)
+                ):
+                    pass
+            root = SharedSecretCredentials(b"root", b"r00t")
             async with client.connect(c.endpoints, credentials=root) as cc:
                 response = await cc.request_snapshot()
                 assert response.response_code is AdminResponseCode.OK

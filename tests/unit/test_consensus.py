@@ -27,6 +27,7 @@ from cluster.core.base import ConsensusConfig, IngressSource
 from cluster.core.consensus import ConsensusModule
 from cluster.core.session import State
 from cluster.core.sessions import secret_hash
+from cluster.examples.auth import SharedSecretAuthenticator
 from cluster.protocol import LOG
 from cluster.protocol import version as pv
 from cluster.protocol.consensus import APPEND_POSITION_VERIFIED, AppendPosition
@@ -1176,3 +1177,20 @@ def test_a_lost_egress_is_redialled_with_a_growing_jittered_back_off() -> None:
         now += 10 * MS
         cm.on_slow_tick(now)
     assert dials() == n + 1
+
+
+def test_the_authenticator_forgets_a_pending_session_however_it_ends() -> None:
+    auth = SharedSecretAuthenticator({b"app": b"s"})
+    cm, _egress, _reader = make(authenticator=auth)
+    source = IngressSource(5, "127.0.0.1")
+    connect(cm, T0, credentials=b"app", source=source)
+    cm.on_slow_tick(T0 + MS)  # challenged, never answered
+    assert auth.pending_state == 1
+    cm.session_manager.on_source_closed(source)  # its connection closed
+    assert auth.pending_state == 0
+    connect(cm, T0, credentials=b"app", source=IngressSource(6, "127.0.0.1"))
+    cm.on_slow_tick(T0 + MS)
+    assert auth.pending_state == 1
+    cm.on_slow_tick(T0 + cm.config.session_timeout_ns + 2 * MS)  # it timed out
+    assert cm.session_manager.pending_sessions == []
+    assert auth.pending_state == 0
