@@ -337,6 +337,39 @@ SETTINGS: tuple[Setting, ...] = (
         "more client sessions than this are rejected with ERROR",
     ),
     Setting(
+        "max-pending-sessions",
+        16,
+        _positive(_int),
+        "sessions connecting at once (authenticating, not yet open), apart from open ones",
+    ),
+    Setting(
+        "max-pending-per-address",
+        4,
+        _positive(_int),
+        "sessions connecting at once from one client address",
+    ),
+    Setting(
+        "max-connections",
+        1024,
+        _positive(_int),
+        "client connections open at once on the ingress port; more are closed on accept",
+    ),
+    Setting(
+        "max-admin-connections",
+        16,
+        _positive(_int),
+        "connections open at once on the admin port",
+    ),
+    Setting(
+        "handshake-timeout",
+        5_000_000_000,
+        _positive(parse_duration_ns),
+        "a connection must finish its TLS handshake, and an ingress connection open or "
+        "resume a session, within this long (and it is closed once it holds none for this "
+        "long); until it holds a session its frames may be at most 64KiB",
+        format_duration,
+    ),
+    Setting(
         "max-frame-size",
         DEFAULT_MAX_FRAME_SIZE,
         _positive(parse_size),
@@ -387,6 +420,11 @@ class NodeConfig:
     startup_canvass_timeout: int = 60_000_000_000
     slow_tick_interval: int = 10_000_000
     max_concurrent_sessions: int = 10
+    max_pending_sessions: int = 16
+    max_pending_per_address: int = 4
+    max_connections: int = 1024
+    max_admin_connections: int = 16
+    handshake_timeout: int = 5_000_000_000
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_egress_backlog: int = 8 << 20
     fsync: FsyncPolicy = FsyncPolicy.BATCH

@@ -184,6 +184,7 @@ class Node:
             delivered=self._consensus_delivered,
             max_frame_size=max(cfg.max_frame_size, 2 << 20),
             cluster_id=cfg.cluster_id,
+            hello_timeout=cfg.handshake_timeout / 1e9,
         )
         terms = TermHistory(
             [
@@ -198,6 +199,8 @@ class Node:
                 member_ids=tuple(m.member_id for m in self.members),
                 session_timeout_ns=cfg.session_timeout,
                 max_concurrent_sessions=cfg.max_concurrent_sessions,
+                max_pending_sessions=cfg.max_pending_sessions,
+                max_pending_per_address=cfg.max_pending_per_address,
                 ingress_endpoints=format_ingress_endpoints(self.members),
                 leader_heartbeat_interval_ns=cfg.leader_heartbeat_interval,
                 leader_heartbeat_timeout_ns=cfg.leader_heartbeat_timeout,
@@ -254,6 +257,9 @@ class Node:
             max_backlog=cfg.max_egress_backlog,
             on_closed=self._on_source_closed,
             on_written=self.egress.mark_dirty,
+            max_connections=cfg.max_connections,
+            handshake_timeout=cfg.handshake_timeout / 1e9,
+            holds_session=self.cm.session_manager.holds_session,
         )
         self._leadership_scope: trio.CancelScope | None = None
         self.replicators: dict[int, Replicator] = {}

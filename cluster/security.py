@@ -60,7 +60,7 @@ def network_for(config: NodeConfig) -> TcpNetwork:
             f"--certs-dir {config.certs_dir} holds the certificate of {identity.name!r} "
             f"({identity.role}), not of {expected!r}"
         )
-    return TcpNetwork(tls=identity)
+    return TcpNetwork(tls=identity, handshake_timeout=config.handshake_timeout / 1e9)
 
 
 def member_cert_error(stream: trio.abc.Stream, member_id: int) -> str:

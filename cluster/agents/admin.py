@@ -56,6 +56,9 @@ from ..transport.base import Network
 log = logging.getLogger("cluster.admin")
 
 RECENT_ERRORS = 200
+ADMIN_IDLE_TIMEOUT = 60.0
+"""An admin connection that sends no command for this long is closed (the console polls
+every second or so; a command line tool sends one and closes)."""
 DEFAULT_SNAPSHOT_TIMEOUT = 30.0
 MUTATING = frozenset(
     {"snapshot", "suspend", "resume", "shutdown", "abort", "invalidate-latest-snapshot"}
@@ -155,6 +158,8 @@ class AdminServer:
         self.node = node
         self.errors = RecentErrors()
         self.connections = 0
+        self.open_connections = 0
+        self.refused_connections = 0  # over --max-admin-connections
         self.commands = 0
         self._handlers: dict[str, Handler] = {
             "describe": self._describe,
@@ -180,6 +185,17 @@ class AdminServer:
 
     async def _serve(self, stream: trio.abc.Stream) -> None:
         self.connections += 1
+        if self.open_connections >= self.node.config.max_admin_connections:
+            self.refused_connections += 1
+            await trio.aclose_forcefully(stream)
+            return
+        self.open_connections += 1
+        try:
+            await self._serve_commands(stream)
+        finally:
+            self.open_connections -= 1
+
+    async def _serve_commands(self, stream: trio.abc.Stream) -> None:
         allowed, cert = client_cert(stream)
         if not allowed:  # with TLS: a client certificate of this cluster's CA
             log.warning("closing admin connection: %s is not a client certificate", cert)
@@ -187,12 +203,14 @@ class AdminServer:
             return
         # control: from a loopback address without TLS; with TLS, an admin principal
         local = peer_is_local(stream) if cert is None else self._is_admin(cert.name)
-        decoder = FrameDecoder(max(self.node.max_frame_size, 64 * 1024))
+        decoder = FrameDecoder(64 * 1024)  # commands are small
         try:
             while True:
-                data = await stream.receive_some(64 * 1024)
-                if not data:
-                    return
+                data: bytes | bytearray = b""
+                with trio.move_on_after(ADMIN_IDLE_TIMEOUT) as idle:
+                    data = await stream.receive_some(64 * 1024)
+                if idle.cancelled_caught or not data:
+                    return  # closed, or idle (or half a frame) for too long
                 for body in decoder.feed(data):
                     command = ADMIN.decode(body)
                     if not isinstance(command, AdminCommand):

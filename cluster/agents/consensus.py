@@ -24,6 +24,7 @@ replication restarts from what the follower reports).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -95,6 +96,7 @@ class PeerLinks:
         max_frame_size: int,
         max_backlog: int = 64 << 20,
         cluster_id: int = 0,
+        hello_timeout: float = 5.0,
     ) -> None:
         self.network = network
         self.me = me
@@ -104,6 +106,8 @@ class PeerLinks:
         self.delivered = delivered
         self.max_frame_size = max_frame_size
         self.cluster_id = cluster_id
+        self.hello_timeout = hello_timeout
+        self._unidentified = 0  # inbound connections that have not said hello yet
         self.protocol_errors = 0
         self.inbound: dict[int, int] = {}
         #: the open inbound link of each member, and the cancel scope of its reader
@@ -213,14 +217,27 @@ class PeerLinks:
         return peer
 
     async def _serve_peer(self, stream: trio.abc.Stream) -> None:
+        if self._unidentified >= 2 * len(self.links) + 2:
+            # more links saying nothing yet than members could: a stranger's flood
+            self.protocol_errors += 1
+            await trio.aclose_forcefully(stream)
+            return
         scope = trio.CancelScope()  # cancelled when the consensus module refuses the peer
+        # a link must say who it is (MemberHello) within the handshake timeout
+        scope.deadline = trio.current_time() + self.hello_timeout
+        self._unidentified += 1
         peer = [-1]
         try:
             with scope:
                 await self._read_peer(stream, scope, peer)
+            if scope.cancelled_caught and peer[0] < 0:
+                self.protocol_errors += 1
+                log.info("closing a consensus connection that sent no MemberHello in time")
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
+            if peer[0] < 0:
+                self._unidentified -= 1
             if peer[0] >= 0 and self._live.get(peer[0], (None,))[0] is stream:
                 del self._live[peer[0]]
             with trio.CancelScope(shield=True):
@@ -252,6 +269,8 @@ class PeerLinks:
                         if not isinstance(message, MemberHello):
                             raise ProtocolError("member link did not start with MemberHello")
                         peer = who[0] = self._hello(message, stream, scope)
+                        scope.deadline = math.inf
+                        self._unidentified -= 1
                         continue
                     reason = check_consensus_message(message, members, me, peer)
                     if reason is not None:

@@ -13,6 +13,7 @@ its connect requests, and the egress of the sessions it holds, go back on it.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -33,11 +34,16 @@ log = logging.getLogger("cluster.ingress")
 
 _decode = INGRESS.decode
 
+PRE_AUTH_FRAME_SIZE = 64 * 1024
+"""Largest frame from a connection that holds no session yet."""
+
 
 @dataclass
 class IngressStats:
     connections: int = 0
     open_connections: int = 0
+    refused_connections: int = 0  # over --max-connections, closed on accept
+    idle_closed: int = 0  # held no session for --handshake-timeout
     frames: int = 0
     protocol_errors: int = 0
     last_error: str = ""
@@ -105,7 +111,14 @@ class IngressAgent:
         max_backlog: int = 8 << 20,
         on_closed: Callable[[IngressSource], None] | None = None,
         on_written: Callable[[FrameWriter], None] | None = None,
+        max_connections: int = 1024,
+        handshake_timeout: float = 5.0,
+        holds_session: Callable[[IngressSource], bool] = lambda source: True,
     ) -> None:
+        self.max_connections = max_connections
+        self.handshake_timeout = handshake_timeout
+        self._holds_session = holds_session
+        self._refusal_logged_at = -math.inf
         self.network = network
         self.host = host
         self.port = port
@@ -143,6 +156,19 @@ class IngressAgent:
             await self._all_closed.wait()
 
     async def _handle(self, stream: trio.abc.Stream) -> None:
+        if len(self.sources) >= self.max_connections:
+            self.stats.refused_connections += 1
+            now = trio.current_time()
+            if now - self._refusal_logged_at >= 10.0:
+                self._refusal_logged_at = now
+                log.warning(
+                    "ingress: %d connections open (--max-connections): closing new ones "
+                    "(%d so far)",
+                    len(self.sources),
+                    self.stats.refused_connections,
+                )
+            await trio.aclose_forcefully(stream)
+            return
         allowed, cert = client_cert(stream)
         if not allowed:  # a member's certificate is no client's
             self.stats.protocol_errors += 1
@@ -161,6 +187,7 @@ class IngressAgent:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write, writer, stream, nursery.cancel_scope)
+                nursery.start_soon(self._watch, source, nursery.cancel_scope)
                 await self._read(stream, source)
                 nursery.cancel_scope.cancel()
         finally:
@@ -181,11 +208,25 @@ class IngressAgent:
             pass
         done.cancel()  # closed by the node, or broken: stop reading too
 
+    async def _watch(self, source: IngressSource, done: trio.CancelScope) -> None:
+        """Close the connection once it has held no session for a handshake timeout:
+        a stranger may not keep it (or half a frame) open without a session."""
+        while True:
+            await trio.sleep(self.handshake_timeout)
+            if not self._holds_session(source):
+                self.stats.idle_closed += 1
+                log.debug("closing ingress connection %d: no session", source.conn_id)
+                done.cancel()
+                return
+
     async def _read(self, stream: trio.abc.Stream, source: IngressSource) -> None:
         stats = self.stats
         stats.connections += 1
         stats.open_connections += 1
-        decoder = FrameDecoder(self.max_frame_size)
+        # until a session opens on it, a connection's frames are small (a connect
+        # request, a challenge response): strangers' half-sent frames stay cheap
+        decoder = FrameDecoder(min(self.max_frame_size, PRE_AUTH_FRAME_SIZE))
+        full_size = self.max_frame_size
         inbox = self.inbox
         messages = inbox.messages
         try:
@@ -193,6 +234,8 @@ class IngressAgent:
                 data = await stream.receive_some(256 * 1024)
                 if not data:
                     return
+                if decoder.max_frame_size < full_size and source.trusted:
+                    decoder.max_frame_size = full_size
                 messages = inbox.messages
                 mark = len(messages)
                 messages.append(source)

@@ -24,6 +24,10 @@ class ConsensusConfig:
     member_ids: tuple[int, ...] = (0,)
     session_timeout_ns: int = 10_000_000_000
     max_concurrent_sessions: int = 10
+    max_pending_sessions: int = 16
+    """Sessions connecting at once (not yet open), counted apart from open ones."""
+    max_pending_per_address: int = 4
+    """Sessions connecting at once from one client address."""
     ingress_endpoints: str = ""
     app_version: int = protocol_version.compose(0, 0, 1)
     leader_heartbeat_interval_ns: int = 200_000_000
@@ -64,6 +68,8 @@ class Counters:
     """Client messages naming a session that their connection does not hold."""
     rejected_resumes: int = 0
     """Resume requests with a wrong secret."""
+    dropped_connect_requests: int = 0
+    """Connect requests dropped unanswered: more waiting for an answer than the limit."""
 
 
 class IngressSource:
@@ -76,7 +82,7 @@ class IngressSource:
     (None without TLS), ``link`` the shell's handle for replying on it.
     """
 
-    __slots__ = ("address", "closed", "conn_id", "link", "pending", "principal")
+    __slots__ = ("address", "closed", "conn_id", "link", "pending", "principal", "trusted")
 
     def __init__(
         self, conn_id: int, address: str, principal: str | None = None, link: object = None
@@ -87,6 +93,7 @@ class IngressSource:
         self.link = link
         self.closed = False
         self.pending = 0  # sessions not yet open that came on this connection
+        self.trusted = False  # a session opened or resumed on it (it may send large frames)
 
     def __repr__(self) -> str:
         return f"IngressSource({self.conn_id}, {self.address!r}, {self.principal!r})"

@@ -83,8 +83,8 @@ from .follower import FollowerReplica
 from .log import ReplicatedLog
 from .pending import PendingServiceMessageTracker, service_session_id
 from .replication import LeaderReplication
-from .session import State
-from .sessions import CLIENT_REQUESTS, SessionManager
+from .session import CLIENT_REQUESTS, State
+from .sessions import SessionManager
 from .terms import TermHistory
 from .timers import TimerService
 from .validate import sender_of

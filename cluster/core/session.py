@@ -8,6 +8,14 @@ import ipaddress
 
 from ..protocol.egress import Challenge
 from ..protocol.enums import CloseReason, EventCode
+from ..protocol.ingress import (
+    AdminRequest,
+    ChallengeResponse,
+    SessionCloseRequest,
+    SessionConnectRequest,
+    SessionKeepAlive,
+    SessionResumeRequest,
+)
 from .base import EgressPort, IngressSource
 
 
@@ -113,6 +121,16 @@ class ClusterSession:
             f"channel={self.response_channel!r})"
         )
 
+
+CLIENT_REQUESTS = (
+    SessionKeepAlive,
+    SessionConnectRequest,
+    SessionCloseRequest,
+    ChallengeResponse,
+    SessionResumeRequest,
+    AdminRequest,
+)
+"""Client messages about sessions (their connection is checked)."""
 
 SECRET_BYTES = 16
 

@@ -38,7 +38,6 @@ from ..protocol import version as protocol_version
 from ..protocol.egress import NewLeaderEvent, SessionEvent
 from ..protocol.enums import CloseReason, EventCode
 from ..protocol.ingress import (
-    AdminRequest,
     ChallengeResponse,
     SessionCloseRequest,
     SessionConnectRequest,
@@ -60,15 +59,6 @@ from .session import (
 
 log = logging.getLogger("cluster.consensus")
 
-CLIENT_REQUESTS = (
-    SessionKeepAlive,
-    SessionConnectRequest,
-    SessionCloseRequest,
-    ChallengeResponse,
-    SessionResumeRequest,
-    AdminRequest,
-)
-"""Client messages about sessions (their connection is checked)."""
 
 EGRESS_RETRY_NS = 1_000_000_000
 """How long a leader waits for a re-dial of a session's egress to connect or fail."""
@@ -144,8 +134,15 @@ class SessionManager:
         )
         session.source = source
         session.state = State.CONNECTED
+        limit = self.config.max_pending_sessions
         if not ready:
-            self.redirect_sessions.append(session)
+            if len(self.redirect_sessions) >= limit:
+                self.counters.dropped_connect_requests += 1  # the client asks again
+            else:
+                self.redirect_sessions.append(session)
+            return
+        if len(self.rejected_sessions) >= limit:
+            self.counters.dropped_connect_requests += 1
             return
         channel_error = check_channel(request.response_channel, source)
         if channel_error:
@@ -158,8 +155,17 @@ class SessionManager:
                 f"cluster is {protocol_version.to_string(protocol_version.PROTOCOL_VERSION)}",
             )
             self.rejected_sessions.append(session)
-        elif len(self.sessions) + len(self.pending_sessions) >= self.config.max_concurrent_sessions:
+        elif len(self.sessions) >= self.config.max_concurrent_sessions:
             session.rejection = (EventCode.ERROR, "concurrent session limit")
+            self.rejected_sessions.append(session)
+        elif len(self.pending_sessions) >= limit:
+            session.rejection = (EventCode.ERROR, "too many sessions connecting, try again")
+            self.rejected_sessions.append(session)
+        elif self._pending_from(source.address) >= self.config.max_pending_per_address:
+            session.rejection = (
+                EventCode.ERROR,
+                f"too many sessions connecting from {source.address}, try again",
+            )
             self.rejected_sessions.append(session)
         else:
             self.authenticator.on_connect_request(
@@ -170,6 +176,20 @@ class SessionManager:
                 session.egress_connected = True
             source.pending += 1
             self.pending_sessions.append(session)
+
+    def holds_session(self, source: IngressSource) -> bool:
+        """Whether a connection has a session here: connecting, waiting for a
+        redirect or a rejection to go out, or open."""
+        if source.pending:
+            return True
+        return any(
+            s.source is source
+            for group in (self.sessions.values(), self.redirect_sessions, self.rejected_sessions)
+            for s in group
+        )
+
+    def _pending_from(self, address: str) -> int:
+        return sum(1 for s in self.pending_sessions if s.source and s.source.address == address)
 
     def holds(self, session: ClusterSession, source: IngressSource | None) -> bool:
         """Whether ``source`` may act for ``session`` (counted when not)."""
@@ -198,6 +218,7 @@ class SessionManager:
         if session.source is not None and session.source is not source and session.own_connection:
             self.egress.close(session.egress_id)  # detach from the old connection
         session.source = source
+        source.trusted = True
         session.time_of_last_activity_ns = now_ns
         if session.own_connection:
             self.egress.attach(session.egress_id, source)
@@ -526,7 +547,11 @@ class SessionManager:
                 )
             if session.state is State.AUTHENTICATED:
                 self._leave_pending(session)
-                self._open(session, now_ns)
+                if len(self.sessions) >= self.config.max_concurrent_sessions:
+                    session.rejection = (EventCode.ERROR, "concurrent session limit")
+                    self._reject(session)
+                else:
+                    self._open(session, now_ns)
                 work += 1
                 continue
             if session.state is State.REJECTED:
@@ -556,6 +581,8 @@ class SessionManager:
         self.authenticator.on_pending_ended(session.cluster_session_id)
 
     def _open(self, session: ClusterSession, now_ns: int) -> None:
+        if session.source is not None:
+            session.source.trusted = True
         session.secret = self.token(SECRET_BYTES)
         session.secret_hash = secret_hash(session.secret)
         if not session.own_connection:

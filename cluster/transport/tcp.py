@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import socket
 import ssl
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -12,6 +15,8 @@ from .base import StreamHandler
 from .tls import TlsIdentity
 
 log = logging.getLogger("cluster.transport")
+
+_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 KEEPALIVE_IDLE = 5
@@ -70,6 +75,7 @@ class TcpNetwork:
         self.tls = tls
         self.handshake_timeout = handshake_timeout
         self.tls_failures = 0
+        self.accept_pauses = 0
         self._unreported = 0
         self._last_failure = ""
         self._reported_at = float("-inf")
@@ -123,7 +129,7 @@ class TcpNetwork:
 
         async with trio.open_nursery() as nursery:
             if self.tls is None:
-                await nursery.start(trio.serve_listeners, handle, listeners)
+                serve = handle
             else:
                 tls = self.tls
 
@@ -133,8 +139,44 @@ class TcpNetwork:
                     if tls_stream is not None:
                         await handler(tls_stream)
 
-                await nursery.start(trio.serve_listeners, handle_tls, listeners)
+                serve = handle_tls
+            for listener in listeners:
+                nursery.start_soon(self._accept_loop, listener, serve, nursery, bound)
             task_status.started(bound)
+
+    async def _accept_loop(
+        self,
+        listener: trio.SocketListener,
+        handle: Callable[[trio.SocketStream], Awaitable[None]],
+        nursery: trio.Nursery,
+        port: int,
+    ) -> None:
+        """Accept for ever.  Out of file descriptors (or buffers) is an event, not an
+        error: one WARNING, then accepts pause (doubling to 1 s) until one succeeds;
+        the connections already open carry on."""
+        pause = 0.0
+        async with listener:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in _RESOURCE_ERRNOS:
+                        raise
+                    self.accept_pauses += 1
+                    if pause == 0.0:
+                        log.warning(
+                            "port %d: cannot accept connections (%s); pausing accepts "
+                            "until resources free up",
+                            port,
+                            os.strerror(exc.errno or 0),
+                        )
+                    pause = min(max(2 * pause, 0.01), 1.0)
+                    await trio.sleep(pause)
+                    continue
+                if pause:
+                    log.warning("port %d: accepting connections again", port)
+                    pause = 0.0
+                nursery.start_soon(handle, stream)
 
     async def _server_handshake(
         self, stream: trio.SocketStream, tls: TlsIdentity, nursery: trio.Nursery
