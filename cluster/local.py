@@ -66,7 +66,11 @@ class LocalCluster:
         extra_args: Sequence[str] = (),
         members: str | None = None,
         log_dir: str | os.PathLike[str] | None = None,
+        certs: str | os.PathLike[str] | None = None,
     ) -> None:
+        """``certs``: a directory made by ``cluster-tool certs``; each member then runs
+        with ``--certs-dir certs/member-<id>``."""
+        self.certs = Path(certs) if certs is not None else None
         self.nodes = nodes
         self.service = service
         self.directory = Path(directory)
@@ -80,6 +84,9 @@ class LocalCluster:
         return ingress_endpoints(self.members)
 
     def command(self, member_id: int) -> list[str]:
+        certs = (
+            [] if self.certs is None else ["--certs-dir", str(self.certs / f"member-{member_id}")]
+        )
         return [
             sys.executable,
             "-m",
@@ -92,6 +99,7 @@ class LocalCluster:
             str(self.directory / f"node-{member_id}"),
             "--service",
             self.service,
+            *certs,
             *self.extra_args,
         ]
 

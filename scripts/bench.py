@@ -31,7 +31,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import client  # noqa: E402
+from cluster.certs import make_certs  # noqa: E402
 from cluster.local import LocalCluster  # noqa: E402
+
+CERTS_DIR: Path | None = None
+"""The clients' certificate folder when the bench runs with --tls."""
 from cluster.metrics import Histogram, cpu_seconds  # noqa: E402
 
 STAMP = struct.Struct("<qq")  # sequence, send time (perf_counter_ns)
@@ -163,7 +167,7 @@ async def run_client(
     seq = 0
     pack = STAMP.pack
     closed_loop = not (rate and open_loop is not None)
-    async with client.connect(endpoints, connect_timeout=10) as c:
+    async with client.connect(endpoints, connect_timeout=10, certs_dir=CERTS_DIR) as c:
         stats.connected()
 
         async def send(batch: list[bytes]) -> None:
@@ -420,6 +424,11 @@ def main() -> int:
         default=5.0,
         help="seconds between samples of each node's RSS (local cluster only; 0: off)",
     )
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="make certificates and run the cluster and clients with mutual TLS",
+    )
     p.add_argument("--json", action="store_true", help="print JSON only")
     p.add_argument(
         "--out",
@@ -442,6 +451,12 @@ def main() -> int:
         result = trio.run(bench, args, args.endpoints)
     else:
         with tempfile.TemporaryDirectory(prefix="triarch-bench-") as tmp:
+            certs = None
+            if args.tls:
+                global CERTS_DIR
+                certs = Path(tmp) / "certs"
+                make_certs(certs, [(i, "127.0.0.1") for i in range(args.nodes)])
+                CERTS_DIR = certs / "client-app"
             cluster = LocalCluster(
                 args.nodes,
                 "cluster.examples.echo:EchoService",
@@ -456,6 +471,7 @@ def main() -> int:
                     "--log-level",
                     "WARNING",
                 ],
+                certs=certs,
             )
             with cluster:
                 pids = {member: proc.pid for member, proc in cluster.processes.items()}
