@@ -371,7 +371,8 @@ class ConsensusModule:
             self.set_candidate_term(term)
         if self.role is Role.LEADER:
             self._step_down()
-        if self.leadership_term_id != term or self.leader_member_id != leader:
+        changed = self.leadership_term_id != term or self.leader_member_id != leader
+        if changed:
             self.replica.new_leader()
             self.session_manager.follow()
             log.info("member %d follows leader %d in term %d", self.config.member_id, leader, term)
@@ -379,6 +380,8 @@ class ConsensusModule:
         self.leader_member_id = leader
         self.election = None
         self.last_leader_heard_ns = now_ns
+        if changed:
+            self.session_manager.redirect_held()  # now that the view names the leader
         return True
 
     # ------------------------------------------------------------------ dispatch

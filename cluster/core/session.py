@@ -64,6 +64,7 @@ class ClusterSession:
         "encoded_principal",
         "has_new_leader_event_pending",
         "has_open_event_pending",
+        "heartbeat_ns",
         "opened_log_position",
         "rejection",
         "response_channel",
@@ -107,6 +108,7 @@ class ClusterSession:
         self.restored_from_snapshot = False  # closed after the first election (seed 004)
         # the connection that holds the session here (None: none does, until a resume)
         self.source: IngressSource | None = None
+        self.heartbeat_ns = 0  # next NewLeaderEvent due (egress on the ingress connection)
         self.secret = b""  # only on the leader that opened it, until OK is sent
         self.secret_hash = b""  # SHA-256 of the secret, replicated in SessionOpenEvent
 
@@ -133,6 +135,11 @@ CLIENT_REQUESTS = (
 """Client messages about sessions (their connection is checked)."""
 
 SECRET_BYTES = 16
+
+EGRESS_HEARTBEAT_NS = 1_000_000_000
+"""A leader sends each session whose egress rides its ingress connection a NewLeaderEvent
+at least this often: a client hearing nothing for a few of these knows its member no
+longer leads (paused, cut off) and looks for the one that does."""
 
 
 def secret_hash(secret: bytes) -> bytes:

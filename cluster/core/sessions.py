@@ -21,9 +21,14 @@ client named a response channel: then the leader dials it once the session is
 authenticated, and only at the address the request came from.
 
 Open sessions time out after ``session_timeout_ns`` without activity; a leader that
-steps down redirects its pending sessions; a new leader re-dials every open session's
-egress and sends it a NewLeaderEvent.  Only the consensus module calls this manager;
-log entries go out through the ``append`` callable it is given.
+steps down redirects its pending sessions, and once the new leader is known tells the
+clients still connected to it where to go (REDIRECT); a new leader re-dials every open
+session that named a response channel and sends it a NewLeaderEvent.  Sessions whose
+egress rides their ingress connection get a NewLeaderEvent every
+:data:`~cluster.core.session.EGRESS_HEARTBEAT_NS`: silence tells their client to look for
+the leader.  Connect requests until the session opens are
+:class:`~cluster.core.admission.SessionAdmission`'s part.  Only the consensus module
+calls this manager; log entries go out through the ``append`` callable it is given.
 """
 
 from __future__ import annotations
@@ -38,22 +43,20 @@ from ..protocol import version as protocol_version
 from ..protocol.egress import NewLeaderEvent, SessionEvent
 from ..protocol.enums import CloseReason, EventCode
 from ..protocol.ingress import (
-    ChallengeResponse,
     SessionCloseRequest,
-    SessionConnectRequest,
     SessionKeepAlive,
     SessionResumeRequest,
 )
 from ..protocol.log import LogMessage, SessionCloseEvent, SessionOpenEvent
+from .admission import SessionAdmission
 from .auth import Authenticator
 from .base import ConsensusConfig, Counters, EgressPort, IngressSource, TermView
 from .log import ReplicatedLog
 from .session import (
+    EGRESS_HEARTBEAT_NS,
     SECRET_BYTES,
     ClusterSession,
-    PendingSessionProxy,
     State,
-    check_channel,
     secret_hash,
 )
 
@@ -74,7 +77,7 @@ a hundred times a second."""
 EGRESS_STABLE_NS = 2_000_000_000
 
 
-class SessionManager:
+class SessionManager(SessionAdmission):
     """Pending, redirected, rejected and open sessions of one member."""
 
     def __init__(
@@ -109,74 +112,6 @@ class SessionManager:
 
     # ------------------------------------------------------------------ requests
 
-    def on_connect(
-        self, request: SessionConnectRequest, source: IngressSource, now_ns: int
-    ) -> None:
-        # Only a ready leader assigns session ids: before its log of earlier terms is
-        # applied it does not know every id in use.  Until then, redirect (to itself,
-        # once ready).
-        ready = self.view.is_ready_leader
-        if ready:
-            session_id = self.next_session_id
-            self.next_session_id += 1
-            egress_id = session_id
-        else:
-            session_id = -1
-            egress_id = self._next_local_egress_id
-            self._next_local_egress_id -= 1
-        session = ClusterSession(
-            session_id,
-            egress_id,
-            request.correlation_id,
-            request.response_stream_id,
-            request.response_channel,
-            now_ns,
-        )
-        session.source = source
-        session.state = State.CONNECTED
-        limit = self.config.max_pending_sessions
-        if not ready:
-            if len(self.redirect_sessions) >= limit:
-                self.counters.dropped_connect_requests += 1  # the client asks again
-            else:
-                self.redirect_sessions.append(session)
-            return
-        if len(self.rejected_sessions) >= limit:
-            self.counters.dropped_connect_requests += 1
-            return
-        channel_error = check_channel(request.response_channel, source)
-        if channel_error:
-            session.rejection = (EventCode.ERROR, channel_error)
-            self.rejected_sessions.append(session)
-        elif not protocol_version.is_compatible(request.version):
-            session.rejection = (
-                EventCode.ERROR,
-                f"invalid client version {protocol_version.to_string(request.version)}, "
-                f"cluster is {protocol_version.to_string(protocol_version.PROTOCOL_VERSION)}",
-            )
-            self.rejected_sessions.append(session)
-        elif len(self.sessions) >= self.config.max_concurrent_sessions:
-            session.rejection = (EventCode.ERROR, "concurrent session limit")
-            self.rejected_sessions.append(session)
-        elif len(self.pending_sessions) >= limit:
-            session.rejection = (EventCode.ERROR, "too many sessions connecting, try again")
-            self.rejected_sessions.append(session)
-        elif self._pending_from(source.address) >= self.config.max_pending_per_address:
-            session.rejection = (
-                EventCode.ERROR,
-                f"too many sessions connecting from {source.address}, try again",
-            )
-            self.rejected_sessions.append(session)
-        else:
-            self.authenticator.on_connect_request(
-                session_id, request.encoded_credentials, self.log.cluster_time(now_ns)
-            )
-            if session.own_connection:
-                self.egress.attach(egress_id, source)
-                session.egress_connected = True
-            source.pending += 1
-            self.pending_sessions.append(session)
-
     def holds_session(self, source: IngressSource) -> bool:
         """Whether a connection has a session here: connecting, waiting for a
         redirect or a rejection to go out, or open."""
@@ -187,9 +122,6 @@ class SessionManager:
             for group in (self.sessions.values(), self.redirect_sessions, self.rejected_sessions)
             for s in group
         )
-
-    def _pending_from(self, address: str) -> int:
-        return sum(1 for s in self.pending_sessions if s.source and s.source.address == address)
 
     def holds(self, session: ClusterSession, source: IngressSource | None) -> bool:
         """Whether ``source`` may act for ``session`` (counted when not)."""
@@ -295,25 +227,6 @@ class SessionManager:
         if session is not None and self.holds(session, source):
             self._close(session, CloseReason.CLIENT_ACTION, now_ns)
 
-    def on_challenge_response(
-        self, msg: ChallengeResponse, source: IngressSource, now_ns: int
-    ) -> None:
-        for session in self.pending_sessions:
-            if (
-                session.cluster_session_id == msg.cluster_session_id
-                and session.correlation_id == msg.correlation_id
-                and session.state is State.CHALLENGED
-                and session.source is source
-            ):
-                session.time_of_last_activity_ns = now_ns
-                self.authenticator.on_challenge_response(
-                    session.cluster_session_id,
-                    msg.encoded_credentials,
-                    self.log.cluster_time(now_ns),
-                )
-                return
-        self.counters.unknown_session_messages += 1
-
     def on_service_close(self, cluster_session_id: int, now_ns: int) -> bool:
         """The clustered service asked to close a session (SERVICE_ACTION)."""
         session = self.sessions.get(cluster_session_id)
@@ -389,6 +302,16 @@ class SessionManager:
         """Following a new leader: it has every session live, snapshot ones included."""
         for session in self.sessions.values():
             session.restored_from_snapshot = False
+
+    def redirect_held(self) -> None:
+        """A new leader is known: clients still connected here (this member led) are
+        told where to go (REDIRECT on their connection), and the connections are
+        released: they resume at the leader."""
+        for session in self.sessions.values():
+            source = session.source
+            if source is not None and not source.closed:
+                self.send_event(session, EventCode.REDIRECT, self.config.ingress_endpoints)
+            session.source = None
 
     def lead(self, now_ns: int) -> None:
         """This leader is ready: re-dial every open session that named a response
@@ -472,34 +395,6 @@ class SessionManager:
 
     # ------------------------------------------------------------------ slow tick
 
-    def send_redirects_and_rejections(self, now_ns: int) -> int:
-        work = 0
-        view = self.view
-        if self.redirect_sessions:
-            remaining = []
-            for session in self.redirect_sessions:
-                if view.leader_member_id < 0 or view.in_election:
-                    if now_ns - session.time_of_last_activity_ns > self.config.session_timeout_ns:
-                        self.egress.close(session.egress_id)  # no leader emerged in time
-                        session.state = State.CLOSED
-                        work += 1
-                    else:
-                        remaining.append(session)  # redirect once a leader is known
-                    continue
-                self.send_event(session, EventCode.REDIRECT, self.config.ingress_endpoints)
-                self.egress.close(session.egress_id)
-                session.state = State.CLOSED
-                self.counters.redirected_sessions += 1
-                work += 1
-            self.redirect_sessions = remaining
-        if self.rejected_sessions:
-            remaining = []
-            for session in self.rejected_sessions:
-                self._reject(session)
-                work += 1
-            self.rejected_sessions = remaining
-        return work
-
     def send_event(
         self, session: ClusterSession, code: EventCode, detail: str, secret: bytes = b""
     ) -> bool:
@@ -520,65 +415,6 @@ class SessionManager:
         if source is not None and not source.closed:
             return self.egress.reply(source, event)
         return self.egress.send(session.egress_id, event)
-
-    def _reject(self, session: ClusterSession) -> None:
-        code, detail = session.rejection or (EventCode.ERROR, "rejected")
-        self.send_event(session, EventCode(code), detail)
-        self.egress.close(session.egress_id)
-        session.state = State.CLOSED
-        self.counters.rejected_sessions += 1
-
-    def process_pending(self, now_ns: int) -> int:
-        """Move pending sessions on: connected, authenticated, opened, rejected or
-        timed out (a ready leader, every slow tick)."""
-        if not self.pending_sessions:
-            return 0
-        work = 0
-        now_ms = self.log.cluster_time(now_ns)
-        remaining: list[ClusterSession] = []
-        for session in self.pending_sessions:
-            if session.state is State.CONNECTED:
-                self.authenticator.on_connected_session(
-                    PendingSessionProxy(self.egress, session), now_ms
-                )
-            elif session.state is State.CHALLENGED:
-                self.authenticator.on_challenged_session(
-                    PendingSessionProxy(self.egress, session), now_ms
-                )
-            if session.state is State.AUTHENTICATED:
-                self._leave_pending(session)
-                if len(self.sessions) >= self.config.max_concurrent_sessions:
-                    session.rejection = (EventCode.ERROR, "concurrent session limit")
-                    self._reject(session)
-                else:
-                    self._open(session, now_ns)
-                work += 1
-                continue
-            if session.state is State.REJECTED:
-                self._leave_pending(session)
-                self._reject(session)
-                work += 1
-                continue
-            if now_ns - session.time_of_last_activity_ns > self.config.session_timeout_ns:
-                self.counters.timed_out_sessions += 1
-                log.info(
-                    "pending session %d timed out in %s",
-                    session.cluster_session_id,
-                    session.state.name,
-                )
-                self._leave_pending(session)
-                self.egress.close(session.egress_id)
-                session.state = State.CLOSED
-                work += 1
-                continue
-            remaining.append(session)
-        self.pending_sessions = remaining
-        return work
-
-    def _leave_pending(self, session: ClusterSession) -> None:
-        if session.source is not None:
-            session.source.pending -= 1
-        self.authenticator.on_pending_ended(session.cluster_session_id)
 
     def _open(self, session: ClusterSession, now_ns: int) -> None:
         if session.source is not None:
@@ -650,6 +486,10 @@ class SessionManager:
             elif session.has_new_leader_event_pending and session.egress_connected:
                 if self._send_new_leader_event(session):
                     work += 1
+            elif session.own_connection and session.egress_connected:
+                if now_ns >= session.heartbeat_ns:  # the client's sign that we still lead
+                    session.heartbeat_ns = now_ns + EGRESS_HEARTBEAT_NS
+                    self._send_new_leader_event(session)
             elif session.has_open_event_pending and session.opened_log_position <= commit:
                 self._send_open_event(session)  # retry a send that found no room
         return work
