@@ -30,7 +30,7 @@ from cluster.core.sessions import secret_hash
 from cluster.examples.auth import SharedSecretAuthenticator
 from cluster.protocol import LOG
 from cluster.protocol import version as pv
-from cluster.protocol.consensus import APPEND_POSITION_VERIFIED, AppendPosition
+from cluster.protocol.consensus import APPEND_POSITION_VERIFIED, AppendPosition, CommitPosition
 from cluster.protocol.egress import AdminResponse, Challenge, NewLeaderEvent, SessionEvent
 from cluster.protocol.enums import (
     AdminRequestType,
@@ -1196,3 +1196,41 @@ def test_the_authenticator_forgets_a_pending_session_however_it_ends() -> None:
     cm.on_slow_tick(T0 + cm.config.session_timeout_ns + 2 * MS)  # it timed out
     assert cm.session_manager.pending_sessions == []
     assert auth.pending_state == 0
+
+
+def own_connection_session(cm: ConsensusModule, reader: LogReader, now: int) -> int:
+    """A session whose egress rides its ingress connection (empty response channel)."""
+    sid = cm.session_manager.next_session_id
+    cm.on_message(CLIENT, now)
+    cm.on_message(SessionConnectRequest(50, 7, pv.PROTOCOL_VERSION, "", b""), now)
+    cm.on_slow_tick(now + MS)
+    commit_all(cm, reader)
+    assert cm.sessions[sid].state is State.OPEN
+    return sid
+
+
+def test_a_session_on_its_own_connection_hears_from_its_leader_every_second() -> None:
+    cm, egress, reader = make()
+    sid = own_connection_session(cm, reader, T0)
+    egress_calls = [c for c in egress.calls if c[0] in ("attach", "connect")]
+    assert egress_calls == [("attach", sid, CLIENT)]  # nobody dialled
+    heartbeats = []
+    for second in range(1, 6):
+        cm.on_slow_tick(T0 + second * SECOND)
+        cm.session_manager.on_keepalive(SessionKeepAlive(TERM, sid), CLIENT, T0 + second * SECOND)
+        heartbeats = egress.messages(sid, NewLeaderEvent)
+    assert 4 <= len(heartbeats) <= 6
+    assert {h.leader_member_id for h in heartbeats} == {cm.config.member_id}
+
+
+def test_a_member_that_stops_leading_redirects_the_clients_connected_to_it() -> None:
+    cm, egress, reader = make(member_count=3)
+    sid = own_connection_session(cm, reader, T0)
+    # another member leads a later term: this one steps down and follows it
+    cm.on_consensus_message(CommitPosition(TERM + 1, 0, 2), T0 + SECOND)
+    assert cm.role is Role.FOLLOWER
+    (redirect,) = [e for e in egress.events(sid) if e.code is EventCode.REDIRECT]
+    assert redirect.leader_member_id == 2
+    assert redirect.leadership_term_id == TERM + 1
+    assert redirect.detail == ENDPOINTS
+    assert cm.sessions[sid].source is None  # released: the client resumes at member 2
