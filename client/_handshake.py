@@ -11,6 +11,13 @@ tasks, and wait in one queue for the task running :meth:`~Handshake.drive`::
 tasks (every member at once, retrying those that refuse), send the connect request or
 challenge response, and stop at ``Done`` or raise at ``Fail``.  Whatever is still queued
 when the session opens is the shell's to take (:meth:`~Handshake.take_leftovers`).
+
+Redials back off (:func:`~client._ingress.backoff_delay`): a connector waits before each
+retry of a member that refused, and losing the handshake's connection (a port that
+accepts and closes at once, a member that breaks it mid-handshake) counts as a failure
+that the next round of connectors carries on from, waiting before its first dial.  The
+count lasts for the whole handshake; with no failure yet (a fresh connect, a redirect to
+the leader) the connectors dial at once.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from ._ingress import (
     Ingress,
     IngressWriter,
     aclose_quietly,
-    retry_delay,
+    backoff_delay,
     try_connect,
 )
 from ._session import Session
@@ -63,6 +70,8 @@ class Handshake:
         self._events: deque[tuple[str, Any]] = deque()
         self.changed = Broadcast(backend)
         self._connector_scope: anyio.CancelScope | None = None
+        # handshake connections lost so far (each round of connectors backs off for them)
+        self.failures = 0
 
     def on_egress(self, message: Any) -> None:
         """An egress message before the session opened: queue it (while there is room)."""
@@ -84,10 +93,11 @@ class Handshake:
     # ------------------------------------------------------------------ connectors
 
     def start_connectors(self, members: Mapping[int, Endpoint]) -> None:
+        """Dial ``members`` (after the back-off that :attr:`failures` calls for)."""
         self.stop_connectors()
         scope = anyio.CancelScope()
         self._connector_scope = scope
-        self._spawn(self._connect_members, dict(members), scope)
+        self._spawn(self._connect_members, dict(members), scope, self.failures)
 
     def stop_connectors(self) -> None:
         if self._connector_scope is not None:
@@ -95,25 +105,29 @@ class Handshake:
             self._connector_scope = None
 
     async def _connect_members(
-        self, members: dict[int, Endpoint], scope: anyio.CancelScope
+        self, members: dict[int, Endpoint], scope: anyio.CancelScope, failures: int
     ) -> None:
         """Dial every member at once; cancelled by ``scope`` once one is chosen."""
         with scope:
             async with anyio.create_task_group() as tg:
                 for member_id, endpoint in members.items():
-                    tg.start_soon(self._connector, member_id, endpoint, scope)
+                    tg.start_soon(self._connector, member_id, endpoint, scope, failures)
 
     async def _connector(
-        self, member_id: int, endpoint: Endpoint, scope: anyio.CancelScope
+        self, member_id: int, endpoint: Endpoint, scope: anyio.CancelScope, failures: int
     ) -> None:
-        """Dial one member until it answers (members that refuse are retried)."""
+        """Dial one member until it answers (members that refuse are retried).
+
+        ``failures`` earlier failures in a row call for a back-off before the first dial
+        (none when it is 0); each refusal adds one."""
         stream: anyio.abc.SocketStream | None = None
-        attempt = 0
+        attempt = failures
         while stream is None:
+            if attempt > 0:
+                await anyio.sleep(backoff_delay(attempt))
             stream = await try_connect(endpoint, self._writer.tls)
             if stream is None:
                 attempt += 1
-                await anyio.sleep(retry_delay(attempt))
         session = self._session
         if scope.cancel_called or session.open or session.close_reason is not None:
             await aclose_quietly(stream)
@@ -167,5 +181,7 @@ class Handshake:
                 else:
                     await writer.close_ingress(item)
             elif kind == "lost" and chosen is not None and item is chosen:
+                # a failure, however soon it broke: the next connectors back off first
+                self.failures += 1
                 actions.extend(machine.on_ingress_lost(chosen.member_id))
                 chosen = None

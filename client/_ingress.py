@@ -10,7 +10,9 @@ an open session starts with the session's proof (a SessionResumeRequest).  The
 - its write loop takes the whole buffer per wake-up and sends it with one ``send``;
 - under Trio, :meth:`IngressWriter.send_now` sends a burst from the caller's task when
   the socket takes it at once;
-- its maintain loop reconnects to the leader after a break or a NewLeaderEvent;
+- its maintain loop reconnects to the leader after a break or a NewLeaderEvent, with
+  an exponential, jittered back-off (:func:`backoff_delay`) between failed tries; a
+  connection counts as a failure unless it proved useful (see :meth:`maintain_loop`);
 - its keepalive loop queues a SessionKeepAlive when nothing was sent for a while.
 
 Whoever sends holds the ``writing`` turn, so frames go out whole and in order.  A batch
@@ -19,10 +21,11 @@ whose send failed is queued again ahead of newer frames, to go to the next conne
 
 from __future__ import annotations
 
+import random
 import ssl
 from collections.abc import Callable
 from contextlib import suppress
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -37,12 +40,17 @@ from ._session import Reconnect, Session
 from ._sync import Backend, Broadcast
 
 __all__ = [
+    "BACKOFF_BASE",
+    "BACKOFF_CAP",
+    "CONNECTION_PROVEN_AFTER",
     "NETWORK_ERRORS",
     "RECEIVE_SIZE",
     "RETRY_DELAY_MIN",
     "Ingress",
     "IngressWriter",
+    "Uniform",
     "aclose_quietly",
+    "backoff_delay",
     "retry_delay",
     "try_connect",
 ]
@@ -51,6 +59,11 @@ CONNECT_ATTEMPT_TIMEOUT = 1.0  # one TCP connect attempt
 RETRY_DELAY_MIN = 0.05
 RETRY_DELAY_MAX = 0.5
 RECONNECT_ATTEMPTS = 5  # to the same leader, before waiting for a NewLeaderEvent
+BACKOFF_BASE = 0.05  # the back-off before the first redial after a failure (upper bound)
+BACKOFF_CAP = 2.0  # the longest back-off before one redial
+# A connection that stayed up this long (or carried a message from the node) proved
+# useful: losing it starts the back-off over, so the next redial happens at once.
+CONNECTION_PROVEN_AFTER = 2.0
 RECEIVE_SIZE = 1 << 18
 
 NETWORK_ERRORS: tuple[type[BaseException], ...] = (
@@ -65,8 +78,36 @@ _READ_ERRORS: tuple[type[BaseException], ...] = (ProtocolError, *NETWORK_ERRORS)
 
 
 def retry_delay(attempt: int) -> float:
-    """Seconds to wait before retry number ``attempt`` (doubling, capped)."""
+    """Seconds to wait before retry number ``attempt`` (doubling, capped, no jitter).
+
+    Kept for callers; the client's own redials use :func:`backoff_delay`."""
     return float(min(RETRY_DELAY_MAX, RETRY_DELAY_MIN * 2 ** max(0, attempt - 1)))
+
+
+class Uniform(Protocol):
+    """What :func:`backoff_delay` needs of a random source (the ``random`` module, or a
+    :class:`random.Random`)."""
+
+    def uniform(self, a: float, b: float, /) -> float: ...
+
+
+def backoff_delay(
+    attempt: int,
+    rng: Uniform = random,
+    *,
+    base: float = BACKOFF_BASE,
+    cap: float = BACKOFF_CAP,
+) -> float:
+    """Seconds to wait before redial number ``attempt`` after consecutive failures.
+
+    ``0`` for ``attempt <= 0`` (the first dial goes at once); otherwise a uniform random
+    value in the upper half of ``min(cap, base * 2 ** (attempt - 1))``, so that the
+    waits grow exponentially and clients that failed together do not redial together.
+    """
+    if attempt <= 0:
+        return 0.0
+    ceiling = min(cap, base * 2.0 ** min(attempt - 1, 64))
+    return float(rng.uniform(ceiling / 2, ceiling))
 
 
 async def aclose_quietly(resource: anyio.abc.AsyncResource) -> None:
@@ -113,7 +154,16 @@ def peer_role(stream: anyio.abc.AnyByteStream) -> str | None:
 class Ingress:
     """One ingress TCP connection to a member; its watcher task runs under ``scope``."""
 
-    __slots__ = ("broken", "endpoint", "member_id", "scope", "send_nowait", "stream", "tail")
+    __slots__ = (
+        "broken",
+        "endpoint",
+        "member_id",
+        "received",
+        "scope",
+        "send_nowait",
+        "stream",
+        "tail",
+    )
 
     def __init__(
         self, member_id: int, endpoint: Endpoint, stream: anyio.abc.SocketStream, *, direct: bool
@@ -123,6 +173,7 @@ class Ingress:
         self.stream = stream
         self.scope = anyio.CancelScope()
         self.broken = False
+        self.received = False  # a message from the node arrived on it
         # Under Trio the socket is non-blocking and only ever written by whoever holds
         # the writer's ``writing`` turn, so a burst can go out from the caller's task.
         self.send_nowait: Callable[[bytearray], int] | None = None
@@ -219,6 +270,8 @@ class IngressWriter:
                     try:
                         decoder.decode_into(data, EGRESS.decode, messages)
                     finally:  # what came before a bad frame still counts
+                        if messages:
+                            ingress.received = True
                         for message in messages:
                             if ingress.broken:
                                 break
@@ -349,14 +402,37 @@ class IngressWriter:
     # ------------------------------------------------------------------ other tasks
 
     async def maintain_loop(self) -> None:
-        """Keep an ingress connection to the leader while the session is open."""
+        """Keep an ingress connection to the leader while the session is open.
+
+        Each failure to reach the leader is followed by a back-off
+        (:func:`backoff_delay`) before the next dial: a refused or timed-out connect, and
+        a connection this loop opened that broke before it proved useful (before
+        :data:`CONNECTION_PROVEN_AFTER` seconds, with nothing received from the node),
+        as when a port accepts and closes at once.  Losing a connection that proved
+        useful (the handshake's included) starts the count over: the next dial goes at
+        once.  After :data:`RECONNECT_ATTEMPTS` failures in a row the loop waits for a
+        new leader; a new target (:meth:`on_reconnect`) starts the count over too.
+        """
         session = self._session
         failures = 0
         version = self._target_version
+        opened: Ingress | None = None  # the last connection this loop opened
+        opened_at = 0.0
         while session.close_reason is None:
             if self.ingress is not None:
                 await self.ingress_changed.wait()
                 continue
+            if opened is not None:
+                lost, opened = opened, None
+                proven = lost.received or (
+                    anyio.current_time() - opened_at >= CONNECTION_PROVEN_AFTER
+                )
+                if proven:
+                    failures = 0
+                elif self._target_version == version:
+                    failures += 1
+                    await self._back_off(failures, version)
+                    continue
             if self._target_version != version:
                 version = self._target_version
                 failures = 0
@@ -372,9 +448,7 @@ class IngressWriter:
             stream = await try_connect(endpoint, self.tls)
             if stream is None:
                 failures += 1
-                with anyio.move_on_after(retry_delay(failures)):
-                    while self._target_version == version and session.close_reason is None:
-                        await self.ingress_changed.wait()
+                await self._back_off(failures, version)
                 continue
             if (
                 endpoint != session.leader_endpoint
@@ -383,12 +457,20 @@ class IngressWriter:
             ):
                 await aclose_quietly(stream)
                 continue
-            failures = 0
             ingress = self.new_ingress(member_id, endpoint, stream)
             ingress.tail = session.resume_frame(self._next_correlation_id())
-            self.ingress = ingress
+            self.ingress = opened = ingress
+            opened_at = anyio.current_time()
             self.install(ingress)
             self.data_ready.notify()
+
+    async def _back_off(self, failures: int, version: int) -> None:
+        """Wait the back-off after ``failures`` failures in a row, or until a new target
+        (or the session's end) cuts it short."""
+        session = self._session
+        with anyio.move_on_after(backoff_delay(failures)):
+            while self._target_version == version and session.close_reason is None:
+                await self.ingress_changed.wait()
 
     async def keepalive_loop(self, interval: float) -> None:
         """Send a SessionKeepAlive whenever nothing was sent for ``interval`` seconds."""
