@@ -98,7 +98,7 @@ class ClusterClient:
         endpoints: Mapping[int, Endpoint],
         *,
         credentials: CredentialsSupplier,
-        egress_host: str,
+        egress_host: str | None,
         keepalive_interval: float,
         max_frame_size: int,
         max_egress_backlog: int,
@@ -388,11 +388,15 @@ class ClusterClient:
         with self._scope:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                listener = await anyio.create_tcp_listener(
-                    local_host=self._egress_host, local_port=0
-                )
+                host = self._egress_host
+                if host is None:  # egress comes back on the ingress connection
+                    self._writer.own_egress = True
+                    task_status.started()
+                    await anyio.sleep_forever()  # the task group lives for the session
+                    return
+                listener = await anyio.create_tcp_listener(local_host=host, local_port=0)
                 port = listener.extra(anyio.abc.SocketAttribute.local_port)
-                self._response_channel = str(Endpoint(self._egress_host, port))
+                self._response_channel = str(Endpoint(host, port))
                 for sub in listener.listeners:
                     assert isinstance(sub, anyio.abc.SocketListener)
                     tg.start_soon(self._accept_loop, sub)
@@ -498,6 +502,8 @@ class ClusterClient:
         self._spawn(writer.write_loop)
         self._spawn(writer.maintain_loop)
         self._spawn(writer.keepalive_loop, self._keepalive_interval)
+        if writer.own_egress:
+            self._spawn(writer.liveness_loop)
 
 
 # ---------------------------------------------------------------------- connect()
@@ -513,7 +519,7 @@ async def connect(
     ingress_endpoints: str,
     *,
     credentials: bytes | CredentialsSupplier | None = None,
-    egress_host: str = "127.0.0.1",
+    egress_host: str | None = None,
     connect_timeout: float = 5.0,
     keepalive_interval: float = 1.0,
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
@@ -528,8 +534,10 @@ async def connect(
       and a follower redirects the client to the leader.
     - ``credentials``: bytes sent in the connect request, or a
       :class:`~client.CredentialsSupplier` (which also answers challenges).
-    - ``egress_host``: address the client listens on for egress; cluster members must be
-      able to dial it.
+    - ``egress_host``: by default (None) the cluster sends the session's egress back on
+      the client's ingress connection, so members dial nobody and a client behind a
+      firewall or NAT works; given an address, the client listens there and the leader
+      dials it (Aeron's response channel; members must be able to reach it).
     - ``connect_timeout``: seconds to get a session before :class:`ConnectTimeoutError`.
     - ``keepalive_interval``: idle seconds before a ``SessionKeepAlive`` is sent.
     - ``max_frame_size``: largest frame accepted on egress or offered on ingress.

@@ -194,7 +194,8 @@ class AsyncConnect:
     # ------------------------------------------------------------------ events
 
     def on_egress_bound(self, response_channel: str | None = None) -> list[Action]:
-        """The egress listener is up at ``response_channel`` (``"host:port"``).
+        """The egress listener is up at ``response_channel`` (``"host:port"``), or ``""``:
+        the cluster sends egress back on the ingress connection.
 
         Returns ``[ConnectIngress(all members)]``.
         """
@@ -202,8 +203,8 @@ class AsyncConnect:
             raise RuntimeError(f"on_egress_bound() in state {self._state.name}")
         if response_channel is not None:
             self._response_channel = response_channel
-        if not self._response_channel:
-            raise ValueError("a response channel is needed")
+        if self._response_channel is None:
+            raise ValueError("a response channel is needed ('' for egress on ingress)")
         self._state = ConnectState.CREATE_INGRESS_PUBLICATIONS
         return self._connect_to(self._endpoints)
 

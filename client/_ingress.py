@@ -59,6 +59,9 @@ CONNECT_ATTEMPT_TIMEOUT = 1.0  # one TCP connect attempt
 RETRY_DELAY_MIN = 0.05
 RETRY_DELAY_MAX = 0.5
 RECONNECT_ATTEMPTS = 5  # to the same leader, before waiting for a NewLeaderEvent
+LEADER_SILENCE = 3.0
+"""Seconds without a byte from the leader on a connection that carries the session's
+egress before the client gives the connection up (the leader sends every second)."""
 BACKOFF_BASE = 0.05  # the back-off before the first redial after a failure (upper bound)
 BACKOFF_CAP = 2.0  # the longest back-off before one redial
 # A connection that stayed up this long (or carried a message from the node) proved
@@ -157,10 +160,12 @@ class Ingress:
     __slots__ = (
         "broken",
         "endpoint",
+        "last_heard",
         "member_id",
         "received",
         "scope",
         "send_nowait",
+        "silent",
         "stream",
         "tail",
     )
@@ -174,6 +179,8 @@ class Ingress:
         self.scope = anyio.CancelScope()
         self.broken = False
         self.received = False  # a message from the node arrived on it
+        self.last_heard = anyio.current_time()  # when something last arrived (or it opened)
+        self.silent = False  # given up because the node said nothing for too long
         # Under Trio the socket is non-blocking and only ever written by whoever holds
         # the writer's ``writing`` turn, so a burst can go out from the caller's task.
         self.send_nowait: Callable[[bytearray], int] | None = None
@@ -225,6 +232,10 @@ class IngressWriter:
         self.last_sent = 0.0
         self._reconnect_exhausted = False
         self._target_version = 0
+        self._rotation = 0  # members skipped after a silent connection (own_egress)
+        #: the cluster sends egress on the ingress connection (no egress listener): the
+        #: maintain loop then looks for the leader among all members itself
+        self.own_egress = False
 
         self.data_ready = data_ready
         self.space_ready = Broadcast(backend)
@@ -266,6 +277,7 @@ class IngressWriter:
             try:
                 while True:
                     data = await ingress.stream.receive(RECEIVE_SIZE)
+                    ingress.last_heard = anyio.current_time()
                     messages: list[Any] = []
                     try:
                         decoder.decode_into(data, EGRESS.decode, messages)
@@ -298,6 +310,7 @@ class IngressWriter:
     def on_reconnect(self, action: Reconnect) -> None:
         """A new leader: drop a connection to anyone else, wake the maintain loop."""
         self._target_version += 1
+        self._rotation = 0
         ingress = self.ingress
         if ingress is not None and (
             ingress.endpoint != action.endpoint or ingress.member_id != action.member_id
@@ -424,8 +437,8 @@ class IngressWriter:
                 continue
             if opened is not None:
                 lost, opened = opened, None
-                proven = lost.received or (
-                    anyio.current_time() - opened_at >= CONNECTION_PROVEN_AFTER
+                proven = not lost.silent and (
+                    lost.received or anyio.current_time() - opened_at >= CONNECTION_PROVEN_AFTER
                 )
                 if proven:
                     failures = 0
@@ -437,21 +450,21 @@ class IngressWriter:
                 version = self._target_version
                 failures = 0
                 self._reconnect_exhausted = False
-            endpoint = session.leader_endpoint
-            if endpoint is None or failures >= RECONNECT_ATTEMPTS:
+            member_id, endpoint = self._target(failures)
+            if endpoint is None or (failures >= RECONNECT_ATTEMPTS and not self.own_egress):
                 # Gave up on this leader: an election will bring a NewLeaderEvent.
                 self._reconnect_exhausted = True
                 self.flushed.notify()
                 await self.ingress_changed.wait()
                 continue
-            member_id = session.leader_member_id
             stream = await try_connect(endpoint, self.tls)
             if stream is None:
                 failures += 1
                 await self._back_off(failures, version)
                 continue
             if (
-                endpoint != session.leader_endpoint
+                (endpoint != session.leader_endpoint and not self.own_egress)
+                or self._target_version != version
                 or session.close_reason is not None
                 or self.ingress is not None
             ):
@@ -463,6 +476,37 @@ class IngressWriter:
             opened_at = anyio.current_time()
             self.install(ingress)
             self.data_ready.notify()
+
+    def _target(self, failures: int) -> tuple[int, Endpoint | None]:
+        """The member to dial next: the leader; with egress on the ingress connection,
+        the leader first and then, failure after failure, every other member in turn
+        (one that does not lead answers with a REDIRECT)."""
+        session = self._session
+        if not self.own_egress:
+            return session.leader_member_id, session.leader_endpoint
+        order = [session.leader_member_id] if session.leader_endpoint is not None else []
+        order += sorted(m for m in session.endpoints if m != session.leader_member_id)
+        if not order:
+            return -1, None
+        member_id = order[(failures + self._rotation) % len(order)]
+        if member_id == session.leader_member_id and session.leader_endpoint is not None:
+            return member_id, session.leader_endpoint
+        return member_id, session.endpoints[member_id]
+
+    async def liveness_loop(self) -> None:
+        """With egress on the ingress connection the leader sends something at least
+        every second (a NewLeaderEvent when there is nothing else): a connection silent
+        for :data:`LEADER_SILENCE` seconds is given up (its member is paused, cut off or
+        no longer leads) and the maintain loop tries the next member."""
+        while True:
+            await anyio.sleep(LEADER_SILENCE / 4)
+            ingress = self.ingress
+            if ingress is None or ingress.broken:
+                continue
+            if anyio.current_time() - ingress.last_heard > LEADER_SILENCE:
+                ingress.silent = True
+                self._rotation += 1  # not that member again first
+                self.drop(ingress)
 
     async def _back_off(self, failures: int, version: int) -> None:
         """Wait the back-off after ``failures`` failures in a row, or until a new target

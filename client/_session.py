@@ -274,8 +274,15 @@ class Session:
         return None
 
     def _on_redirect(self, event: SessionEvent) -> Reconnect | None:
-        """A member this client resumed on does not lead: go to the one that does."""
-        if event.leadership_term_id < self.leadership_term_id or event.leader_member_id < 0:
+        """A member this client resumed on does not lead: go to the one that does.
+        A REDIRECT naming no leader (an election is on), or the leader this client has
+        (which it could not reach), means: wait here, this member will say when the
+        leader changes."""
+        if (
+            event.leadership_term_id < self.leadership_term_id
+            or event.leader_member_id < 0
+            or event.leader_member_id == self.leader_member_id
+        ):
             return None
         if event.detail:
             with suppress(ValueError):
@@ -297,11 +304,16 @@ class Session:
             with suppress(ValueError):  # keep the endpoints we know
                 self.endpoints = parse_endpoints(event.ingress_endpoints)
         term_changed = event.leadership_term_id != self.leadership_term_id
+        endpoint = self.endpoints.get(event.leader_member_id) or self.leader_endpoint
+        if (
+            not term_changed
+            and event.leader_member_id == self.leader_member_id
+            and endpoint == self.leader_endpoint
+        ):
+            return None  # the leader we have (a resume's answer, or its heartbeat)
         self.leadership_term_id = event.leadership_term_id
         self.leader_member_id = event.leader_member_id
         if term_changed and self.pending:
             self.pending = self.retarget(self.pending)
-        endpoint = self.endpoints.get(event.leader_member_id)
-        if endpoint is not None:
-            self.leader_endpoint = endpoint
+        self.leader_endpoint = endpoint
         return Reconnect(event.leader_member_id, self.leader_endpoint)

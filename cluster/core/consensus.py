@@ -648,6 +648,7 @@ class ConsensusModule:
         """Housekeeping every slow tick (10 ms by default); returns work done."""
         sessions = self.session_manager
         work = sessions.send_redirects_and_rejections(now_ns)
+        work += sessions.answer_held_resumes(now_ns)
         if self.role is Role.LEADER:
             if self.is_ready_leader:
                 work += sessions.process_pending(now_ns)

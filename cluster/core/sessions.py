@@ -109,13 +109,16 @@ class SessionManager(SessionAdmission):
         self.next_session_id = 1
         self._next_local_egress_id = -1
         self._awaiting_ok: list[ClusterSession] = []
+        #: resumes that came to this member while it was not the ready leader:
+        #: (connection, request, since, when last told, the leader it was told of)
+        self.held_resumes: list[tuple[IngressSource, SessionResumeRequest, int, int, int]] = []
 
     # ------------------------------------------------------------------ requests
 
     def holds_session(self, source: IngressSource) -> bool:
         """Whether a connection has a session here: connecting, waiting for a
         redirect or a rejection to go out, or open."""
-        if source.pending:
+        if source.pending or any(held[0] is source for held in self.held_resumes):
             return True
         return any(
             s.source is source
@@ -134,9 +137,13 @@ class SessionManager(SessionAdmission):
         """A connection proves it holds an open session (see the module docstring)."""
         view = self.view
         if not view.is_ready_leader:
-            if view.leader_member_id >= 0 and not view.in_election:
-                self._reply(source, request, EventCode.REDIRECT, self.config.ingress_endpoints)
-            return  # no leader known: the client tries again
+            # REDIRECT to the leader this member knows (none during an election), and
+            # hold on: told again every second, and at once when the leader changes
+            if len(self.held_resumes) >= self.config.max_pending_sessions:
+                self.held_resumes.pop(0)  # the oldest asks again
+            told = self._redirect_held(source, request)
+            self.held_resumes.append((source, request, now_ns, now_ns, told))
+            return
         session = self.sessions.get(request.cluster_session_id)
         if session is None or session.state is not State.OPEN:
             self._reply(source, request, EventCode.CLOSED, "no such open session")
@@ -158,8 +165,50 @@ class SessionManager(SessionAdmission):
             session.has_new_leader_event_pending = True
         self._send_new_leader_event(session)
 
+    def answer_held_resumes(self, now_ns: int) -> int:
+        """Resumes that came while no leader was known (every slow tick): answered
+        as soon as one is (REDIRECT, or taken by this member once it is the ready
+        leader); meanwhile told every second that an election is on (REDIRECT naming
+        no leader: the client waits instead of trying elsewhere).  Dropped when their
+        connection closes or after a session timeout."""
+        if not self.held_resumes:
+            return 0
+        timeout = self.config.session_timeout_ns
+        held, self.held_resumes = self.held_resumes, []
+        if self.view.is_ready_leader:
+            for source, request, since, _noticed, _told in held:
+                if not source.closed and now_ns - since <= timeout:
+                    self.on_resume(request, source, now_ns)
+            return len(held)
+        leader = self._known_leader()
+        for entry in held:
+            source, request, since, noticed, told = entry
+            if source.closed or now_ns - since > timeout:
+                continue
+            if leader != told or now_ns - noticed >= EGRESS_HEARTBEAT_NS:
+                told = self._redirect_held(source, request)
+                entry = (source, request, since, now_ns, told)
+            self.held_resumes.append(entry)
+        return 0
+
+    def _known_leader(self) -> int:
+        view = self.view
+        return -1 if view.in_election else view.leader_member_id
+
+    def _redirect_held(self, source: IngressSource, request: SessionResumeRequest) -> int:
+        leader = self._known_leader()
+        detail = self.config.ingress_endpoints if leader >= 0 else ""
+        self._reply(source, request, EventCode.REDIRECT, detail, leader=leader)
+        return leader
+
     def _reply(
-        self, source: IngressSource, request: SessionResumeRequest, code: EventCode, detail: str
+        self,
+        source: IngressSource,
+        request: SessionResumeRequest,
+        code: EventCode,
+        detail: str,
+        *,
+        leader: int | None = None,
     ) -> None:
         view = self.view
         self.egress.reply(
@@ -168,7 +217,7 @@ class SessionManager(SessionAdmission):
                 cluster_session_id=request.cluster_session_id,
                 correlation_id=request.correlation_id,
                 leadership_term_id=view.leadership_term_id,
-                leader_member_id=view.leader_member_id,
+                leader_member_id=view.leader_member_id if leader is None else leader,
                 code=code,
                 version=protocol_version.PROTOCOL_VERSION,
                 detail=detail,

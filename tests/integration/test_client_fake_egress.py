@@ -7,6 +7,7 @@ runs under asyncio and under Trio.
 
 from __future__ import annotations
 
+import functools
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -35,6 +36,10 @@ from cluster.protocol.ingress import (
     SessionMessageHeader,
 )
 from cluster.protocol.version import PROTOCOL_VERSION
+
+connect_dial_back = functools.partial(client.connect, egress_host="127.0.0.1")
+"""The client as these tests drive it: it listens for egress and the (fake) cluster
+dials it (the seeds' response channel), instead of egress on the ingress connection."""
 
 pytestmark = pytest.mark.anyio
 
@@ -254,7 +259,7 @@ async def test_connect_offer_receive_and_close() -> None:
     with anyio.fail_after(10):
         async with fake_cluster("leader") as cluster:
             leader = cluster.members[0]
-            async with client.connect(cluster.endpoints) as c:
+            async with connect_dial_back(cluster.endpoints) as c:
                 assert c.cluster_session_id == 7
                 assert c.leadership_term_id == 3
                 assert c.leader_member_id == 0
@@ -288,7 +293,7 @@ async def test_connect_timeout_when_no_member_listens() -> None:
         endpoints = f"0=127.0.0.1:{dead_port()},1=127.0.0.1:{dead_port()}"
         start = anyio.current_time()
         with pytest.raises(client.ConnectTimeoutError) as info:
-            async with client.connect(endpoints, connect_timeout=0.3):
+            async with connect_dial_back(endpoints, connect_timeout=0.3):
                 pytest.fail("connected to nothing")
         assert isinstance(info.value, TimeoutError)
         assert anyio.current_time() - start < 3
@@ -298,7 +303,7 @@ async def test_unreachable_member_is_skipped() -> None:
     with anyio.fail_after(10):
         async with fake_cluster("leader") as cluster:
             endpoints = f"0=127.0.0.1:{dead_port()},1=127.0.0.1:{cluster.members[0].port}"
-            async with client.connect(endpoints) as c:
+            async with connect_dial_back(endpoints) as c:
                 await c.offer(b"x")
                 assert await c.receive() == b"x"
 
@@ -308,7 +313,7 @@ async def test_redirect_to_leader() -> None:
         async with fake_cluster("follower", "leader") as cluster:
             follower, leader = cluster.members
             # The client only knows the follower; the REDIRECT tells it the rest.
-            async with client.connect(cluster.endpoint(0)) as c:
+            async with connect_dial_back(cluster.endpoint(0)) as c:
                 assert c.leader_member_id == 1
                 assert c.ingress_endpoints == cluster.endpoints
                 await c.offer(b"to the leader")
@@ -330,7 +335,7 @@ async def test_challenge_response() -> None:
     with anyio.fail_after(10):
         async with fake_cluster("challenge") as cluster:
             member = cluster.members[0]
-            async with client.connect(cluster.endpoints, credentials=Supplier()) as c:
+            async with connect_dial_back(cluster.endpoints, credentials=Supplier()) as c:
                 assert c.cluster_session_id == 7
             (request,) = member.of_type(SessionConnectRequest)
             (response,) = member.of_type(ChallengeResponse)
@@ -344,7 +349,7 @@ async def test_wrong_challenge_answer_is_rejected() -> None:
     with anyio.fail_after(10):
         async with fake_cluster("challenge") as cluster:
             with pytest.raises(client.AuthenticationRejectedError):
-                async with client.connect(cluster.endpoints, credentials=b"plain bytes"):
+                async with connect_dial_back(cluster.endpoints, credentials=b"plain bytes"):
                     pytest.fail("connected")
 
 
@@ -359,7 +364,7 @@ async def test_rejection_errors(role: str, error: type[Exception], detail: str) 
     with anyio.fail_after(10):
         async with fake_cluster(role) as cluster:
             with pytest.raises(error) as info:  # the error itself, not an ExceptionGroup
-                async with client.connect(cluster.endpoints):
+                async with connect_dial_back(cluster.endpoints):
                     pytest.fail("connected")
             assert type(info.value) is error
             assert getattr(info.value, "detail", None) == detail
@@ -369,7 +374,7 @@ async def test_session_closed_by_cluster() -> None:
     with anyio.fail_after(10):
         async with fake_cluster("leader") as cluster:
             leader = cluster.members[0]
-            async with client.connect(cluster.endpoints) as c:
+            async with connect_dial_back(cluster.endpoints) as c:
                 await leader.send(SessionMessageHeader(3, 7, 0, b"last words"))
                 await leader.send(leader.event(1, EventCode.CLOSED, "TIMEOUT"))
                 assert await c.receive() == b"last words"  # sent before CLOSED
@@ -386,7 +391,7 @@ async def test_pending_receive_raises_when_closed() -> None:
     with anyio.fail_after(10):
         async with fake_cluster("leader") as cluster:
             leader = cluster.members[0]
-            async with client.connect(cluster.endpoints) as c:
+            async with connect_dial_back(cluster.endpoints) as c:
                 async with anyio.create_task_group() as tg:
 
                     async def close_soon() -> None:
@@ -403,7 +408,7 @@ async def test_new_leader_event_switches_ingress() -> None:
     with anyio.fail_after(10):
         async with fake_cluster("leader", "leader") as cluster:
             old, new = cluster.members
-            async with client.connect(cluster.endpoint(0)) as c:
+            async with connect_dial_back(cluster.endpoint(0)) as c:
                 await c.offer(b"before")
                 assert await c.receive() == b"before"
                 await old.stop()  # the leader dies; its ingress goes away
@@ -433,7 +438,7 @@ async def test_new_leader_event_while_the_old_leader_lives() -> None:
     with anyio.fail_after(10):
         async with fake_cluster("leader", "leader") as cluster:
             old, new = cluster.members
-            async with client.connect(cluster.endpoint(0)) as c:
+            async with connect_dial_back(cluster.endpoint(0)) as c:
                 await c.offer(b"before")
                 assert await c.receive() == b"before"
                 cluster.term = 4
@@ -452,7 +457,7 @@ async def test_stale_or_foreign_new_leader_events_are_ignored() -> None:
     with anyio.fail_after(10):
         async with fake_cluster("leader", "leader") as cluster:
             new = cluster.members[1]
-            async with client.connect(cluster.endpoint(0)) as c:
+            async with connect_dial_back(cluster.endpoint(0)) as c:
                 await new.send(NewLeaderEvent(9, 1234, 1, cluster.endpoints))  # other session
                 await new.send(NewLeaderEvent(2, 7, 1, cluster.endpoints))  # older term
                 await new.send(SessionMessageHeader(3, 7, 0, b"marker"))
@@ -468,7 +473,7 @@ async def test_ingress_reconnects_to_same_leader() -> None:
     with anyio.fail_after(10):
         async with fake_cluster("leader") as cluster:
             leader = cluster.members[0]
-            async with client.connect(cluster.endpoints) as c:
+            async with connect_dial_back(cluster.endpoints) as c:
                 await leader.drop_ingress()
                 await cluster.changed.wait_until(lambda: leader.ingress_connections == 2)
                 await c.offer(b"reconnected")
@@ -481,7 +486,7 @@ async def test_many_offers_are_batched_and_echoed_in_order() -> None:
     with anyio.fail_after(10):
         async with fake_cluster("leader") as cluster:
             leader = cluster.members[0]
-            async with client.connect(cluster.endpoints) as c:
+            async with connect_dial_back(cluster.endpoints) as c:
                 for i in range(count):
                     await c.offer(i.to_bytes(4, "little"))
                 for i in range(count):
@@ -498,7 +503,7 @@ async def test_offers_apply_backpressure() -> None:
         async with fake_cluster("leader") as cluster:
             leader = cluster.members[0]
             leader.echo = False
-            async with client.connect(cluster.endpoints) as c:
+            async with connect_dial_back(cluster.endpoints) as c:
                 leader.gate = anyio.Event()  # the leader stops reading its ingress
                 done = 0
                 with anyio.move_on_after(0.5):
@@ -517,7 +522,7 @@ async def test_offers_apply_backpressure() -> None:
 async def test_offers_larger_than_the_frame_limit_are_refused() -> None:
     with anyio.fail_after(10):
         async with fake_cluster("leader") as cluster:
-            async with client.connect(cluster.endpoints, max_frame_size=1024) as c:
+            async with connect_dial_back(cluster.endpoints, max_frame_size=1024) as c:
                 with pytest.raises(ValueError, match="max_frame_size"):
                     await c.offer(b"x" * 2000)
                 await c.offer(b"small")
@@ -528,7 +533,7 @@ async def test_keepalives_sent_when_idle() -> None:
     with anyio.fail_after(10):
         async with fake_cluster("leader") as cluster:
             leader = cluster.members[0]
-            async with client.connect(cluster.endpoints, keepalive_interval=0.05) as c:
+            async with connect_dial_back(cluster.endpoints, keepalive_interval=0.05) as c:
                 await cluster.changed.wait_until(lambda: len(leader.of_type(SessionKeepAlive)) >= 3)
                 keepalives = leader.of_type(SessionKeepAlive)
                 assert all(k == SessionKeepAlive(3, 7) for k in keepalives)
@@ -539,7 +544,7 @@ async def test_request_snapshot() -> None:
     with anyio.fail_after(10):
         async with fake_cluster("leader") as cluster:
             leader = cluster.members[0]
-            async with client.connect(cluster.endpoints) as c:
+            async with connect_dial_back(cluster.endpoints) as c:
                 response = await c.request_snapshot()
                 assert response.response_code is AdminResponseCode.OK
                 (request,) = leader.of_type(AdminRequest)
@@ -552,7 +557,7 @@ async def test_request_snapshot() -> None:
 async def test_bad_egress_frames_close_only_that_connection() -> None:
     with anyio.fail_after(10):
         async with fake_cluster("leader") as cluster:
-            async with client.connect(cluster.endpoints) as c:
+            async with connect_dial_back(cluster.endpoints) as c:
                 assert cluster.response_channel is not None
                 host, port = parse_host_port(cluster.response_channel)
                 async with await anyio.connect_tcp(host, port) as rogue:
@@ -567,7 +572,7 @@ async def test_egress_backlog_is_bounded() -> None:
     with anyio.fail_after(10):
         async with fake_cluster("leader") as cluster:
             leader = cluster.members[0]
-            async with client.connect(cluster.endpoints, max_egress_backlog=5) as c:
+            async with connect_dial_back(cluster.endpoints, max_egress_backlog=5) as c:
                 await leader.send(*[SessionMessageHeader(3, 7, 0, b"m") for _ in range(20)])
                 received = await receive_until_error(c, client.EgressBacklogExceededError)
                 assert received <= 5
@@ -579,7 +584,7 @@ async def test_user_exception_is_not_wrapped_in_a_group() -> None:
     with anyio.fail_after(10):
         async with fake_cluster("leader") as cluster:
             with pytest.raises(KeyError) as info:
-                async with client.connect(cluster.endpoints):
+                async with connect_dial_back(cluster.endpoints):
                     raise KeyError("mine")
             assert type(info.value) is KeyError
 
@@ -589,14 +594,14 @@ async def test_outer_cancellation_is_clean() -> None:
         async with fake_cluster("leader") as cluster:
             leader = cluster.members[0]
             with anyio.move_on_after(0.1) as scope:
-                async with client.connect(cluster.endpoints) as c:
+                async with connect_dial_back(cluster.endpoints) as c:
                     await c.receive()  # nothing comes; cancelled here
             assert scope.cancelled_caught
             assert c.is_closed
             await cluster.changed.wait_until(lambda: bool(leader.of_type(SessionCloseRequest)))
             # ...and while still connecting.
             with anyio.move_on_after(0.1) as scope:
-                async with client.connect(f"0=127.0.0.1:{dead_port()}"):
+                async with connect_dial_back(f"0=127.0.0.1:{dead_port()}"):
                     pytest.fail("connected to nothing")
             assert scope.cancelled_caught
 
@@ -604,11 +609,11 @@ async def test_outer_cancellation_is_clean() -> None:
 async def test_bad_arguments() -> None:
     with anyio.fail_after(10):
         with pytest.raises(ValueError, match="member id"):
-            async with client.connect("x=127.0.0.1:1"):
+            async with connect_dial_back("x=127.0.0.1:1"):
                 pass
         with pytest.raises(ValueError, match="connect_timeout"):
-            async with client.connect("0=127.0.0.1:1", connect_timeout=0):
+            async with connect_dial_back("0=127.0.0.1:1", connect_timeout=0):
                 pass
         with pytest.raises(TypeError, match="credentials"):
-            async with client.connect("0=127.0.0.1:1", credentials=42):  # type: ignore[arg-type]
+            async with connect_dial_back("0=127.0.0.1:1", credentials=42):  # type: ignore[arg-type]
                 pass

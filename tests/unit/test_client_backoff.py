@@ -9,6 +9,7 @@ Trio) and puts such a listener on its ingress port once it has stopped.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -39,6 +40,10 @@ from cluster.protocol.ingress import (
     SessionMessageHeader,
     SessionResumeRequest,
 )
+
+connect_dial_back = functools.partial(client.connect, egress_host="127.0.0.1")
+"""The client as these tests drive it: it listens for egress and the (fake) cluster
+dials it (the seeds' response channel), instead of egress on the ingress connection."""
 
 SESSION_ID = 7
 TERM = 3
@@ -207,7 +212,7 @@ async def test_handshake_backs_off_from_a_port_that_accepts_and_closes() -> None
         async with fake_leader(FakeLeader(default="close")) as leader:
             start = anyio.current_time()
             with pytest.raises(client.ConnectTimeoutError):
-                async with client.connect(f"0=127.0.0.1:{leader.port}", connect_timeout=3):
+                async with connect_dial_back(f"0=127.0.0.1:{leader.port}", connect_timeout=3):
                     pytest.fail("a session from a port that only closes")
             elapsed = anyio.current_time() - start
             count = len(leader.accepts)
@@ -224,7 +229,7 @@ async def test_happy_path_connects_at_once() -> None:
     with anyio.fail_after(10):
         async with fake_leader(FakeLeader()) as leader:
             start = anyio.current_time()
-            async with client.connect(f"0=127.0.0.1:{leader.port}") as c:
+            async with connect_dial_back(f"0=127.0.0.1:{leader.port}") as c:
                 assert c.cluster_session_id == SESSION_ID
                 assert anyio.current_time() - start < 1
             assert len(leader.accepts) == 1
@@ -239,7 +244,7 @@ async def test_open_session_backs_off_from_a_leader_that_accepts_and_closes() ->
     # ingress redialled a port that accepts and closes without pause, forever.
     with anyio.fail_after(15):
         async with fake_leader(FakeLeader("serve", default="close")) as leader:
-            async with client.connect(f"0=127.0.0.1:{leader.port}") as c:
+            async with connect_dial_back(f"0=127.0.0.1:{leader.port}") as c:
                 assert c.is_ingress_connected
                 await leader.drop_open()  # the handshake's connection, which proved useful
                 dropped = anyio.current_time()
@@ -271,7 +276,7 @@ async def test_a_connection_that_proved_useful_starts_the_back_off_over(
     plan = ("serve", "close", "close", useful)
     with anyio.fail_after(15):
         async with fake_leader(FakeLeader(*plan, default="close")) as leader:
-            async with client.connect(f"0=127.0.0.1:{leader.port}") as c:
+            async with connect_dial_back(f"0=127.0.0.1:{leader.port}") as c:
                 await leader.drop_open()
                 await leader.wait_until(lambda: len(leader.accepts) == 4)
                 if proof == "message":
@@ -299,7 +304,7 @@ async def test_a_short_lived_silent_connection_is_a_failure(
     plan = ("serve", "close", "close", "serve")
     with anyio.fail_after(15):
         async with fake_leader(FakeLeader(*plan, default="close")) as leader:
-            async with client.connect(f"0=127.0.0.1:{leader.port}") as c:
+            async with connect_dial_back(f"0=127.0.0.1:{leader.port}") as c:
                 await leader.drop_open()
                 await leader.wait_until(lambda: len(leader.accepts) == 4)
                 await anyio.sleep(0.1)
@@ -327,7 +332,7 @@ async def test_a_real_node_replaced_by_a_port_that_accepts_and_closes(tmp_path: 
             )
             await wait_for(lambda: node.cm.is_ready_leader, 10)
             port = node.ingress_port
-            async with client.connect(f"0=127.0.0.1:{port}") as c:
+            async with connect_dial_back(f"0=127.0.0.1:{port}") as c:
                 await c.offer(b"hello")
                 assert await c.receive() == b"hello"
                 await node.shutdown()
