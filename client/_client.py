@@ -1,10 +1,12 @@
 """The anyio shell: :class:`ClusterClient` and :func:`connect`, its tasks and sockets.
 
-Wire model (as in Aeron): the client *listens* for egress.  It binds a TCP listener on
-``egress_host`` (ephemeral port) and sends ``"host:port"`` as the ``response_channel`` of
-its ``SessionConnectRequest``; cluster members dial that address and write
-length-prefixed egress frames.  Every accepted egress connection feeds the same handler.
-Ingress is one TCP connection to the leader on which the client only writes.
+Wire model: ingress is one TCP connection to the leader, and by default the cluster
+sends the session's egress back on it (an empty ``response_channel``; Aeron's response
+channels do the same for clients behind NAT): the ingress watcher decodes it.  With
+``egress_host`` the client *listens* for egress as in the seeds: it binds a TCP listener
+there (ephemeral port) and sends ``"host:port"`` as the ``response_channel``; the leader
+dials it once the session is authenticated.  Every egress message, from either, feeds
+the same handler.
 
 The decisions are sans-IO: :class:`~client._connect.AsyncConnect` for the handshake,
 :class:`~client._session.Session` for the open session (its state, the queued ingress
@@ -14,7 +16,7 @@ the rest of the shell.
 
 Tasks, all in one task group owned by :func:`connect`::
 
-    accept loop        accepts egress connections, one reader task each
+    accept loop        (dial-back only) accepts egress connections, one reader each
     egress readers     decode frames, dispatch messages (bad frames close that connection)
     connectors         (while connecting) dial members until one answers
     ingress watcher    notices when the node closes the ingress connection
