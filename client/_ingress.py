@@ -32,6 +32,7 @@ import anyio.abc
 from anyio.streams.tls import TLSAttribute
 
 from cluster.protocol import EGRESS, FrameDecoder, ProtocolError
+from cluster.protocol.egress import NewLeaderEvent
 from cluster.protocol.framing import HEADER_LENGTH, LENGTH
 from cluster.protocol.ingress import SessionKeepAlive
 
@@ -159,6 +160,7 @@ class Ingress:
 
     __slots__ = (
         "broken",
+        "confirmed",
         "endpoint",
         "last_heard",
         "member_id",
@@ -181,6 +183,9 @@ class Ingress:
         self.received = False  # a message from the node arrived on it
         self.last_heard = anyio.current_time()  # when something last arrived (or it opened)
         self.silent = False  # given up because the node said nothing for too long
+        # the session's messages may go on it: the leader's (the handshake's connection,
+        # or the leader accepted the resume: its NewLeaderEvent came on it)
+        self.confirmed = True
         # Under Trio the socket is non-blocking and only ever written by whoever holds
         # the writer's ``writing`` turn, so a burst can go out from the caller's task.
         self.send_nowait: Callable[[bytearray], int] | None = None
@@ -287,6 +292,10 @@ class IngressWriter:
                         for message in messages:
                             if ingress.broken:
                                 break
+                            if not ingress.confirmed and type(message) is NewLeaderEvent:
+                                ingress.confirmed = True  # the leader took the resume
+                                self.data_ready.notify()
+                                self.flushed.notify()
                             on_message(message)
             except _READ_ERRORS:
                 pass
@@ -332,6 +341,7 @@ class IngressWriter:
             or ingress is None
             or ingress.broken
             or ingress.tail
+            or not ingress.confirmed
             or ingress.send_nowait is None
         ):
             return
@@ -360,12 +370,18 @@ class IngressWriter:
         data_ready = self.data_ready
         while True:
             ingress = self.ingress
-            while ingress is None or ingress.broken or not (session.pending or ingress.tail):
+            while (
+                ingress is None
+                or ingress.broken
+                or not (ingress.tail or (session.pending and ingress.confirmed))
+            ):
                 await data_ready.wait()
                 ingress = self.ingress
             batch, batch_term = session.pending, session.leadership_term_id
+            if not ingress.confirmed:  # only the resume, until the leader takes it
+                batch = bytearray()
             tail, ingress.tail = ingress.tail, b""
-            session.pending = bytearray()
+            session.pending = session.pending if not ingress.confirmed else bytearray()
             self.writing = True
             self.space_ready.notify()
             try:
@@ -396,6 +412,9 @@ class IngressWriter:
                 if not self.writing and self._reconnect_exhausted:
                     return  # no leader to send to
                 await self.flushed.wait()
+                continue
+            if not ingress.confirmed:
+                await self.flushed.wait()  # the leader has not taken the resume yet
                 continue
             if not session.pending and not ingress.tail:
                 return
@@ -472,6 +491,9 @@ class IngressWriter:
                 continue
             ingress = self.new_ingress(member_id, endpoint, stream)
             ingress.tail = session.resume_frame(self._next_correlation_id())
+            # with egress on it, it may be a member that does not lead: the session's
+            # messages wait until the leader answers the resume (a NewLeaderEvent)
+            ingress.confirmed = not self.own_egress
             self.ingress = opened = ingress
             opened_at = anyio.current_time()
             self.install(ingress)
