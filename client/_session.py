@@ -290,11 +290,12 @@ class Session:
         endpoint = self.endpoints.get(event.leader_member_id)
         if endpoint is None:
             return None
-        if event.leadership_term_id != self.leadership_term_id and self.pending:
-            self.pending = self.retarget(self.pending)
+        term_changed = event.leadership_term_id != self.leadership_term_id
         self.leadership_term_id = event.leadership_term_id
         self.leader_member_id = event.leader_member_id
         self.leader_endpoint = endpoint
+        if term_changed and self.pending:  # queued messages name the new term
+            self.pending = self.retarget(self.pending)
         return Reconnect(event.leader_member_id, endpoint)
 
     def _on_new_leader(self, event: NewLeaderEvent) -> Reconnect | None:
