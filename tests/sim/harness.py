@@ -834,6 +834,9 @@ class SimCluster:
         self._next_client += 1
         options.setdefault("window", self.config.client_window)
         options.setdefault("request_timeout", self.config.request_timeout)
+        # half the clients take their egress on their ingress connection (the default
+        # of the real client), half listen for it (the seeds' response channel)
+        options.setdefault("own_egress", index % 2 == 1)
         return SimClient(
             index,
             self.net,

@@ -4,7 +4,11 @@ The real client library (``client._client``) runs on anyio sockets, which cannot
 the simulated network, so this small shell drives :class:`client._connect.AsyncConnect`
 (the production handshake state machine) over :class:`~cluster.transport.sim.SimHost`:
 
-* it listens for egress on its own sim host (members dial its response channel);
+* it listens for egress on its own sim host (members dial its response channel), or,
+  with ``own_egress``, takes its egress on its ingress connection: after a break it
+  resumes at the leader, then at each other member in turn, follows REDIRECTs, waits
+  while a member says an election is on, and sends nothing until the leader has taken
+  its resume (its NewLeaderEvent);
 * connects: ``SessionConnectRequest``, follows ``REDIRECT`` (no authentication here);
 * sends :class:`cluster.examples.kv.Put` requests with unique keys and values in
   ``SessionMessageHeader`` envelopes, a few in flight at once;
@@ -114,7 +118,11 @@ class SimClient:
         max_ops: int | None = None,
         leader_retry_time: float = 2.0,
         max_silent_timeouts: int = 2,
+        own_egress: bool = False,
     ) -> None:
+        self.own_egress = own_egress
+        self._confirmed = True  # the ingress connection is the leader's (own_egress)
+        self._redirected = False  # a member named another leader (own_egress)
         self.index = index
         self.name = f"c{index}"
         self.host = net.host(self.name)
@@ -182,8 +190,11 @@ class SimClient:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
-            port = await nursery.start(self.host.serve, self.name, 0, self._egress_handler)
-            self.response_channel = f"{self.name}:{port}"
+            if self.own_egress:
+                self.response_channel = ""  # egress on the ingress connection
+            else:
+                port = await nursery.start(self.host.serve, self.name, 0, self._egress_handler)
+                self.response_channel = f"{self.name}:{port}"
             task_status.started()
             while not self.done:
                 if not await self._connect(nursery):
@@ -229,6 +240,8 @@ class SimClient:
                 self.trace("new-leader", message.leadership_term_id, message.leader_member_id)
                 self.term = message.leadership_term_id
                 self.leader_id = message.leader_member_id
+                if self.own_egress and self._ingress_member == self.leader_id:
+                    self._confirmed = True  # the leader took the resume
                 try:
                     self.endpoints = parse_endpoints(message.ingress_endpoints)
                 except ValueError:
@@ -240,6 +253,18 @@ class SimClient:
             if message.cluster_session_id == self.session_id:
                 self.admin_responses.append(message.response_code.name)
                 self.trace("admin-response", message.response_code.name, message.message)
+        elif (
+            isinstance(message, SessionEvent)
+            and message.code is EventCode.REDIRECT
+            and message.cluster_session_id == self.session_id >= 0
+        ):
+            leader = message.leader_member_id
+            if leader >= 0 and leader != self.leader_id and message.leadership_term_id >= self.term:
+                self.trace("redirect", message.leadership_term_id, leader)
+                self.term = message.leadership_term_id
+                self.leader_id = leader
+                self._redirected = True
+            self._wake.set()
         elif isinstance(message, SessionEvent) and (
             message.cluster_session_id == self.session_id
             and self.session_id >= 0
@@ -424,8 +449,52 @@ class SimClient:
         op.sessions.append(self.session_id)
         return True
 
+    async def _ensure_own_ingress(self, nursery: trio.Nursery) -> None:
+        """Egress on the ingress connection: resume at the leader, else at each other
+        member in turn, until the leader takes the resume; SessionLost if none does."""
+        deadline = trio.current_time() + 4 * self.leader_retry_time
+        rotation = 0
+        while trio.current_time() < deadline:
+            if self._session_lost:
+                raise SessionLost("closed by the cluster")
+            # the leader sends at least every second: 3 s of silence means it is gone
+            silent = trio.current_time() - self._last_heard > 3.0
+            if self._ingress is not None and self._confirmed and not self._redirected:
+                if not silent:
+                    return
+                self.trace("leader-silent", self._ingress_member)
+            if self._ingress is None or self._redirected or silent:
+                if not self._redirected and self._ingress is not None:
+                    rotation += 1  # that member said nothing: the next one
+                self._redirected = False
+                await self._drop_ingress()
+                order = [self.leader_id, *sorted(m for m in self.endpoints if m != self.leader_id)]
+                member = order[rotation % len(order)]
+                stream = await self._dial(member)
+                if stream is None:
+                    rotation += 1
+                    await trio.sleep(self.rng.uniform(0.05, 0.2))
+                    continue
+                await self._use_ingress(nursery, member, stream)
+                self._confirmed = False
+                self._last_heard = trio.current_time()
+                resume = SessionResumeRequest(
+                    next(self._correlation_ids),
+                    self.session_id,
+                    PROTOCOL_VERSION,
+                    self.session_secret,
+                )
+                await self._send(resume)
+            self._wake = trio.Event()
+            with trio.move_on_after(0.25):
+                await self._wake.wait()
+        raise SessionLost("no member took the resume")
+
     async def _ensure_ingress(self, nursery: trio.Nursery) -> None:
         """Dial the leader until connected; SessionLost if it stays unreachable."""
+        if self.own_egress:
+            await self._ensure_own_ingress(nursery)
+            return
         if self._ingress is not None and self._ingress_member == self.leader_id:
             return
         deadline = trio.current_time() + self.leader_retry_time
