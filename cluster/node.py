@@ -256,7 +256,6 @@ class Node:
             max_frame_size=cfg.max_frame_size,
             max_backlog=cfg.max_egress_backlog,
             on_closed=self._on_source_closed,
-            on_written=self.egress.mark_dirty,
             max_connections=cfg.max_connections,
             handshake_timeout=cfg.handshake_timeout / 1e9,
             holds_session=self.cm.session_manager.holds_session,

@@ -28,11 +28,11 @@ log = logging.getLogger("cluster.egress")
 class _Egress:
     __slots__ = ("attached", "channel", "connected", "scope", "writer")
 
-    def __init__(self, channel: str, writer: FrameWriter | None = None) -> None:
+    def __init__(self, channel: str, writer: FrameWriter, *, attached: bool) -> None:
         self.channel = channel
-        self.attached = writer is not None  # the writer of a client's ingress connection
-        self.writer = writer if writer is not None else FrameWriter(0, flushed_by_owner=True)
-        self.connected = self.attached
+        self.writer = writer
+        self.attached = attached  # the writer of a client's ingress connection (not ours)
+        self.connected = attached
         self.scope = trio.CancelScope()
 
 
@@ -72,8 +72,8 @@ class EgressPublisher:
 
     def connect(self, egress_id: int, channel: str) -> None:
         self._forget(egress_id)
-        egress = _Egress(channel)
-        egress.writer.max_backlog = self.max_backlog
+        writer = FrameWriter(self.max_backlog, flushed_by_owner=True)
+        egress = _Egress(channel, writer, attached=False)
         self._egress[egress_id] = egress
         if self._nursery is None:
             self._queued_starts.append((egress_id, egress))
@@ -84,7 +84,7 @@ class EgressPublisher:
         self._forget(egress_id)
         writer = source.link
         if isinstance(writer, FrameWriter) and not writer.closing:
-            self._egress[egress_id] = _Egress("", writer)
+            self._egress[egress_id] = _Egress("", writer, attached=True)
 
     def reply(self, source: IngressSource, message: Any) -> bool:
         writer = source.link
@@ -96,10 +96,6 @@ class EgressPublisher:
             self.dropped_messages += 1
             return False
         return True
-
-    def mark_dirty(self, writer: FrameWriter) -> None:
-        """``writer`` was written to outside this publisher: flush it with the rest."""
-        self._dirty.append(writer)
 
     def _forget(self, egress_id: int) -> None:
         old = self._egress.pop(egress_id, None)

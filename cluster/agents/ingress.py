@@ -110,7 +110,6 @@ class IngressAgent:
         max_frame_size: int,
         max_backlog: int = 8 << 20,
         on_closed: Callable[[IngressSource], None] | None = None,
-        on_written: Callable[[FrameWriter], None] | None = None,
         max_connections: int = 1024,
         handshake_timeout: float = 5.0,
         holds_session: Callable[[IngressSource], bool] = lambda source: True,

@@ -91,7 +91,6 @@ from .validate import sender_of
 
 log = logging.getLogger("cluster.consensus")
 
-
 MAX_TERM_STEP = 1 << 20
 """The furthest a member's message may be ahead of this member's term.  A real cluster
 moves one term an election (a day of back-to-back elections is fewer than a million);
