@@ -267,17 +267,17 @@ class Node:
         self._watchdog_scope: trio.CancelScope | None = None
 
     def _authorisation(self) -> AuthorisationService:
-        principals = {
-            p.strip().encode() for p in self.config.admin_principals.split(",") if p.strip()
-        }
-        if self.authenticator is None or not self.authenticator.enforces_identity:
+        names = [p.strip() for p in self.config.admin_principals.split(",") if p.strip()]
+        if self.config.certs_dir:  # certificates name every client: "admin" by default
+            names = names or ["admin"]
+        elif self.authenticator is None or not self.authenticator.enforces_identity:
             log.warning(
                 "no authenticator enforces client identity: every client is anonymous and "
                 "may request snapshots, suspend, resume or stop the cluster"
             )
             return AuthorisationService()
-        log.info("admin actions allowed for principals: %s", sorted(principals) or "none")
-        return AdminPrincipals(principals)
+        log.info("admin actions allowed for principals: %s", sorted(names) or "none")
+        return AdminPrincipals({name.encode() for name in names})
 
     def _recover(self) -> int:
         position = recover(

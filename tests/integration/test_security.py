@@ -25,6 +25,7 @@ from cluster.local import free_ports
 from cluster.node import Node, main
 from cluster.protocol import PROTOCOL_VERSION, encode_frame
 from cluster.protocol.consensus import MemberHello
+from cluster.protocol.enums import AdminResponseCode
 from cluster.protocol.ingress import SessionMessageHeader
 from cluster.security import network_for
 from cluster.transport.tcp import TcpNetwork
@@ -110,6 +111,10 @@ async def test_a_secured_cluster_serves_its_clients_and_refuses_everyone_else(
                     assert await kv.get("k") == b"v"
                 session = leader.cm.sessions[app.cluster_session_id]
                 assert session.encoded_principal == b"app"  # the certificate's name
+                # an admin request on the session: app is no admin, even without an
+                # authenticator (the certificate says who it is)
+                refused = await app.request_snapshot()
+                assert refused.response_code is AdminResponseCode.UNAUTHORISED_ACCESS
 
                 # a second authenticated client names the first one's session: refused
                 async with client.connect(
@@ -154,6 +159,11 @@ async def test_a_secured_cluster_serves_its_clients_and_refuses_everyone_else(
                 refused = await tool.request(member, "snapshot", {}, 5.0)
                 assert not refused.ok
                 assert "admin principal" in refused.message
+                async with client.connect(
+                    c.ingress, certs_dir=c.client_dir("admin"), connect_timeout=10
+                ) as admin:
+                    allowed_snapshot = await admin.request_snapshot()
+                    assert allowed_snapshot.response_code is AdminResponseCode.OK
                 tool.use_certs(str(c.client_dir("admin")))
                 allowed = await tool.request(member, "suspend", {}, 5.0)
                 assert allowed.ok, allowed.message
