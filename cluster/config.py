@@ -361,6 +361,13 @@ SETTINGS: tuple[Setting, ...] = (
         "connections open at once on the admin port",
     ),
     Setting(
+        "admin-idle-timeout",
+        60_000_000_000,
+        _positive(parse_duration_ns),
+        "an admin connection that sends no command for this long is closed",
+        format_duration,
+    ),
+    Setting(
         "handshake-timeout",
         5_000_000_000,
         _positive(parse_duration_ns),
@@ -424,6 +431,7 @@ class NodeConfig:
     max_pending_per_address: int = 4
     max_connections: int = 1024
     max_admin_connections: int = 16
+    admin_idle_timeout: int = 60_000_000_000
     handshake_timeout: int = 5_000_000_000
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_egress_backlog: int = 8 << 20

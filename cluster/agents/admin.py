@@ -56,9 +56,6 @@ from ..transport.base import Network
 log = logging.getLogger("cluster.admin")
 
 RECENT_ERRORS = 200
-ADMIN_IDLE_TIMEOUT = 60.0
-"""An admin connection that sends no command for this long is closed (the console polls
-every second or so; a command line tool sends one and closes)."""
 DEFAULT_SNAPSHOT_TIMEOUT = 30.0
 MUTATING = frozenset(
     {"snapshot", "suspend", "resume", "shutdown", "abort", "invalidate-latest-snapshot"}
@@ -207,7 +204,7 @@ class AdminServer:
         try:
             while True:
                 data: bytes | bytearray = b""
-                with trio.move_on_after(ADMIN_IDLE_TIMEOUT) as idle:
+                with trio.move_on_after(self.node.config.admin_idle_timeout / 1e9) as idle:
                     data = await stream.receive_some(64 * 1024)
                 if idle.cancelled_caught or not data:
                     return  # closed, or idle (or half a frame) for too long

@@ -239,3 +239,16 @@ async def _flood_then_use(ingress_port: int, log: Path) -> None:
         async with client.connect(f"0=127.0.0.1:{ingress_port}", connect_timeout=10) as c:
             await c.offer(b"after the flood")
             assert await c.receive() == b"after the flood"
+
+
+async def test_an_idle_or_half_sent_admin_connection_is_closed(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with node(tmp_path, admin_idle_timeout=500_000_000) as n:
+            port = n.admin_endpoint[1]
+            idle = await dial(port)
+            slow = await dial(port)
+            await slow.send_all(LENGTH.pack(1000) + b"\x00" * 10)  # half a command
+            assert await closed_within(idle, 2.0)
+            assert await closed_within(slow, 2.0)
+            for s in (idle, slow):
+                await s.aclose()
