@@ -139,7 +139,11 @@ class SessionManager(SessionAdmission):
         if not view.is_ready_leader:
             # REDIRECT to the leader this member knows (none during an election), and
             # hold on: told again every second, and at once when the leader changes
-            if len(self.held_resumes) >= self.config.max_pending_sessions:
+            config = self.config  # room for every open session and then some
+            if (
+                len(self.held_resumes)
+                >= config.max_concurrent_sessions + config.max_pending_sessions
+            ):
                 self.held_resumes.pop(0)  # the oldest asks again
             told = self._redirect_held(source, request)
             self.held_resumes.append((source, request, now_ns, now_ns, told))
