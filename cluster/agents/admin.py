@@ -52,6 +52,7 @@ from ..protocol.errors import ProtocolError
 from ..protocol.framing import FrameDecoder, encode_frame
 from ..security import client_cert
 from ..transport.base import Network
+from .snapshot import SnapshotAgent
 
 log = logging.getLogger("cluster.admin")
 
@@ -142,6 +143,11 @@ class AdminTarget(Protocol):
 
     async def wait_snapshot(self, after: int) -> None:
         """Return once more than ``after`` snapshots have been taken."""
+        ...
+
+    @property
+    def snapshots(self) -> SnapshotAgent:
+        """Its snapshots: taken, failed (and why)."""
         ...
 
 
@@ -305,13 +311,16 @@ class AdminServer:
         if not timeout > 0 or math.isinf(timeout):
             return AdminReply(cid, False, f"bad timeout {command.args['timeout']!r}")
         node = self.node
-        before = node.snapshots_taken
+        snapshots = node.snapshots
+        before, failed_before = snapshots.taken, snapshots.failed
         ok, message = await self._request(ClusterAction.SNAPSHOT)
         if not ok:
             return AdminReply(cid, False, message)
         with trio.move_on_after(timeout):
-            await node.wait_snapshot(before)
-        if node.snapshots_taken <= before:
+            await snapshots.wait_taken(before, failed_before)
+        if snapshots.taken <= before:
+            if snapshots.failed > failed_before:
+                return AdminReply(cid, False, snapshots.last_error)
             return AdminReply(cid, False, f"SNAPSHOT requested but not taken within {timeout:g}s")
         entry = node.recording_log.get_latest_snapshot(CM_SERVICE_ID)
         body = (

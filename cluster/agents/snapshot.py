@@ -13,6 +13,7 @@ the restart).
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -21,7 +22,12 @@ from typing import Any
 import trio
 
 from ..archive.recording_log import CM_SERVICE_ID, ENTRY_TYPE_SNAPSHOT, RecordingLog
-from ..archive.snapshots import encode_snapshot, snapshot_path, write_snapshot
+from ..archive.snapshots import (
+    encode_snapshot,
+    remove_stale_temporaries,
+    snapshot_path,
+    write_snapshot,
+)
 from ..core.consensus import ConsensusModule
 from ..core.service_container import ServiceContainer
 from ..core.snapshot import take_snapshot
@@ -51,6 +57,11 @@ class SnapshotAgent:
         self.shutdown = shutdown
         self.taken = 0
         """Snapshots taken (written and recorded) since the node started."""
+        self.failed = 0
+        """Snapshots that could not be written (a full disk): logged, the node goes on."""
+        self.last_error = ""
+        for stale in remove_stale_temporaries(data_dir):
+            log.warning("removed %s: a snapshot cut short before this start", stale)
         self.recovered_position = 0
         """Actions at or below this position were replayed at start-up: not acted on."""
         self._taken_event = trio.Event()
@@ -76,9 +87,10 @@ class SnapshotAgent:
             if self._nursery is not None:
                 self._nursery.start_soon(self.shutdown)
 
-    async def wait_taken(self, after: int) -> None:
-        """Return once more than ``after`` snapshots have been taken."""
-        while self.taken <= after:
+    async def wait_taken(self, after: int, failed_after: int | None = None) -> None:
+        """Return once more than ``after`` snapshots have been taken (or, given
+        ``failed_after``, more than that many failed)."""
+        while self.taken <= after and (failed_after is None or self.failed <= failed_after):
             await self._taken_event.wait()
 
     def _take(self, position: int, action: ClusterActionRequest, terminate: bool) -> None:
@@ -94,18 +106,38 @@ class SnapshotAgent:
         term = action.leadership_term_id
         path = snapshot_path(self.data_dir, position, term)
         if self._nursery is None:  # during start-up replay: write it now
-            write_snapshot(path, data)
+            try:
+                write_snapshot(path, data)
+            except OSError as exc:
+                self._failed(position, exc)
+                return
             self._record(position, term, action.timestamp, len(data))
             return
 
         async def persist() -> None:
-            await self.run_blocking(write_snapshot, path, data)
-            self._record(position, term, action.timestamp, len(data))
+            outcome = "snapshot taken"
+            try:
+                await self.run_blocking(write_snapshot, path, data)
+            except OSError as exc:
+                self._failed(position, exc)
+                outcome = "snapshot failed (the log keeps everything)"
+            else:
+                self._record(position, term, action.timestamp, len(data))
             if terminate:
-                log.info("SHUTDOWN at log position %d: snapshot taken, stopping", position)
+                log.info("SHUTDOWN at log position %d: %s, stopping", position, outcome)
                 await self.shutdown()
 
         self._nursery.start_soon(persist)
+
+    def _failed(self, position: int, exc: OSError) -> None:
+        """The snapshot could not be written: nothing of it is left, and the log still
+        holds everything it would have covered (recovery replays from the last one)."""
+        why = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+        self.failed += 1
+        self.last_error = f"snapshot at log position {position} failed: {why} ({exc})"
+        log.error("%s; the node goes on without it", self.last_error)
+        self._taken_event.set()
+        self._taken_event = trio.Event()
 
     def _record(self, position: int, term: int, timestamp: int, size: int) -> None:
         base = self.cm.log.terms.base_of(term) or 0

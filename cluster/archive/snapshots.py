@@ -33,22 +33,38 @@ def encode_snapshot(records: Iterable[Any]) -> bytes:
 
 
 def write_snapshot(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all: an error (a full disk) removes
+    the temporary file and is raised."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # it would eat the space an operator frees
+        raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def remove_stale_temporaries(directory: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporary files of snapshots whose writing was cut short (a crash,
+    a full disk); returns them.  Run at start-up, before any snapshot is written."""
+    removed = []
+    for tmp in sorted((Path(directory) / "snapshots").glob("*.tmp")):
+        tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    return removed
 
 
 def read_snapshot(path: Path) -> list[SnapshotRecord]:
