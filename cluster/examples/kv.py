@@ -82,6 +82,10 @@ class KeyValueError(Exception):
 DEDUPE_WINDOW = 4096
 """Responses remembered per session, so a retried request is applied only once."""
 
+DEDUPE_BYTES = 1 << 20
+"""...and at most this many bytes of them per session (the oldest go first).  Replies
+to reads are not remembered at all: a retried read is simply read again."""
+
 
 class _Snapshot(msgspec.Struct, array_like=True):
     store: dict[str, bytes]
@@ -95,8 +99,9 @@ class KeyValueService(ClusteredService):
 
     A client may resend a request whose response it did not get (its leader died before
     answering); the service remembers the last :data:`DEDUPE_WINDOW` responses of each
-    session and answers a duplicate from there instead of applying it again.  Keys put
-    with a TTL expire through cluster timers.  All of it is in the snapshot.
+    session (at most :data:`DEDUPE_BYTES` of them; reads are not remembered) and answers
+    a duplicate from there instead of applying it again.  Keys put with a TTL expire
+    through cluster timers.  All of it is in the snapshot.
     """
 
     def __init__(self) -> None:
@@ -106,6 +111,7 @@ class KeyValueService(ClusteredService):
         self.duplicates = 0
         self.expired = 0
         self._recent: dict[int, dict[int, bytes]] = {}
+        self._recent_bytes: dict[int, int] = {}
         self._expiries: dict[int, str] = {}
         self._key_timers: dict[str, int] = {}
         self._next_timer_id = 1
@@ -117,6 +123,9 @@ class KeyValueService(ClusteredService):
             state = msgspec.msgpack.decode(snapshot, type=_Snapshot)
             self.store = state.store
             self._recent = state.recent
+            self._recent_bytes = {
+                sid: sum(map(len, responses.values())) for sid, responses in state.recent.items()
+            }
             self._expiries = state.expiries
             self._key_timers = {key: cid for cid, key in state.expiries.items()}
             self._next_timer_id = state.next_timer_id
@@ -126,6 +135,7 @@ class KeyValueService(ClusteredService):
 
     def on_session_close(self, session: ClientSession, timestamp: int, close_reason: Any) -> None:
         self._recent.pop(session.id, None)
+        self._recent_bytes.pop(session.id, None)
 
     def on_timer_event(self, correlation_id: int, timestamp: int) -> None:
         key = self._expiries.pop(correlation_id, None)
@@ -153,10 +163,17 @@ class KeyValueService(ClusteredService):
             session.offer(cached)
             return
         response = _encode(self.apply(request, timestamp))
-        recent[request.request_id] = response
-        if len(recent) > DEDUPE_WINDOW:
-            del recent[next(iter(recent))]
+        if type(request) is not Get:  # a read is answered again, not remembered
+            recent[request.request_id] = response
+            size = self._recent_bytes.get(session.id, 0) + len(response)
+            while len(recent) > DEDUPE_WINDOW or (size > DEDUPE_BYTES and len(recent) > 1):
+                size -= len(recent.pop(next(iter(recent))))
+            self._recent_bytes[session.id] = size
         session.offer(response)
+
+    def remembered_bytes(self) -> int:
+        """Bytes of responses remembered for retries, every session together."""
+        return sum(self._recent_bytes.values())
 
     def _forget_timer(self, key: str) -> None:
         correlation_id = self._key_timers.pop(key, None)
