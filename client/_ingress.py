@@ -444,6 +444,12 @@ class IngressWriter:
         useful (the handshake's included) starts the count over: the next dial goes at
         once.  After :data:`RECONNECT_ATTEMPTS` failures in a row the loop waits for a
         new leader; a new target (:meth:`on_reconnect`) starts the count over too.
+
+        With egress on the ingress connection (``own_egress``) no new leader would dial
+        the client, so the loop never waits: failure after failure it tries the next
+        member (:meth:`_target`), each new connection starting with the session's resume
+        and carrying nothing else until the leader has taken it (``confirmed``).  A
+        connection given up for silence (:meth:`liveness_loop`) counts as a failure.
         """
         session = self._session
         failures = 0
