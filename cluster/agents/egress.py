@@ -88,14 +88,7 @@ class EgressPublisher:
 
     def reply(self, source: IngressSource, message: Any) -> bool:
         writer = source.link
-        if not isinstance(writer, FrameWriter):
-            return False
-        if not writer.backlog:
-            self._dirty.append(writer)
-        if not writer.write_message(message):
-            self.dropped_messages += 1
-            return False
-        return True
+        return isinstance(writer, FrameWriter) and self._queue(writer, message)
 
     def _forget(self, egress_id: int) -> None:
         old = self._egress.pop(egress_id, None)
@@ -107,7 +100,10 @@ class EgressPublisher:
         if egress is None:
             self.dropped_messages += 1
             return False
-        writer = egress.writer
+        return self._queue(egress.writer, message)
+
+    def _queue(self, writer: FrameWriter, message: Any) -> bool:
+        """Queue a frame for the next flush; False (counted) if the writer is full."""
         if not writer.backlog:
             self._dirty.append(writer)
         if not writer.write_message(message):

@@ -50,6 +50,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from ..fileio import write_all
 from .errors import ArchiveCorruptionError, ArchiveError, ArchiveWriteError
 from .reader import SegmentInfo as SegmentInfo
 from .reader import check_torn_tail, drain_scan, pread_full, scan_records, segment_name
@@ -343,11 +344,7 @@ class Archive:
 
     def _write_all(self, fd: int, data: memoryview) -> None:
         os.lseek(fd, self._position - self._bases[-1], os.SEEK_SET)
-        while data:
-            written = os.write(fd, data)
-            if written <= 0:
-                raise OSError(errno.EIO, "write made no progress")
-            data = data[written:]
+        write_all(fd, data)
 
     def _rollback(
         self, bases: list[int], paths: list[Path], position: int, created: list[Path]

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..fileio import write_all
 from ..protocol.codec import SNAPSHOT, encode
 from ..protocol.errors import ProtocolError
 from ..protocol.snapshot import SnapshotRecord
@@ -40,9 +41,7 @@ def write_snapshot(path: Path, data: bytes) -> None:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
