@@ -119,7 +119,6 @@ class SessionAdmission:
             if session.own_connection:
                 self.egress.attach(egress_id, source)
                 session.egress_connected = True
-            source.pending += 1
             self.pending_sessions.append(session)
 
     def _pending_from(self, address: str) -> int:
@@ -227,6 +226,4 @@ class SessionAdmission:
         return work
 
     def _leave_pending(self, session: ClusterSession) -> None:
-        if session.source is not None:
-            session.source.pending -= 1
         self.authenticator.on_pending_ended(session.cluster_session_id)

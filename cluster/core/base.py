@@ -82,7 +82,7 @@ class IngressSource:
     (None without TLS), ``link`` the shell's handle for replying on it.
     """
 
-    __slots__ = ("address", "closed", "conn_id", "link", "pending", "principal", "trusted")
+    __slots__ = ("address", "closed", "conn_id", "link", "principal", "trusted")
 
     def __init__(
         self, conn_id: int, address: str, principal: str | None = None, link: object = None
@@ -92,7 +92,6 @@ class IngressSource:
         self.principal = principal
         self.link = link
         self.closed = False
-        self.pending = 0  # sessions not yet open that came on this connection
         self.trusted = False  # a session opened or resumed on it (it may send large frames)
 
     def __repr__(self) -> str:

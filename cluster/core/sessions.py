@@ -118,13 +118,15 @@ class SessionManager(SessionAdmission):
     def holds_session(self, source: IngressSource) -> bool:
         """Whether a connection has a session here: connecting, waiting for a
         redirect or a rejection to go out, or open."""
-        if source.pending or any(held[0] is source for held in self.held_resumes):
+        if any(held[0] is source for held in self.held_resumes):
             return True
-        return any(
-            s.source is source
-            for group in (self.sessions.values(), self.redirect_sessions, self.rejected_sessions)
-            for s in group
+        groups = (
+            self.sessions.values(),
+            self.pending_sessions,
+            self.redirect_sessions,
+            self.rejected_sessions,
         )
+        return any(s.source is source for group in groups for s in group)
 
     def holds(self, session: ClusterSession, source: IngressSource | None) -> bool:
         """Whether ``source`` may act for ``session`` (counted when not)."""
