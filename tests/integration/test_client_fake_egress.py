@@ -34,6 +34,7 @@ from cluster.protocol.ingress import (
     SessionConnectRequest,
     SessionKeepAlive,
     SessionMessageHeader,
+    SessionResumeRequest,
 )
 from cluster.protocol.version import PROTOCOL_VERSION
 
@@ -169,11 +170,19 @@ class FakeMember:
             self.egress = await anyio.connect_tcp(host, port)
 
     async def send(self, *messages: Any) -> None:
-        await self.dial_egress()
-        assert self.egress is not None
         buf = bytearray()
         encode_frames_into(buf, messages)
-        await self.egress.send(bytes(buf))
+        await self.send_raw(bytes(buf))
+
+    async def send_raw(self, data: bytes) -> None:
+        """Egress bytes: on the client's ingress connection when it named no response
+        channel (the real client's default), else on a connection dialled to it."""
+        if self.cluster.response_channel == "":
+            await self.ingress_streams[-1].send(data)
+            return
+        await self.dial_egress()
+        assert self.egress is not None
+        await self.egress.send(data)
 
     def event(self, correlation_id: int, code: EventCode, detail: str = "") -> SessionEvent:
         c = self.cluster
@@ -202,6 +211,8 @@ class FakeMember:
                 replies.append(self.event(corr, EventCode.AUTHENTICATION_REJECTED, "bad creds"))
             elif self.role == "challenge":
                 replies.append(Challenge(corr, c.session_id, b"nonce"))
+        elif isinstance(message, SessionResumeRequest) and self.role == "leader":
+            replies.append(NewLeaderEvent(c.term, c.session_id, c.leader_id, c.endpoints))
         elif isinstance(message, ChallengeResponse):
             ok = message.encoded_credentials == b"answer:nonce"
             code = EventCode.OK if ok else EventCode.AUTHENTICATION_REJECTED
@@ -617,3 +628,22 @@ async def test_bad_arguments() -> None:
         with pytest.raises(TypeError, match="credentials"):
             async with connect_dial_back("0=127.0.0.1:1", credentials=42):  # type: ignore[arg-type]
                 pass
+
+
+async def test_bad_bytes_on_the_ingress_connection_drop_it_and_the_session_resumes() -> None:
+    """Egress on the ingress connection (no response channel): a member's bad frame
+    drops that connection; the client dials again, proves its session and goes on."""
+    with anyio.fail_after(10):
+        async with fake_cluster("leader") as cluster:
+            leader = cluster.members[0]
+            async with client.connect(cluster.endpoints) as c:
+                assert cluster.response_channel == ""
+                await c.offer(b"before")
+                assert await c.receive() == b"before"
+                await leader.send_raw(b"\0\0\0\0garbage")  # a zero-length frame
+                await cluster.changed.wait_until(lambda: bool(leader.of_type(SessionResumeRequest)))
+                (resume,) = leader.of_type(SessionResumeRequest)
+                assert resume.cluster_session_id == cluster.session_id
+                assert leader.ingress_connections == 2
+                await c.offer(b"after")
+                assert await c.receive() == b"after"

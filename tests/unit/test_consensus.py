@@ -1234,3 +1234,25 @@ def test_a_member_that_stops_leading_redirects_the_clients_connected_to_it() -> 
     assert redirect.leadership_term_id == TERM + 1
     assert redirect.detail == ENDPOINTS
     assert cm.sessions[sid].source is None  # released: the client resumes at member 2
+
+
+def test_a_stranger_cannot_resume_a_session_it_does_not_hold() -> None:
+    cm, egress, reader = make()
+    sid = open_session(cm, reader, T0)
+    stranger = IngressSource(66, "127.0.0.9")
+    for secret in (b"", b"x" * 16, b"y" * 10_000):  # none, guessed, huge
+        cm.on_message(stranger, T0 + MS)
+        cm.on_message(SessionResumeRequest(9, sid, pv.PROTOCOL_VERSION, secret), T0 + MS)
+        event = egress.events(sid)[-1]
+        assert event.code is EventCode.ERROR
+        assert event.detail == "session secret rejected"
+    assert cm.counters.rejected_resumes == 3
+    # still not its session: its messages are refused, the holder's are not
+    assert not cm.on_ingress_message(msg(cm, sid), T0 + 2 * MS)
+    assert cm.sessions[sid].source is CLIENT
+    # a session that does not exist (or is closed) is CLOSED, whoever asks
+    cm.on_message(SessionResumeRequest(10, sid + 50, pv.PROTOCOL_VERSION, b"x"), T0 + 3 * MS)
+    (closed,) = egress.events(sid + 50)
+    assert closed.code is EventCode.CLOSED
+    cm.on_message(CLIENT, T0 + 4 * MS)
+    assert cm.on_ingress_message(msg(cm, sid), T0 + 4 * MS)
