@@ -52,13 +52,11 @@ __all__ = [
     "Uniform",
     "aclose_quietly",
     "backoff_delay",
-    "retry_delay",
     "try_connect",
 ]
 
 CONNECT_ATTEMPT_TIMEOUT = 1.0  # one TCP connect attempt
 RETRY_DELAY_MIN = 0.05
-RETRY_DELAY_MAX = 0.5
 RECONNECT_ATTEMPTS = 5  # to the same leader, before waiting for a NewLeaderEvent
 LEADER_SILENCE = 3.0
 """Seconds without a byte from the leader on a connection that carries the session's
@@ -79,13 +77,6 @@ NETWORK_ERRORS: tuple[type[BaseException], ...] = (
 
 
 _READ_ERRORS: tuple[type[BaseException], ...] = (ProtocolError, *NETWORK_ERRORS)
-
-
-def retry_delay(attempt: int) -> float:
-    """Seconds to wait before retry number ``attempt`` (doubling, capped, no jitter).
-
-    Kept for callers; the client's own redials use :func:`backoff_delay`."""
-    return float(min(RETRY_DELAY_MAX, RETRY_DELAY_MIN * 2 ** max(0, attempt - 1)))
 
 
 class Uniform(Protocol):

@@ -27,7 +27,6 @@ from client._ingress import (
     BACKOFF_CAP,
     RECONNECT_ATTEMPTS,
     backoff_delay,
-    retry_delay,
 )
 from cluster.config import NodeConfig
 from cluster.examples.echo import EchoService
@@ -90,10 +89,6 @@ def test_backoff_delay_is_jittered_and_grows() -> None:
         assert max(samples) > ceiling * 0.9
     # the module's own generator by default
     assert 0.025 <= backoff_delay(1) <= 0.05
-
-
-def test_retry_delay_is_kept_for_callers() -> None:
-    assert [retry_delay(n) for n in range(7)] == [0.05, 0.05, 0.1, 0.2, 0.4, 0.5, 0.5]
 
 
 # ---------------------------------------------------------------------- a fake leader
