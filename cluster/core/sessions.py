@@ -235,16 +235,12 @@ class SessionManager(SessionAdmission):
         are dropped; open ones it held wait for a resume (or time out)."""
         source.closed = True
         for group in (self.pending_sessions, self.redirect_sessions, self.rejected_sessions):
-            if any(s.source is source for s in group):
-                kept = [s for s in group if s.source is not source]
-                for session in group:
-                    if session.source is source:
-                        if group is self.pending_sessions:
-                            self._leave_pending(session)
-                        if session.own_connection:
-                            self.egress.close(session.egress_id)
-                        session.state = State.CLOSED
-                group[:] = kept
+            for session in [s for s in group if s.source is source]:
+                group.remove(session)
+                if group is self.pending_sessions:
+                    self._leave_pending(session)
+                self.egress.close(session.egress_id)  # detaches it, if it was attached
+                session.state = State.CLOSED
         for session in self.sessions.values():
             if session.source is source:
                 session.source = None
