@@ -275,13 +275,16 @@ class Session:
 
     def _on_redirect(self, event: SessionEvent) -> Reconnect | None:
         """A member this client resumed on does not lead: go to the one that does.
-        A REDIRECT naming no leader (an election is on), or the leader this client has
-        (which it could not reach), means: wait here, this member will say when the
-        leader changes."""
+        A REDIRECT naming no leader (an election is on), or the leader and term this
+        client has (a leader it could not reach), means: wait here, this member will say
+        when the leader changes.  The same member leading a newer term is a new leader."""
         if (
             event.leadership_term_id < self.leadership_term_id
             or event.leader_member_id < 0
-            or event.leader_member_id == self.leader_member_id
+            or (
+                event.leader_member_id == self.leader_member_id
+                and event.leadership_term_id == self.leadership_term_id
+            )
         ):
             return None
         if event.detail:

@@ -259,7 +259,8 @@ class SimClient:
             and message.cluster_session_id == self.session_id >= 0
         ):
             leader = message.leader_member_id
-            if leader >= 0 and leader != self.leader_id and message.leadership_term_id >= self.term:
+            term = message.leadership_term_id
+            if leader >= 0 and term >= self.term and (leader != self.leader_id or term > self.term):
                 self.trace("redirect", message.leadership_term_id, leader)
                 self.term = message.leadership_term_id
                 self.leader_id = leader

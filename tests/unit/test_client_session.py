@@ -61,3 +61,11 @@ def test_the_leaders_heartbeat_changes_nothing() -> None:
     assert session.on_egress(NewLeaderEvent(4, 7, 0, ENDPOINTS)) == Reconnect(
         0, Endpoint("127.0.0.1", 9010)
     )
+
+
+def test_the_same_member_leading_a_newer_term_is_a_new_leader() -> None:
+    """It stepped down and was elected again: go back to it (waiting here for a
+    leader change would wait for ever, and the session would time out)."""
+    session = open_session()
+    assert session.on_egress(redirect(5, 2)) == Reconnect(2, Endpoint("127.0.0.1", 9012))
+    assert session.leadership_term_id == 5
