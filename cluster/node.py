@@ -40,7 +40,7 @@ from .agents.log import ArchiveAgent, LogAgent, LogBuffer
 from .agents.replication import Replicator
 from .agents.snapshot import SnapshotAgent
 from .agents.upkeep import ArchiveVerifier, save_node_state
-from .agents.worker import WorkerThread
+from .agents.worker import WorkerThread, run_in_thread, run_inline
 from .archive.errors import ArchiveCorruptionError, ArchiveError
 from .archive.node_state import NodeState
 from .archive.recording_log import CM_SERVICE_ID, RecordingLog
@@ -54,7 +54,7 @@ from .config import (
     load_config,
     load_object,
 )
-from .core.auth import AdminPrincipals, Authenticator, AuthorisationService
+from .core.auth import Authenticator
 from .core.base import (
     ConsensusConfig,
     Event,
@@ -71,7 +71,7 @@ from .protocol.admin import MemberStatus
 from .protocol.consensus import ConsensusMessage
 from .protocol.enums import ClusterAction, Role
 from .recovery import recover
-from .security import check_exposure, configure_logging, network_for
+from .security import admin_authorisation, check_exposure, configure_logging, network_for
 from .service import ClusteredService
 from .status import member_status
 from .transport.base import Network
@@ -81,16 +81,6 @@ log = logging.getLogger("cluster.node")
 
 
 RunBlocking = Callable[..., Awaitable[Any]]
-
-
-async def _run_in_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    return await trio.to_thread.run_sync(fn, *args)
-
-
-async def _run_inline(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run ``fn`` right here, blocking the event loop (no thread hand-off: a hand-off
-    costs about as much as an fdatasync on a fast disk)."""
-    return fn(*args)
 
 
 class Node:
@@ -122,12 +112,12 @@ class Node:
         self.rng = rng or random.Random()
         # session secrets from the seed in a simulation, so that it replays the same log
         self._token = secrets.token_bytes if rng is None else self.rng.randbytes
-        self.run_blocking: RunBlocking = run_blocking or _run_in_thread
+        self.run_blocking: RunBlocking = run_blocking or run_in_thread
         # Log writes off the loop: a thread of their own (a third of trio.to_thread's cost).
         self._log_writer: WorkerThread | None = None
         self.run_log_write: RunBlocking
         if config.archive_io == "inline":
-            self.run_log_write = _run_inline
+            self.run_log_write = run_inline
         elif run_blocking is not None:
             self.run_log_write = run_blocking
         else:
@@ -216,7 +206,7 @@ class Node:
             terms=terms,
             candidate_term_id=self.node_state.candidate_term_id,
             rng=self.rng,
-            authorisation=self._authorisation(),
+            authorisation=admin_authorisation(self.config, self.authenticator),
             token=self._token,
         )
         self.container = ServiceContainer(
@@ -265,19 +255,6 @@ class Node:
         self._in_duty_cycle = False
         self.inbox.process = self._process_inbox
         self._watchdog_scope: trio.CancelScope | None = None
-
-    def _authorisation(self) -> AuthorisationService:
-        names = [p.strip() for p in self.config.admin_principals.split(",") if p.strip()]
-        if self.config.certs_dir:  # certificates name every client: "admin" by default
-            names = names or ["admin"]
-        elif self.authenticator is None or not self.authenticator.enforces_identity:
-            log.warning(
-                "no authenticator enforces client identity: every client is anonymous and "
-                "may request snapshots, suspend, resume or stop the cluster"
-            )
-            return AuthorisationService()
-        log.info("admin actions allowed for principals: %s", sorted(names) or "none")
-        return AdminPrincipals({name.encode() for name in names})
 
     def _recover(self) -> int:
         position = recover(

@@ -18,8 +18,11 @@ from pathlib import Path
 import trio
 
 from .config import ConfigError, NodeConfig
+from .core.auth import AdminPrincipals, Authenticator, AuthorisationService
 from .transport.tcp import TcpNetwork
 from .transport.tls import PeerCert, TlsError, load_identity, peer_cert
+
+log = logging.getLogger("cluster.node")
 
 
 def is_loopback_host(host: str) -> bool:
@@ -91,3 +94,22 @@ def configure_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+
+
+def admin_authorisation(
+    config: NodeConfig, authenticator: Authenticator | None
+) -> AuthorisationService:
+    """Who may ask for admin actions (snapshot, suspend, resume, shutdown) through a
+    client session: the principals of ``--admin-principals`` (``admin`` by default with
+    certificates), or everyone when nothing proves a client's identity (with a warning)."""
+    names = [p.strip() for p in config.admin_principals.split(",") if p.strip()]
+    if config.certs_dir:  # certificates name every client: "admin" by default
+        names = names or ["admin"]
+    elif authenticator is None or not authenticator.enforces_identity:
+        log.warning(
+            "no authenticator enforces client identity: every client is anonymous and "
+            "may request snapshots, suspend, resume or stop the cluster"
+        )
+        return AuthorisationService()
+    log.info("admin actions allowed for principals: %s", sorted(names) or "none")
+    return AdminPrincipals({name.encode() for name in names})

@@ -24,6 +24,17 @@ import trio
 _Job = tuple[Callable[..., Any], tuple[Any, ...]] | None
 
 
+async def run_in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run ``fn`` in one of Trio's worker threads."""
+    return await trio.to_thread.run_sync(fn, *args)
+
+
+async def run_inline(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run ``fn`` right here, blocking the event loop (no thread hand-off: a hand-off
+    costs about as much as an fdatasync on a fast disk)."""
+    return fn(*args)
+
+
 async def acquire(lock: trio.Lock) -> None:
     """Take ``lock`` (release it with ``lock.release()``) without the scheduling round
     that ``Lock.acquire`` spends when the lock is free: on the write path that round
