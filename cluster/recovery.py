@@ -5,6 +5,10 @@ position saved in ``node-state.json`` is known to be committed: later entries wa
 the log buffer until a leader's commit position covers them (or a new leader truncates
 them).  Replay mirrors every entry into the consensus module (sessions, terms, module
 state), as a follower applying the log does.
+
+The archive may begin after position 0 (compacted, or reset by a snapshot install:
+``cluster.archive.compaction``): recovery only looks at snapshots at or after its
+start, and one of them must load.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from pathlib import Path
 from .agents.log import LogBuffer
 from .archive.errors import ArchiveCorruptionError, ArchiveError
 from .archive.record import RECORD_HEADER_LENGTH, RecordError, iter_records
-from .archive.recording_log import CM_SERVICE_ID, ENTRY_TYPE_SNAPSHOT, RecordingLog
+from .archive.recording_log import CM_SERVICE_ID, RecordingLog
 from .archive.segments import Archive
 from .archive.snapshots import read_snapshot, snapshot_path
 from .core.consensus import ConsensusModule
@@ -31,13 +35,9 @@ REPLAY_CHUNK = 8 << 20
 def load_latest_snapshot(
     data_dir: Path, recording_log: RecordingLog, archive_end: int
 ) -> LoadedSnapshot | None:
-    """The newest valid snapshot in the recording log that loads; older ones if not."""
-    candidates = [
-        e
-        for e in recording_log.entries
-        if e.is_valid and e.type == ENTRY_TYPE_SNAPSHOT and e.service_id == CM_SERVICE_ID
-    ]
-    for entry in reversed(candidates):
+    """The newest valid snapshot in the recording log that loads; older ones if not
+    (none below the log's start: no log follows them)."""
+    for entry in reversed(recording_log.snapshots(CM_SERVICE_ID)):
         path = snapshot_path(data_dir, entry.log_position, entry.leadership_term_id)
         if entry.log_position > archive_end:
             log.error("snapshot %s is beyond the end of the archive: skipped", path)
@@ -78,6 +78,12 @@ def recover(
             snapshot.leadership_term_id,
             len(snapshot.sessions),
             len(snapshot.timers),
+        )
+    elif archive.start_position > 0:
+        raise ArchiveError(
+            f"{data_dir}: the log begins at {archive.start_position} (compacted) and no "
+            "snapshot at or after it loads: wipe the directory to rebuild this member from "
+            "its leader"
         )
     else:
         container.start(None)

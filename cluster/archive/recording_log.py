@@ -10,7 +10,8 @@ little-endian entries, appended in the order they are created and updated in pla
         24  i64   log_position    term end once committed (-1 while open); snapshot position
         32  i64   timestamp       cluster time units
         40  i32   service_id      -1 for the consensus module and for TERM entries
-        44  i32   entry_type      TERM=0, SNAPSHOT=1; bit 31 set = invalidated
+        44  i32   entry_type      TERM=0, SNAPSHOT=1, LOG_START=2, LOG_RESET=3;
+                                  bit 31 set = invalidated
         48  12 x  reserved (zero)
         60  u32   crc32 of bytes 0..59
 
@@ -18,6 +19,15 @@ Every write is one aligned 64-byte ``pwrite`` followed by ``fsync`` (and the dir
 fsynced when the file is created). On open, a partial or CRC-failing *last* entry is a
 torn write and is truncated with a warning; a bad entry before the last one raises
 :class:`ArchiveCorruptionError` naming the file and byte offset.
+
+**Log start.** Compaction deletes archive segments wholly below a retained snapshot;
+a ``LOG_START`` entry (written *before* the files are deleted) says the log now begins
+at ``log_position`` (a segment base), so start-up finishes an interrupted deletion and
+recovery never looks below it.  A ``LOG_RESET`` entry is written by a follower that
+installs a snapshot sent by its leader, *before* it replaces its archive with an empty
+one beginning at the snapshot's position: until the snapshot itself is recorded after
+it, start-up redoes the install's last steps (:mod:`cluster.archive.compaction`).
+:attr:`log_start` is the highest position either names.
 
 :attr:`RecordingLog.entries` is sorted as in Aeron: by leadership term, term base, TERM
 before SNAPSHOT, log position, then service id descending, so a consensus-module
@@ -37,13 +47,29 @@ from typing import Self
 
 from .errors import ArchiveCorruptionError
 
-__all__ = ["ENTRY_LENGTH", "ENTRY_TYPE_SNAPSHOT", "ENTRY_TYPE_TERM", "Entry", "RecordingLog"]
+__all__ = [
+    "ENTRY_LENGTH",
+    "ENTRY_TYPE_LOG_RESET",
+    "ENTRY_TYPE_LOG_START",
+    "ENTRY_TYPE_SNAPSHOT",
+    "ENTRY_TYPE_TERM",
+    "Entry",
+    "RecordingLog",
+]
 
 logger = logging.getLogger("cluster.archive")
 
 FILE_NAME = "recording.log"
 ENTRY_TYPE_TERM = 0
 ENTRY_TYPE_SNAPSHOT = 1
+ENTRY_TYPE_LOG_START = 2
+"""The archive was compacted: the log begins at ``log_position`` (segments below it were
+deleted)."""
+ENTRY_TYPE_LOG_RESET = 3
+"""A snapshot install from the leader replaced the whole log: it begins, empty, at
+``log_position``, the snapshot's position (term ``leadership_term_id``, which began at
+``term_base_log_position``)."""
+_LOG_START_TYPES = (ENTRY_TYPE_LOG_START, ENTRY_TYPE_LOG_RESET)
 INVALID_FLAG = -(1 << 31)
 """Bit 31 of ``entry_type`` (as a signed i32): the entry has been invalidated."""
 NULL_POSITION = -1
@@ -276,6 +302,76 @@ class RecordingLog:
             ):
                 return self._write(replace(old, entry_type=ENTRY_TYPE_SNAPSHOT))
         return self._write(entry)
+
+    def snapshots(self, service_id: int = CM_SERVICE_ID) -> list[Entry]:
+        """The valid snapshot entries of ``service_id`` at or after :attr:`log_start`
+        (older ones have no log after them), oldest first."""
+        start = self.log_start
+        return [
+            e
+            for e in sorted(self._slots, key=lambda e: (e.log_position, e.index))
+            if e.is_valid
+            and e.type == ENTRY_TYPE_SNAPSHOT
+            and e.service_id == service_id
+            and e.log_position >= start
+        ]
+
+    def latest_log_start(self) -> Entry | None:
+        """The valid LOG_START or LOG_RESET entry with the highest position (the later
+        one of equals), or None if the log was never compacted or reset."""
+        best: Entry | None = None
+        for entry in self._slots:
+            if (
+                entry.is_valid
+                and entry.type in _LOG_START_TYPES
+                and (best is None or entry.log_position >= best.log_position)
+            ):
+                best = entry
+        return best
+
+    @property
+    def log_start(self) -> int:
+        """Where the log begins: nothing below it is kept (0 if never compacted)."""
+        entry = self.latest_log_start()
+        return 0 if entry is None else entry.log_position
+
+    def append_log_start(
+        self,
+        log_position: int,
+        leadership_term_id: int,
+        term_base_log_position: int,
+        timestamp: int,
+        *,
+        reset: bool = False,
+    ) -> Entry:
+        """Record that the log now begins at ``log_position`` (``reset``: it was
+        replaced by a snapshot install).  Written before any file is deleted.
+
+        Raises:
+            ValueError: the position is below the current :attr:`log_start`.
+        """
+        if log_position < self.log_start:
+            raise ValueError(f"log start {log_position} is below the current {self.log_start}")
+        entry = Entry(
+            0,
+            leadership_term_id,
+            term_base_log_position,
+            log_position,
+            timestamp,
+            CM_SERVICE_ID,
+            ENTRY_TYPE_LOG_RESET if reset else ENTRY_TYPE_LOG_START,
+            index=len(self._slots),
+        )
+        return self._write(entry)
+
+    def replace_terms(
+        self, leadership_term_id: int, term_base_log_position: int, timestamp: int
+    ) -> None:
+        """Invalidate every TERM entry and record ``leadership_term_id`` as the only
+        term (a snapshot install replaced the whole log)."""
+        for entry in self._terms():
+            self._write(replace(entry, entry_type=entry.entry_type | INVALID_FLAG))
+        self.append_term(leadership_term_id, term_base_log_position, timestamp)
 
     def get_latest_snapshot(self, service_id: int) -> Entry | None:
         """The newest valid snapshot entry of ``service_id`` (-1: the consensus module)."""

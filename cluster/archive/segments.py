@@ -32,6 +32,16 @@ fsynced; any other bad record is **corruption** and raises
 and why a member stops rather than drop data, is stated in :mod:`cluster.archive.reader`,
 which holds the reading side (listing and scanning segment files, :func:`read_log`).
 
+Compaction and reset
+--------------------
+:meth:`Archive.purge` deletes whole segment files below a position (never the last
+segment), oldest first, so a crash midway leaves a contiguous log; the recording log
+names the new start first (``LOG_START``), and :meth:`Archive.open` given that
+``start_position`` deletes what a crash left behind.  :meth:`Archive.reset` replaces
+the whole log with an empty one beginning at a position (a follower installing its
+leader's snapshot): the new directory is built beside the old one and renamed into
+place, so a crash leaves one or the other, and :meth:`Archive.open` tidies up.
+
 Only one thread may use an :class:`Archive` at a time (the Trio node calls it through
 ``trio.to_thread.run_sync``); :func:`read_log` reads a directory without opening it for
 writing.
@@ -52,6 +62,7 @@ from typing import Self
 
 from ..fileio import write_all
 from .errors import ArchiveCorruptionError, ArchiveError, ArchiveWriteError
+from .layout import drop_below, finish_reset, fsync_directory, reset_directory
 from .reader import SegmentInfo as SegmentInfo
 from .reader import check_torn_tail, drain_scan, pread_full, scan_records, segment_name
 from .reader import list_segments as list_segments
@@ -110,14 +121,6 @@ class FsyncPolicy(enum.StrEnum):
             raise ValueError(f"invalid fsync policy {text!r}: expected one of {choices}") from None
 
 
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class Archive:
     """The persisted log of one member; see the module docstring for the format.
 
@@ -155,8 +158,13 @@ class Archive:
         segment_size: int = DEFAULT_SEGMENT_SIZE,
         fsync: FsyncPolicy = FsyncPolicy.BATCH,
         verify_from: int = 0,
+        start_position: int = 0,
     ) -> Archive:
         """Open (creating if needed) the archive in ``directory`` and recover it.
+
+        ``start_position`` is where the recording log says the log begins (after a
+        compaction or a reset): segments wholly below it are deleted (a purge a crash
+        cut short), and an archive with no segment left begins, empty, there.
 
         Every record from ``verify_from`` on (a record boundary, e.g. the latest
         snapshot's position, so that start-up time does not grow with the history behind
@@ -172,10 +180,11 @@ class Archive:
             raise ValueError(f"segment_size must be positive, got {segment_size}")
         fsync = FsyncPolicy(fsync)
         path = Path(directory)
+        finish_reset(path)
         if not path.is_dir():
             path.mkdir(parents=True, exist_ok=True)
-            _fsync_directory(path.parent)
-        segments = list_segments(path)
+            fsync_directory(path.parent)
+        segments = drop_below(path, list_segments(path), start_position)
         truncated = 0
         fd: int | None = None
         try:
@@ -340,7 +349,7 @@ class Archive:
         self._bases.append(base)
         self._paths.append(path)
         if self._fsync is FsyncPolicy.BATCH:
-            _fsync_directory(self._directory)
+            fsync_directory(self._directory)
 
     def _write_all(self, fd: int, data: memoryview) -> None:
         os.lseek(fd, self._position - self._bases[-1], os.SEEK_SET)
@@ -363,7 +372,7 @@ class Archive:
                 if os.fstat(self._fd).st_size != length:
                     os.ftruncate(self._fd, length)
             if created:
-                _fsync_directory(self._directory)
+                fsync_directory(self._directory)
         except OSError:
             self._broken = True
             logger.exception("%s: rolling back a failed append failed", self._directory)
@@ -405,7 +414,7 @@ class Archive:
             self._position = position
             os.fsync(self._fd)
             if removed:
-                _fsync_directory(self._directory)
+                fsync_directory(self._directory)
         except OSError as exc:
             raise ArchiveWriteError(
                 exc.errno, f"truncating the log at {position} failed: {exc.strerror or exc}"
@@ -430,6 +439,86 @@ class Archive:
         raise ArchiveCorruptionError(
             path, base + bad.offset, f"{bad.reason} at file offset {bad.offset}"
         )
+
+    # -- compaction -----------------------------------------------------------------------
+
+    def purge_point(self, position: int) -> int:
+        """Where the log would begin if everything wholly below ``position`` were
+        purged: the base of the segment holding ``position`` (never past the last
+        segment's base)."""
+        if not self._bases:
+            return self.start_position
+        position = min(position, self._position)
+        index = max(0, bisect.bisect_right(self._bases, position) - 1)
+        return self._bases[index]
+
+    def purge(self, position: int) -> int:
+        """Delete the segment files wholly below ``position`` (a segment base, see
+        :meth:`purge_point`; the last segment is never deleted), oldest first; return
+        the bytes freed.  The recording log must already say the log begins there.
+
+        Raises:
+            ValueError: ``position`` is not a segment base within the log.
+            ArchiveWriteError: deleting a file failed (the archive then begins at the
+                first segment still there).
+        """
+        self._check_writable()
+        if position == self.start_position:
+            return 0
+        if position not in self._bases:
+            raise ValueError(f"cannot purge below {position}: not a segment base")
+        count = self._bases.index(position)
+        doomed = list(zip(self._bases[:count], self._paths[:count], self._bases[1:], strict=False))
+        freed = 0
+        try:
+            for base, path, end in doomed:
+                path.unlink(missing_ok=True)
+                freed += end - base
+                del self._bases[0]
+                del self._paths[0]
+            fsync_directory(self._directory)
+        except OSError as exc:
+            raise ArchiveWriteError(
+                exc.errno, f"purging the log below {position} failed: {exc.strerror or exc}"
+            ) from exc
+        logger.info(
+            "%s: purged %d segment(s) below log position %d (%d bytes)",
+            self._directory,
+            len(doomed),
+            position,
+            freed,
+        )
+        return freed
+
+    def reset(self, position: int) -> None:
+        """Replace the whole log with an empty one beginning at ``position`` (a
+        follower installing its leader's snapshot: its own log is not the leader's).
+
+        The new directory is made beside the old one and renamed into place, so a crash
+        leaves either whole (:meth:`open` removes the other).
+
+        Raises:
+            ArchiveWriteError: a file operation failed (the archive is then unusable:
+                reopen it).
+        """
+        self._check_open()
+        directory = self._directory
+        try:
+            if self._fd is not None:
+                fd, self._fd = self._fd, None
+                os.close(fd)
+            self._broken = True  # until the new log is in place
+            segment = reset_directory(directory, position)
+            self._fd = os.open(segment, os.O_RDWR | _O_CLOEXEC)
+        except OSError as exc:
+            raise ArchiveWriteError(
+                exc.errno, f"resetting the log to {position} failed: {exc.strerror or exc}"
+            ) from exc
+        self._bases = [position]
+        self._paths = [segment]
+        self._position = position
+        self._broken = False
+        logger.info("%s: log replaced by an empty one beginning at %d", directory, position)
 
     # -- reading ------------------------------------------------------------------------
 
