@@ -155,6 +155,7 @@ class Node:
             verify_from=self._verified_from,
         )
         self.node_state = NodeState(self.data_dir)
+        self.storage = NodeStorage(self.recording_log, self.node_state)  # and its DiskHealth
 
     def _build(self) -> None:
         cfg = self.config
@@ -202,7 +203,7 @@ class Node:
             log_position=position,
             epoch_offset_ns=self.epoch_offset_ns,
             consensus=self.links,
-            storage=NodeStorage(self.recording_log, self.node_state),
+            storage=self.storage,
             terms=terms,
             candidate_term_id=self.node_state.candidate_term_id,
             rng=self.rng,
@@ -214,7 +215,7 @@ class Node:
         )
         self.snapshots = SnapshotAgent(
             self.data_dir,
-            self.recording_log,
+            self.storage,
             self.cm,
             self.container,
             self.run_blocking,
@@ -236,6 +237,7 @@ class Node:
             on_truncated=self._on_truncated,
             clock_ns=self.now_ns,
             inline=cfg.archive_io != "thread",
+            storage=self.storage,
         )
         self.log_agent = LogAgent(self.cm, self.container, self.log_buffer, self._kick)
         self.ingress = IngressAgent(
@@ -324,6 +326,7 @@ class Node:
             archive_verified=self.verifier.verified,
             archive_errors=self.archive_errors,
             link_protocol_errors=self.links.protocol_errors,
+            disk=self.storage.disk.status(),
         )
 
     # ------------------------------------------------------------------ callbacks
@@ -537,7 +540,7 @@ class Node:
 
     async def _state_save_agent(self) -> None:
         await save_node_state(
-            self.node_state, lambda: self.log_agent.applied_position, self.run_blocking
+            self.storage, lambda: self.log_agent.applied_position, self.run_blocking
         )
 
     async def _verify_archive_agent(self) -> None:

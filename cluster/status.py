@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from .config import MemberEndpoints
 from .core.consensus import ConsensusModule
 from .protocol.admin import (
+    DiskStatus,
     FollowerStatus,
     IngressStatus,
     LinkStatus,
@@ -79,6 +80,7 @@ def member_status(
     archive_verified: int = 0,
     archive_errors: int = 0,
     link_protocol_errors: int = 0,
+    disk: DiskStatus | None = None,
 ) -> MemberStatus:
     rlog = cm.log
     manager = cm.session_manager
@@ -118,4 +120,5 @@ def member_status(
         archive_verified=archive_verified,
         archive_errors=archive_errors,
         link_protocol_errors=link_protocol_errors,
+        disk=disk or DiskStatus(),
     )

@@ -3,9 +3,13 @@
 The **archive agent** takes every record the consensus module has encoded since its last
 write and appends them as one batch (group commit: whatever accumulates during one
 write and fdatasync goes into the next).  Only after the archive returns does the
-position count as appended.  A failed write (a full disk) is retried with back-off; the
-commit position simply stops moving meanwhile, so nothing is acknowledged that is not on
-disk.
+position count as appended.  A failed write (a full disk) is retried every
+``retry_interval``; the commit position simply stops moving meanwhile, so nothing is
+acknowledged that is not on disk.  Before any append or truncation, the recording-log
+writes that failed before (a term's start, :class:`~cluster.archive.storage.NodeStorage`)
+are written: the log never holds bytes of a term the recording log does not name.  The
+node's :class:`~cluster.archive.disk.DiskHealth` hears of each failure and of the first
+write that succeeds after them (one ERROR when the disk fills, not one per retry).
 
 The **log agent** applies records up to the commit position, in order, through the
 :class:`~cluster.core.service_container.ServiceContainer`.
@@ -20,8 +24,10 @@ from typing import Any
 import trio
 import trio.lowlevel
 
+from ..archive.disk import DiskHealth
 from ..archive.errors import ArchiveWriteError
 from ..archive.segments import Archive
+from ..archive.storage import NodeStorage
 from ..core.consensus import ConsensusModule
 from ..core.service_container import ServiceContainer
 from ..protocol.enums import Role
@@ -48,6 +54,10 @@ messages)."""
 MIRROR_CHUNK = 256 << 10
 """Log bytes a follower applies per step: it has no replies to send, only the event loop
 to keep turning."""
+
+
+class _NotYet(Exception):
+    """An earlier recording-log write still fails: the log bytes wait for it."""
 
 
 class LogBuffer:
@@ -112,6 +122,7 @@ class ArchiveAgent:
         clock_ns: Callable[[], int],
         retry_interval: float = 1.0,
         inline: bool = False,
+        storage: NodeStorage | None = None,
     ) -> None:
         self.run_blocking = run_blocking
         self.inline = inline
@@ -124,6 +135,8 @@ class ArchiveAgent:
         self.log_buffer = log_buffer
         self.on_appended = on_appended
         self.retry_interval = retry_interval
+        self.storage = storage
+        self.disk = storage.disk if storage is not None else DiskHealth(".")
         self.wake = trio.Event()
         self.batches = 0
         self.bytes_appended = 0
@@ -185,10 +198,13 @@ class ArchiveAgent:
         if not data:
             return True
         try:
+            if not self._storage_flushed():
+                raise _NotYet
             position = self.archive.append(data)
-        except ArchiveWriteError as exc:
+        except (ArchiveWriteError, _NotYet) as exc:
             self._busy = True  # until the task's retry succeeds
-            self._write_failed(exc, data)
+            if isinstance(exc, ArchiveWriteError):
+                self._write_failed(exc, f"append of {len(data)} bytes at {self.written}")
             self.kick()
             return True
         if not self.inline:
@@ -213,7 +229,13 @@ class ArchiveAgent:
             raise RuntimeError(f"log buffer starts at {buf.base}, past the archive {self.written}")
         return buf.copy(self.written, buf.end)
 
+    def _storage_flushed(self) -> bool:
+        """The recording-log writes that failed before are made now (False: not yet)."""
+        return self.storage is None or self.storage.flush()
+
     def _appended(self, position: int, size: int) -> None:
+        if self.disk.problem:  # this path, or another, failed before: it writes again
+            self.disk.succeeded("log")
         self.written = position
         self.batches += 1
         self.bytes_appended += size
@@ -252,34 +274,44 @@ class ArchiveAgent:
         if position < buf.applied:
             raise RuntimeError(f"truncation to {position} below the applied position {buf.applied}")
         del buf.data[position - buf.base :]
-        if position < self.written:
-            async with self.lock:
-                await self.run_blocking(self.archive.truncate, position)
-            self.written = position
+        while True:
+            if self._storage_flushed():  # the terms it removes go first
+                if position >= self.written:
+                    break
+                async with self.lock:
+                    try:
+                        await self.run_blocking(self.archive.truncate, position)
+                    except ArchiveWriteError as exc:
+                        self._write_failed(exc, f"truncation at {position}")
+                    else:
+                        self.written = position
+                        if self.disk.problem:
+                            self.disk.succeeded("log")
+                        break
+            await trio.sleep(self.retry_interval)
         self.cm.on_truncated(position)
         self.on_truncated()
 
     async def _append(self, data: bytes) -> int:
         while True:
-            await acquire(self.lock)
-            try:
-                return int(await self.run_blocking(self.archive.append, data))
-            except ArchiveWriteError as exc:
-                error = exc
-            finally:
-                self.lock.release()
-            self._write_failed(error, data)
+            if self._storage_flushed():
+                await acquire(self.lock)
+                try:
+                    return int(await self.run_blocking(self.archive.append, data))
+                except ArchiveWriteError as exc:
+                    error = exc
+                finally:
+                    self.lock.release()
+                self._write_failed(error, f"append of {len(data)} bytes at {self.written}")
             await trio.sleep(self.retry_interval)
 
-    def _write_failed(self, exc: ArchiveWriteError, data: bytes) -> None:
+    def _write_failed(self, exc: ArchiveWriteError, what: str) -> None:
+        """One ERROR record when writes start failing (the disk health's), then one
+        DEBUG line per retry."""
         self.write_errors += 1
         self.last_error = str(exc)
-        log.error(
-            "archive write failed (%s); %d bytes held, retrying in %.1fs",
-            exc,
-            len(data),
-            self.retry_interval,
-        )
+        self.disk.failed("log", exc, what)
+        log.debug("archive %s failed (%s); retrying", what, exc)
 
     async def wait_idle(self) -> None:
         """Wait until everything encoded so far is durably appended."""

@@ -6,14 +6,19 @@ applying it, so the snapshot holds exactly the state at that position.  The reco
 taken at once (the state must not move on first); writing them (a file, an fsync, a
 rename) runs through ``run_blocking`` (a worker thread), then the recording log notes
 the snapshot and :meth:`SnapshotAgent.wait_taken` waiters wake: completion is an event,
-not a counter to poll.  A SNAPSHOT with the terminate flag (SHUTDOWN), or an ABORT,
-stops the node once it is done, unless it is replayed at start-up (it happened before
-the restart).
+not a counter to poll.  The consensus module hears of it too
+(:meth:`~cluster.core.control.ClusterControl.on_snapshot`), and answers the client
+AdminRequests that asked for it: OK once written and recorded, ERROR with the reason
+("disk full: ...") when either fails.  A failure is an ERROR record and goes to the
+node's :class:`~cluster.archive.disk.DiskHealth`; nothing of the snapshot is left (its
+temporary file, or its file if the recording log could not name it) and the node goes
+on: the log keeps everything.  A SNAPSHOT with the terminate flag (SHUTDOWN), or an
+ABORT, stops the node once it is done, unless it is replayed at start-up (it happened
+before the restart).
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -21,13 +26,14 @@ from typing import Any
 
 import trio
 
-from ..archive.recording_log import CM_SERVICE_ID, ENTRY_TYPE_SNAPSHOT, RecordingLog
+from ..archive.recording_log import CM_SERVICE_ID, ENTRY_TYPE_SNAPSHOT
 from ..archive.snapshots import (
     encode_snapshot,
     remove_stale_temporaries,
     snapshot_path,
     write_snapshot,
 )
+from ..archive.storage import NodeStorage
 from ..core.consensus import ConsensusModule
 from ..core.service_container import ServiceContainer
 from ..core.snapshot import take_snapshot
@@ -43,18 +49,21 @@ class SnapshotAgent:
     def __init__(
         self,
         data_dir: Path,
-        recording_log: RecordingLog,
+        storage: NodeStorage,
         cm: ConsensusModule,
         container: ServiceContainer,
         run_blocking: Callable[..., Awaitable[Any]],
         shutdown: Callable[[], Awaitable[None]],
     ) -> None:
         self.data_dir = data_dir
-        self.recording_log = recording_log
+        self.recording_log = storage.recording_log
         self.cm = cm
         self.container = container
         self.run_blocking = run_blocking
         self.shutdown = shutdown
+        self.disk = storage.disk
+        # while writes fail, a SNAPSHOT could not be written: the leader refuses it
+        self.disk.listeners.append(cm.control.on_disk)
         self.taken = 0
         """Snapshots taken (written and recorded) since the node started."""
         self.failed = 0
@@ -109,9 +118,9 @@ class SnapshotAgent:
             try:
                 write_snapshot(path, data)
             except OSError as exc:
-                self._failed(position, exc)
+                self._failed(position, exc, len(data))
                 return
-            self._record(position, term, action.timestamp, len(data))
+            self._record(position, term, action.timestamp, path, len(data))
             return
 
         async def persist() -> None:
@@ -119,31 +128,45 @@ class SnapshotAgent:
             try:
                 await self.run_blocking(write_snapshot, path, data)
             except OSError as exc:
-                self._failed(position, exc)
+                self._failed(position, exc, len(data))
                 outcome = "snapshot failed (the log keeps everything)"
             else:
-                self._record(position, term, action.timestamp, len(data))
+                if not self._record(position, term, action.timestamp, path, len(data)):
+                    outcome = "snapshot failed (the log keeps everything)"
             if terminate:
                 log.info("SHUTDOWN at log position %d: %s, stopping", position, outcome)
                 await self.shutdown()
 
         self._nursery.start_soon(persist)
 
-    def _failed(self, position: int, exc: OSError) -> None:
+    def _failed(self, position: int, exc: OSError, size: int) -> None:
         """The snapshot could not be written: nothing of it is left, and the log still
         holds everything it would have covered (recovery replays from the last one)."""
-        why = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
         self.failed += 1
-        self.last_error = f"snapshot at log position {position} failed: {why} ({exc})"
+        self.last_error = self.disk.failed(
+            "snapshot", exc, f"at log position {position}", retried=False, needed=size
+        )
         log.error("%s; the node goes on without it", self.last_error)
+        self.cm.control.on_snapshot(position, self.last_error)
         self._taken_event.set()
         self._taken_event = trio.Event()
 
-    def _record(self, position: int, term: int, timestamp: int, size: int) -> None:
+    def _record(self, position: int, term: int, timestamp: int, path: Path, size: int) -> bool:
+        """Name the written snapshot in the recording log (services first, then the
+        consensus module); if that fails, the file goes: a snapshot no entry names is
+        never loaded, and would only take space."""
         base = self.cm.log.terms.base_of(term) or 0
-        self.recording_log.append_snapshot(term, base, position, timestamp, 0)
-        self.recording_log.append_snapshot(term, base, position, timestamp, CM_SERVICE_ID)
+        try:
+            self.recording_log.append_snapshot(term, base, position, timestamp, 0)
+            self.recording_log.append_snapshot(term, base, position, timestamp, CM_SERVICE_ID)
+        except OSError as exc:
+            path.unlink(missing_ok=True)
+            self._failed(position, exc, size)
+            return False
+        self.disk.succeeded("snapshot")
         self.taken += 1
+        self.cm.control.on_snapshot(position)
         self._taken_event.set()
         self._taken_event = trio.Event()
         log.info("snapshot at log position %d (term %d): %d bytes", position, term, size)
+        return True

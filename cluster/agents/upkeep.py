@@ -12,9 +12,9 @@ from typing import Any
 import trio
 
 from ..archive.errors import ArchiveCorruptionError
-from ..archive.node_state import NodeState
 from ..archive.record import RECORD_HEADER_LENGTH
 from ..archive.segments import Archive
+from ..archive.storage import NodeStorage
 
 log = logging.getLogger("cluster.node")
 
@@ -26,30 +26,31 @@ VERIFY_PROGRESS_BYTES = 256 << 20
 
 
 async def save_node_state(
-    node_state: NodeState,
+    storage: NodeStorage,
     applied_position: Callable[[], int],
     run_blocking: Callable[..., Awaitable[Any]],
 ) -> None:
     """Persist the applied position about once a second: a lower bound of the commit
     position for the next start.  The save (a write, two fsyncs and a rename) takes
     1.5-9 ms under load, so it runs through ``run_blocking`` (a thread) instead of
-    stalling the event loop; a failure (a full disk) is logged and retried."""
-    failing = False
+    stalling the event loop; a failure (a full disk) goes to the node's disk health (one
+    ERROR for the node, not one per retry) and is retried.  At the same pace, while only writes
+    that are not retried (a snapshot) failed, it sees whether the disk has room again
+    (:meth:`DiskHealth.probe`)."""
+    node_state, disk = storage.node_state, storage.disk
     while True:
         await trio.sleep(STATE_SAVE_INTERVAL)
+        if disk.problem:
+            disk.probe()
         applied = applied_position()
         if applied <= node_state.commit_position:
             continue
         try:
             await run_blocking(partial(node_state.save, commit_position=applied))
         except OSError as exc:
-            if not failing:
-                log.warning("cannot save the node state (will retry): %s", exc)
-            failing = True
+            disk.failed("node state", exc, f"(commit position {applied})")
             continue
-        if failing:
-            log.info("node state saved again")
-            failing = False
+        disk.succeeded("node state")
 
 
 class ArchiveVerifier:

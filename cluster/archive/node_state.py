@@ -8,11 +8,14 @@
   committed, and are applied when the leader says they are.
 
 Writes go to a temporary file that is fsynced and renamed over the old one, then the
-directory is fsynced: a crash leaves either the old state or the new one.
+directory is fsynced: a crash leaves either the old state or the new one.  A write that
+fails (a full disk) raises ``OSError``, removes the temporary file and changes nothing:
+the caller retries (the node-state saver) or does not act on it (a candidate term).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -58,13 +61,18 @@ class NodeState:
             _check(candidate, commit)
             data = json.dumps({"candidate_term_id": candidate, "commit_position": commit}).encode()
             tmp = self.path.with_suffix(".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    if os.write(fd, data) != len(data):
+                        raise OSError(errno.ENOSPC, "short write of the node state")
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, self.path)
+            except OSError:
+                tmp.unlink(missing_ok=True)  # nothing half written is left (a full disk)
+                raise
             dir_fd = os.open(self.path.parent, os.O_RDONLY)
             try:
                 os.fsync(dir_fd)

@@ -124,17 +124,26 @@ class ConsensusPort(Protocol):
     def send(self, member_id: int, message: ConsensusMessage) -> bool: ...
 
 
+class StorageError(Exception):
+    """A durable write of the :class:`StoragePort` failed (a full disk): nothing of it
+    may be acted upon."""
+
+
 class StoragePort(Protocol):
     """The few durable writes the consensus module makes itself (rare, synchronous)."""
 
     def save_candidate_term(self, candidate_term_id: int) -> None:
-        """Persist the highest term voted in or seen, before it is acted upon."""
+        """Persist the highest term voted in or seen, before it is acted upon; raise
+        :class:`StorageError` if it is not durable (the module then does not act on it)."""
 
     def record_term(self, leadership_term_id: int, base_position: int, timestamp: int) -> None:
-        """Persist the start of a term in the recording log."""
+        """Persist the start of a term in the recording log.  Never fails: a write that
+        cannot be made now is kept, and no log byte at or after ``base_position`` becomes
+        durable before it is made."""
 
     def remove_terms_from(self, position: int) -> None:
-        """Forget terms starting at or after a truncation point."""
+        """Forget terms starting at or after a truncation point (written, like
+        :meth:`record_term`, before the truncation of the log)."""
 
 
 class NoConsensus:

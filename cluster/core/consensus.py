@@ -75,6 +75,7 @@ from .base import (
     NoConsensus,
     NoStorage,
     RoleChanged,
+    StorageError,
     StoragePort,
 )
 from .control import ClusterControl
@@ -246,10 +247,15 @@ class ConsensusModule:
         # only a leader applies its own records (a follower mirrors what it replays)
         return self.log.append(message, self.role is Role.LEADER)
 
-    def set_candidate_term(self, term: int) -> None:
-        if term > self.candidate_term_id:
-            self.storage.save_candidate_term(term)
-            self.candidate_term_id = term
+    def set_candidate_term(self, term: int) -> bool:
+        """Raise the candidate term, saved first; False if it could not be (not acted on)."""
+        try:
+            if term > self.candidate_term_id:
+                self.storage.save_candidate_term(term)
+                self.candidate_term_id = term
+        except StorageError:
+            return False
+        return True
 
     def _set_role(self, role: Role) -> None:
         if role is not self.role:
@@ -366,8 +372,8 @@ class ConsensusModule:
             # a term has one leader: a second one claiming it is a buggy or forged member
             self._refuse(leader, f"claims to lead term {term}, which {self.leader_member_id} leads")
             return False
-        if term > self.candidate_term_id:
-            self.set_candidate_term(term)
+        if not self.set_candidate_term(term):
+            return False  # its term could not be saved: a member must not follow it yet
         if self.role is Role.LEADER:
             self._step_down()
         changed = self.leadership_term_id != term or self.leader_member_id != leader
@@ -599,14 +605,7 @@ class ConsensusModule:
         return True
 
     def on_admin_request(self, msg: AdminRequest, now_ns: int) -> None:
-        if not self.is_ready_leader:
-            return
-        manager = self.session_manager
-        session = manager.lookup_open(msg.cluster_session_id, msg.leadership_term_id)
-        if session is None or not manager.holds(session, self._source):
-            return
-        session.time_of_last_activity_ns = now_ns
-        self.egress.send(session.egress_id, self.control.on_admin_request(msg, session, now_ns))
+        self.control.on_admin_request(msg, self.session_manager, self._source, now_ns)
 
     def consensus_work(self, now_ns: int) -> int:
         """Work done every cycle: election progress, leader readiness, expired timers."""

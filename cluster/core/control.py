@@ -5,11 +5,17 @@ A leader puts each action on the log as a ClusterActionRequest, so every member 
 it at the same position: SUSPEND holds ingress (sequenced on RESUME), SNAPSHOT takes a
 snapshot, a SNAPSHOT with the terminate flag shuts the cluster down.  A member that
 replays a SUSPEND or RESUME from the log follows the module state it records.
+
+A client's AdminRequest(SNAPSHOT) is answered when the snapshot is written and recorded
+(OK) or fails to be (ERROR, with the reason): the shell reports the outcome with
+:meth:`ClusterControl.on_snapshot`.  While the shell reports a disk problem
+(:meth:`ClusterControl.on_disk`), a SNAPSHOT is refused at once: it could not be written.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from ..protocol.egress import AdminResponse
 from ..protocol.enums import (
@@ -22,12 +28,23 @@ from ..protocol.enums import (
 from ..protocol.ingress import AdminRequest, SessionMessageHeader
 from ..protocol.log import ClusterActionRequest, LogMessage
 from .auth import AuthorisationService
-from .base import Counters, TermView
+from .base import Counters, EgressPort, IngressSource, TermView
 from .log import ReplicatedLog
 from .session import ClusterSession
+from .sessions import SessionManager
 
 MAX_HELD_MESSAGES = 100_000
 """Ingress messages a SUSPENDED module holds for RESUME; more are refused and counted."""
+
+MAX_SNAPSHOT_WAITERS = 1_000
+"""Client SNAPSHOT requests waiting for their snapshot to be written; more are refused."""
+
+
+class ControlView(TermView, Protocol):
+    """The consensus module as cluster control sees it: its term, and its egress."""
+
+    @property
+    def egress(self) -> EgressPort: ...
 
 
 class ClusterControl:
@@ -37,9 +54,11 @@ class ClusterControl:
         "append",
         "authorisation",
         "counters",
+        "disk_problem",
         "held_messages",
         "log",
         "module_state",
+        "snapshot_waiters",
         "view",
     )
 
@@ -47,7 +66,7 @@ class ClusterControl:
         self,
         log: ReplicatedLog,
         append: Callable[[LogMessage], int],
-        view: TermView,
+        view: ControlView,
         authorisation: AuthorisationService,
         counters: Counters,
     ) -> None:
@@ -58,6 +77,11 @@ class ClusterControl:
         self.counters = counters
         self.module_state = ModuleState.ACTIVE
         self.held_messages: list[SessionMessageHeader] = []
+        self.disk_problem = ""
+        """What the shell last reported of its disk ("" while writes succeed)."""
+        self.snapshot_waiters: list[tuple[int, int, ClusterSession, AdminRequest]] = []
+        """``(log position, term, session, request)`` of each client SNAPSHOT request whose
+        snapshot is not written yet."""
 
     def hold(self, header: SessionMessageHeader) -> bool:
         """SUSPENDED: keep ``header`` (stamped) until RESUME; False if the hold is full."""
@@ -71,24 +95,20 @@ class ClusterControl:
         self, action: ClusterAction, now_ns: int, *, terminate: bool = False
     ) -> tuple[bool, str]:
         """Put a cluster action on the log (a ready leader only); ``(accepted, message)``."""
+        refused, _ = self._request(action, now_ns, terminate)
         name = "SHUTDOWN" if terminate else action.name
-        view = self.view
-        if not view.is_ready_leader:
-            return False, (
-                f"Current node is not the leader (leaderMemberId = {view.leader_member_id}), "
-                f"unable to {name}"
-            )
-        needed = ModuleState.SUSPENDED if action is ClusterAction.RESUME else ModuleState.ACTIVE
-        if self.module_state is not needed:
-            return False, (
-                f"Unable to {name} as the state of the consensus module is "
-                f"{self.module_state.name}, but needs to be {needed.name}"
-            )
+        return not refused, refused or f"{name} applied successfully"
+
+    def _request(self, action: ClusterAction, now_ns: int, terminate: bool) -> tuple[str, int]:
+        """``("", the log position after it)``, or ``(why it is refused, -1)``."""
+        refused = self._refusal(action, terminate)
+        if refused:
+            return refused, -1
         rlog = self.log
         timestamp = rlog.stamp(now_ns)
-        self.append(
+        position = self.append(
             ClusterActionRequest(
-                leadership_term_id=view.leadership_term_id,
+                leadership_term_id=self.view.leadership_term_id,
                 log_position=rlog.published_position,
                 timestamp=timestamp,
                 action=action,
@@ -96,7 +116,25 @@ class ClusterControl:
             )
         )
         self.apply(action)
-        return True, f"{name} applied successfully"
+        return "", position
+
+    def _refusal(self, action: ClusterAction, terminate: bool) -> str:
+        name = "SHUTDOWN" if terminate else action.name
+        view = self.view
+        if not view.is_ready_leader:
+            return (
+                f"Current node is not the leader (leaderMemberId = {view.leader_member_id}), "
+                f"unable to {name}"
+            )
+        needed = ModuleState.SUSPENDED if action is ClusterAction.RESUME else ModuleState.ACTIVE
+        if self.module_state is not needed:
+            return (
+                f"Unable to {name} as the state of the consensus module is "
+                f"{self.module_state.name}, but needs to be {needed.name}"
+            )
+        if action is ClusterAction.SNAPSHOT and not terminate and self.disk_problem:
+            return f"Unable to SNAPSHOT: {self.disk_problem}"
+        return ""
 
     def apply(self, action: ClusterAction) -> None:
         """Enter the module state ``action`` leads to (RESUME sequences what was held)."""
@@ -109,20 +147,68 @@ class ClusterControl:
                 self.append(header)
 
     def on_admin_request(
-        self, msg: AdminRequest, session: ClusterSession, now_ns: int
-    ) -> AdminResponse:
-        """The answer to a client's AdminRequest (a SNAPSHOT, if its principal may)."""
+        self,
+        msg: AdminRequest,
+        sessions: SessionManager,
+        source: IngressSource | None,
+        now_ns: int,
+    ) -> None:
+        """A client's AdminRequest (a SNAPSHOT, if its principal may), from ``source``:
+        refused at once, or answered once the snapshot is written (:meth:`on_snapshot`)."""
+        if not self.view.is_ready_leader:
+            return
+        session = sessions.lookup_open(msg.cluster_session_id, msg.leadership_term_id)
+        if session is None or not sessions.holds(session, source):
+            return
+        session.time_of_last_activity_ns = now_ns
         if msg.request_type is not AdminRequestType.SNAPSHOT:
             code, text = AdminResponseCode.ERROR, f"unknown request type {msg.request_type}"
         elif not self.authorisation.is_authorised("SNAPSHOT", session.encoded_principal):
             code, text = AdminResponseCode.UNAUTHORISED_ACCESS, "not authorised to SNAPSHOT"
+        elif len(self.snapshot_waiters) >= MAX_SNAPSHOT_WAITERS:
+            code, text = AdminResponseCode.ERROR, "too many SNAPSHOT requests waiting"
         else:
-            ok, text = self.request(ClusterAction.SNAPSHOT, now_ns)
-            code = AdminResponseCode.OK if ok else AdminResponseCode.ERROR
-        return AdminResponse(
-            cluster_session_id=session.cluster_session_id,
-            correlation_id=msg.correlation_id,
-            request_type=msg.request_type,
-            response_code=code,
-            message=text,
+            text, position = self._request(ClusterAction.SNAPSHOT, now_ns, False)
+            if not text:  # answered when the snapshot at ``position`` is written, or fails
+                term = self.view.leadership_term_id
+                self.snapshot_waiters.append((position, term, session, msg))
+                return
+            code = AdminResponseCode.ERROR
+        self._answer(session, msg, code, text)
+
+    def on_snapshot(self, position: int, error: str = "") -> None:
+        """The shell wrote and recorded the snapshot at log ``position`` (or, with an
+        ``error``, failed to): answer the requests that asked for it.  Requests of an
+        earlier term, or for an earlier position (a log cut by a new leader), are
+        dropped: this member no longer answers for them."""
+        view = self.view
+        waiting, self.snapshot_waiters = self.snapshot_waiters, []
+        for waiter in waiting:
+            at, term, session, msg = waiter
+            if at > position:
+                self.snapshot_waiters.append(waiter)
+            elif at == position and term == view.leadership_term_id and view.is_ready_leader:
+                if error:
+                    self._answer(session, msg, AdminResponseCode.ERROR, error)
+                else:
+                    text = f"SNAPSHOT taken at log position {position}"
+                    self._answer(session, msg, AdminResponseCode.OK, text)
+
+    def on_disk(self, problem: str) -> None:
+        """The shell's disk state: "" while its writes succeed, else what fails ("disk
+        full: ..."): SNAPSHOT requests are refused meanwhile."""
+        self.disk_problem = problem
+
+    def _answer(
+        self, session: ClusterSession, msg: AdminRequest, code: AdminResponseCode, text: str
+    ) -> None:
+        self.view.egress.send(
+            session.egress_id,
+            AdminResponse(
+                cluster_session_id=session.cluster_session_id,
+                correlation_id=msg.correlation_id,
+                request_type=msg.request_type,
+                response_code=code,
+                message=text,
+            ),
         )

@@ -75,8 +75,9 @@ class Terms(Protocol):
     @property
     def leadership_term_id(self) -> int: ...
 
-    def set_candidate_term(self, term: int) -> None:
-        """Persist ``term`` as the highest seen or voted in, if it is higher."""
+    def set_candidate_term(self, term: int) -> bool:
+        """Persist ``term`` as the highest seen or voted in, if it is higher; False if
+        it could not be saved (a full disk): then it must not be acted upon."""
 
 
 class Election:
@@ -194,7 +195,9 @@ class Election:
         terms = self.terms
         seen = max((c[2] for c in self.canvass.values()), default=-1)
         term = max(terms.candidate_term_id, seen, terms.leadership_term_id) + 1
-        terms.set_candidate_term(term)
+        if not terms.set_candidate_term(term):
+            self._to_canvass(now_ns)  # no campaign on a term not saved: try again later
+            return
         self.state = ElectionState.CANDIDATE_BALLOT
         self.votes = {self.config.member_id: True}
         self.ballot_deadline_ns = now_ns + self.config.election_timeout_ns
@@ -223,8 +226,9 @@ class Election:
     def on_request_vote(self, msg: RequestVote, now_ns: int) -> None:
         terms = self.terms
         granted = False
-        if msg.candidate_term_id > terms.candidate_term_id:
-            terms.set_candidate_term(msg.candidate_term_id)
+        if msg.candidate_term_id > terms.candidate_term_id and terms.set_candidate_term(
+            msg.candidate_term_id
+        ):  # a vote only once its term is saved
             my_term, my_pos = self._my_log()
             if not log_is_newer(my_term, my_pos, msg.log_leadership_term_id, msg.log_position):
                 granted = True

@@ -98,6 +98,28 @@ class MemberAddress(msgspec.Struct, kw_only=True):
     admin_port: int = 0
 
 
+class DiskStatus(msgspec.Struct, kw_only=True):
+    """The member's disk: whether its writes succeed (``cluster.archive.disk``)."""
+
+    full: bool = False
+    """Writes fail for want of space (ENOSPC, EDQUOT): they are retried, and nothing is
+    acknowledged meanwhile."""
+    problem: str = ""
+    """Empty while writes succeed; else what fails and why ("disk full: ...")."""
+    failing_for_s: float | None = None
+    """Seconds since writes started failing (None while they succeed)."""
+    failing: list[str] = msgspec.field(default_factory=list)
+    """The write paths failing now (log, recording log, node state, snapshot)."""
+    free_bytes: int = -1
+    """Free space on the data directory's file system (-1: unknown)."""
+    write_failures: int = 0
+    """Failed writes since the member started (every retry counted)."""
+    full_events: int = 0
+    """Times writes started failing since the member started."""
+    failed_seconds: float = 0.0
+    """Seconds with failing writes since the member started (the current episode too)."""
+
+
 class MemberStatus(msgspec.Struct, kw_only=True):
     """What ``describe`` answers: one member's role, terms, positions, sessions,
     counters and links.  Every field but ``member_id`` has a default, so a status
@@ -134,6 +156,8 @@ class MemberStatus(msgspec.Struct, kw_only=True):
     """Records of this member's archive found corrupt (never shipped to another member)."""
     link_protocol_errors: int = 0
     """Member links closed for a message that failed its checks."""
+    disk: DiskStatus = msgspec.field(default_factory=DiskStatus)
+    """Whether the member's writes succeed (a full disk)."""
 
 
 _json_encoder = msgspec.json.Encoder()

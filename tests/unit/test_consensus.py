@@ -669,18 +669,54 @@ def test_service_close_on_follower_is_applied_when_it_leads() -> None:
     ]
 
 
-def test_admin_snapshot_request_puts_a_snapshot_action_on_the_log() -> None:
+def test_admin_snapshot_request_is_answered_once_the_snapshot_is_written() -> None:
     cm, egress, reader = make()
     sid = open_session(cm, reader, T0)
     cm.on_admin_request(AdminRequest(TERM, sid, 9, AdminRequestType.SNAPSHOT), T0)
+    (action,) = reader.messages(ClusterActionRequest)
+    assert action.action is ClusterAction.SNAPSHOT
+    position = cm.log.published_position  # where the action ends
+    assert egress.messages(sid, AdminResponse) == []  # not at append: at write
+    cm.control.on_snapshot(position - 1)  # another snapshot: not this request's
+    assert egress.messages(sid, AdminResponse) == []
+    cm.control.on_snapshot(position)
     (response,) = egress.messages(sid, AdminResponse)
     assert response.correlation_id == 9
     assert response.response_code is AdminResponseCode.OK
-    (action,) = reader.messages(ClusterActionRequest)
-    assert action.action is ClusterAction.SNAPSHOT
+    assert str(position) in response.message
+    cm.control.on_snapshot(position)  # answered once
+    assert len(egress.messages(sid, AdminResponse)) == 1
     # unknown session: ignored, no response
     cm.on_admin_request(AdminRequest(TERM, sid + 5, 9, AdminRequestType.SNAPSHOT), T0)
     assert len(egress.messages(None, AdminResponse)) == 1
+    assert cm.control.snapshot_waiters == []
+
+
+def test_admin_snapshot_that_cannot_be_written_is_an_error_response() -> None:
+    cm, egress, reader = make()
+    sid = open_session(cm, reader, T0)
+    cm.on_admin_request(AdminRequest(TERM, sid, 3, AdminRequestType.SNAPSHOT), T0)
+    why = "disk full: snapshot at log position 99 failed (No space left on device)"
+    cm.control.on_snapshot(cm.log.published_position, why)
+    (response,) = egress.messages(sid, AdminResponse)
+    assert (response.correlation_id, response.response_code) == (3, AdminResponseCode.ERROR)
+    assert response.message == why
+
+
+def test_admin_snapshot_is_refused_at_once_while_the_disk_is_full() -> None:
+    cm, egress, reader = make()
+    sid = open_session(cm, reader, T0)
+    cm.control.on_disk("disk full: archive failed (No space left on device)")
+    cm.on_admin_request(AdminRequest(TERM, sid, 4, AdminRequestType.SNAPSHOT), T0)
+    (response,) = egress.messages(sid, AdminResponse)
+    assert response.response_code is AdminResponseCode.ERROR
+    assert "disk full: archive failed" in response.message
+    assert reader.messages(ClusterActionRequest) == []  # nothing on the log
+    ok, message = cm.control.request(ClusterAction.SNAPSHOT, T0)  # the admin port's way
+    assert not ok and "disk full" in message
+    cm.control.on_disk("")  # space again
+    cm.on_admin_request(AdminRequest(TERM, sid, 5, AdminRequestType.SNAPSHOT), T0)
+    assert len(reader.messages(ClusterActionRequest)) == 1
 
 
 def test_admin_request_refused_without_authorisation_or_when_suspended() -> None:
