@@ -216,7 +216,7 @@ def describe_table(described: Sequence[Result]) -> str:
                 s.module_state,
                 str(len(s.sessions)),
                 _cell(lag.get(s.member_id)),
-                "up",
+                f"up, {s.disk.summary()}" if s.disk.problem else "up",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
@@ -336,8 +336,12 @@ async def _per_member_query(
             continue
         items = r.body or []
         document.append({"member_id": member_id, "reachable": True, key: items})
+        if command == "errors":  # what is wrong now (a full disk), not only its history
+            document[-1]["now"] = r.reply.message
         if not opts.json:
             print(f"{_tag(member_id)}: {len(items)} {key.replace('_', ' ')}")
+            if r.reply.message:
+                print(f"  NOW: {r.reply.message}")
             for item in items:
                 print(f"  {fmt(item)}")
     if opts.json:

@@ -89,6 +89,7 @@ _KIND_STYLE = {
     "error": "red",
     "action": "bold green",
     "console": "red",
+    "disk": "bold red",
 }
 
 
@@ -334,12 +335,17 @@ class ClusterConsole(App[None]):
         up = model.up_count
         style = "green" if up == total else ("yellow" if up * 2 > total else "bold red")
         text.append(f"  {up}/{total} members up", style=style)
+        for row in model.disk_trouble:
+            text.append("  ")
+            text.append(f" {row.disk.upper()}: member {row.member_id} ", style="bold white on red")
         self._set_static("#banner", text)
 
     def _member_values(self, row: MemberRow) -> list[tuple[str, str | Text]]:
         now = self.clock()
         if not row.known:
             status = Text("...", style="dim")
+        elif row.up and row.disk:
+            status = Text(f"up, {row.disk.upper()}", style="bold red")
         elif row.up:
             status = Text("up", style="green")
         elif row.last_up is None:

@@ -19,7 +19,9 @@ are derived across polls:
   deltas: when, which member, how many, and the leader they were sent to;
 - **throughput**: committed bytes/s from the leader's commit position, and the
   leader's ingress messages/s (every ingress frame, keepalives included), over windows
-  of at least ``rate_window`` seconds.
+  of at least ``rate_window`` seconds;
+- **disk**: a member whose writes fail (``MemberStatus.disk``: a full disk) is marked
+  on its row, and its disk filling up and having space again are events.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ class MemberRow:
     last_up: float | None = None  # monotonic time of the last good poll
     changed_at: float | None = None  # monotonic time of the last up/down change
     pid: int | None = None
+    disk: str = ""  # "disk full" (or "disk error") while the member's writes fail
+    disk_problem: str = ""
 
 
 @dataclass(slots=True)
@@ -230,6 +234,7 @@ class ClusterModel:
         row.election = status.election_state
         row.module = status.module_state
         row.sessions = len(status.sessions)
+        events += self._disk_events(row, status)
         if role != "LEADER" and self.leader_id == mid:
             row.lag = None
         if role == "LEADER":
@@ -239,6 +244,21 @@ class ClusterModel:
         self._describes[mid] = status
         events += self._counter_events(row, status)
         return events
+
+    def _disk_events(self, row: MemberRow, status: MemberStatus) -> list[Event]:
+        disk = status.disk
+        was, row.disk, row.disk_problem = row.disk, disk.label, disk.problem
+        mid = row.member_id
+        if disk.label and not was:
+            return [self.event("disk", f"member {mid}: {disk.summary()}", "error")]
+        if was and not disk.label:
+            return [self.event("disk", f"member {mid}: disk writes resumed ({was} before)")]
+        return []
+
+    @property
+    def disk_trouble(self) -> list[MemberRow]:
+        """The members up whose writes fail (a full disk)."""
+        return [m for m in self.members.values() if m.up and m.disk]
 
     def _apply_followers(self, followers: Sequence[FollowerStatus]) -> None:
         for f in followers:

@@ -15,7 +15,8 @@ Queries (their ``body`` is JSON):
   of its followers, member links, snapshots).
 - ``recording-log``: every recording-log entry.
 - ``errors``: the most recent WARNING-or-worse log records of this process (a bounded
-  ring on the ``cluster`` logger, attached while the server runs).
+  ring on the ``cluster`` logger, attached while the server runs); while the member's
+  writes fail (a full disk), the reply's ``message`` says so ("DISK FULL for 12 s: ...").
 
 Commands that change the cluster (``snapshot``, ``suspend``, ``resume``, ``shutdown``,
 ``abort``, ``invalidate-latest-snapshot``) put a cluster action on the log (the request
@@ -292,7 +293,8 @@ class AdminServer:
             except ValueError:
                 return AdminReply(command.correlation_id, False, f"bad limit {limit!r}")
             records = records[-count:] if count > 0 else []
-        return AdminReply(command.correlation_id, True, "", encode_body(records))
+        now = self.node.status().disk.summary()  # the state now, not only its history
+        return AdminReply(command.correlation_id, True, now, encode_body(records))
 
     # ------------------------------------------------------------------ cluster actions
 

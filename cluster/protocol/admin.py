@@ -119,6 +119,20 @@ class DiskStatus(msgspec.Struct, kw_only=True):
     failed_seconds: float = 0.0
     """Seconds with failing writes since the member started (the current episode too)."""
 
+    @property
+    def label(self) -> str:
+        """ "disk full" (or "disk error") while writes fail, else ""."""
+        if not self.problem:
+            return ""
+        return "disk full" if self.full else "disk error"
+
+    def summary(self) -> str:
+        """One line for people: "" while writes succeed."""
+        if not self.problem:
+            return ""
+        since = f" for {self.failing_for_s:.0f} s" if self.failing_for_s is not None else ""
+        return f"{self.label.upper()}{since}: {self.problem}"
+
 
 class MemberStatus(msgspec.Struct, kw_only=True):
     """What ``describe`` answers: one member's role, terms, positions, sessions,

@@ -1,12 +1,16 @@
 """A full disk, for real: a node's data directory on a small tmpfs (needs root to mount;
 skipped otherwise).  Issue #19: a snapshot on a full disk killed the node, and on
-restart it failed again and left its temporary file eating the space freed."""
+restart it failed again and left its temporary file eating the space freed; a full disk
+must be an event the node handles, shows, and recovers from by itself."""
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import subprocess
-from collections.abc import Iterator
+import sys
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -15,10 +19,12 @@ import trio
 
 import client
 from cluster import tool
-from cluster.config import NodeConfig
+from cluster.config import MemberEndpoints, NodeConfig, parse_members
 from cluster.examples.kv import KeyValueClient, KeyValueService
-from cluster.local import free_ports
+from cluster.local import LocalCluster, free_ports
 from cluster.node import Node
+from cluster.protocol.admin import MemberStatus
+from cluster.protocol.enums import AdminResponseCode
 
 
 @contextmanager
@@ -49,6 +55,25 @@ def fill(disk: Path, leave: int) -> Path:
     return filler
 
 
+def fill_up(disk: Path) -> Path:
+    """Fill ``disk`` to the last block while nodes write to it; returns the filler."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        for size in (1 << 20, 64 << 10, 4 << 10, 512, 1):
+            chunk = b"\0" * size
+            while True:
+                try:
+                    os.write(fd, chunk)
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                    break
+    finally:
+        os.close(fd)
+    return filler
+
+
 async def test_a_snapshot_on_a_full_disk_fails_cleanly_and_the_node_goes_on(
     tmp_path: Path,
 ) -> None:
@@ -71,22 +96,38 @@ async def test_a_snapshot_on_a_full_disk_fails_cleanly_and_the_node_goes_on(
                     for i in range(40):  # about 400 KB of state: a snapshot that big
                         await kv.put(f"k{i}", bytes([i]) * 10_000)
                     filler = fill(disk, leave=150_000)  # room for the log, not the snapshot
+                    # asked by a client: answered when the write fails, not when appended
+                    response = await c.request_snapshot(timeout=10)
+                    assert response.response_code is AdminResponseCode.ERROR, response
+                    assert response.message.startswith("disk full: snapshot at log position")
+                    assert node.snapshots.failed == 1
+                    assert list((disk / "node" / "snapshots").glob("*.tmp")) == []
+                    # until a write succeeds again, the next one is refused at once
                     reply = await tool.request(member, "snapshot", {"timeout": "10"}, 15)
                     assert not reply.ok
-                    assert "disk full" in reply.message, reply.message
-                    assert list((disk / "node" / "snapshots").glob("*.tmp")) == []
+                    assert reply.message.startswith("Unable to SNAPSHOT: disk full: snapshot")
+                    assert node.snapshots.failed == 1
                     # the node goes on: it reads and writes, and says what happened
-                    await kv.put("after", b"the failed snapshot")
+                    await kv.put("after", b"the failed snapshot")  # this write clears it
                     assert await kv.get("k7") == bytes([7]) * 10_000
+                    reply = await tool.request(member, "snapshot", {"timeout": "10"}, 15)
+                    assert not reply.ok  # written, and failed: the same way on the admin port
+                    assert reply.message.startswith("disk full: snapshot at log position")
+                    assert node.snapshots.failed == 2
+                    assert list((disk / "node" / "snapshots").glob("*.tmp")) == []
+                    await kv.put("after 2", b"the second failed snapshot")
                     errors = await tool.request(member, "errors", {}, 5)
                     assert b"disk full" in errors.body
                     # space returns: the next snapshot is taken
                     filler.unlink()
                     reply = await tool.request(member, "snapshot", {"timeout": "10"}, 15)
                     assert reply.ok, reply.message
+                    response = await c.request_snapshot(timeout=10)  # OK once written
+                    assert response.response_code is AdminResponseCode.OK, response
+                    assert node.snapshots.taken == 2
                 await node.shutdown()
-        assert node.snapshots.failed == 1
-        assert node.snapshots.taken == 1
+        assert node.snapshots.failed == 2
+        assert node.snapshots.taken == 2
 
 
 async def test_start_up_removes_a_snapshot_cut_short(tmp_path: Path) -> None:
@@ -105,3 +146,166 @@ async def test_start_up_removes_a_snapshot_cut_short(tmp_path: Path) -> None:
             )
             assert not stale.exists()
             await node.shutdown()
+
+
+# ---------------------------------------------------------------------- real processes
+
+
+async def describe(members: list[MemberEndpoints]) -> dict[int, MemberStatus]:
+    return {
+        r.member.member_id: r.status
+        for r in await tool.describe_all(members, 2.0)
+        if r.status is not None
+    }
+
+
+async def leader_of(members: list[MemberEndpoints]) -> MemberStatus:
+    with trio.fail_after(20):
+        while True:
+            leaders = [s for s in (await describe(members)).values() if s.role == "LEADER"]
+            if leaders:
+                return leaders[0]
+            await trio.sleep(0.2)
+
+
+async def until(condition: Callable[[], Awaitable[bool] | bool], limit: float) -> None:
+    """Wait until ``condition()`` (sync or async) holds; fail after ``limit`` seconds."""
+    with trio.fail_after(limit):
+        while True:
+            result = condition()
+            if not isinstance(result, bool):
+                result = await result
+            if result:
+                return
+            await trio.sleep(0.02)
+
+
+def temporary_files(disk: Path) -> list[Path]:
+    return list(disk.glob("node-*/snapshots/*.tmp"))
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("VmRSS:")).split()[1])
+
+
+async def cluster_tool(members: str, *args: str) -> str:
+    done = await trio.run_process(
+        [sys.executable, "-m", "cluster.tool", "--members", members, *args],
+        capture_stdout=True,
+        check=False,
+    )
+    return done.stdout.decode()
+
+
+@pytest.mark.slow
+def test_a_cluster_whose_disk_fills_under_load_stops_acknowledging_shows_it_and_resumes(
+    tmp_path: Path,
+) -> None:
+    """Three node processes on one 48 MiB tmpfs, written to by 16 clients; the disk is
+    filled to the last block, then a snapshot is asked for, then the space is freed."""
+    logs = tmp_path / "logs"
+    figures: dict[str, float] = {}
+    with (
+        small_disk(tmp_path / "disk", "48m") as disk,
+        LocalCluster(3, "cluster.examples.kv:KeyValueService", disk, log_dir=logs) as cluster,
+    ):
+        trio.run(full_disk_under_load, cluster, disk, figures)
+        for member_id in range(3):
+            text = (logs / f"node-{member_id}.log").read_text()
+            # one ERROR when the disk filled, not one per retry; one line when it emptied
+            assert (
+                len(re.findall(r"ERROR .*writes are retried; nothing is acknowledged", text)) == 1
+            )
+            assert re.search(r"disk has space again: writes resumed after [0-9.]+ s", text), text
+    print(f"\nfull disk figures: {figures}")
+
+
+async def full_disk_under_load(
+    cluster: LocalCluster, disk: Path, figures: dict[str, float]
+) -> None:
+    members = parse_members(cluster.members)
+    leader = await leader_of(members)
+    acked: dict[str, bytes] = {}
+    async with client.connect(cluster.ingress_endpoints) as c, KeyValueClient(c) as kv:
+
+        async def writer(w: int) -> None:
+            for i in range(1_000_000):
+                key, value = f"w{w}-{i}", f"{w}:{i}:".encode() * 20
+                await kv.put(key, value)
+                acked[key] = value
+
+        async with trio.open_nursery() as nursery:
+            for w in range(16):
+                nursery.start_soon(writer, w)
+            await until(lambda: len(acked) >= 2_000, 20)
+            filler = fill_up(disk)
+            full_at = trio.current_time()
+
+            async def all_full() -> bool:  # every member's writes fail; each one says so
+                return all(s.disk.full for s in (await describe(members)).values())
+
+            await until(all_full, 15)
+            figures["seen_full_s"] = round(trio.current_time() - full_at, 2)
+            rss_full = rss_kib(leader.pid)
+            await trio.sleep(1.0)  # what was durable on a quorum before is committed
+            stalled = len(acked)
+            await trio.sleep(3.0)
+            assert len(acked) == stalled, "nothing is acknowledged while the disk is full"
+            figures["acked_before_full"] = stalled
+            status = (await describe(members))[leader.member_id]
+            assert status.disk.problem.startswith("disk full: ")
+            assert "log" in status.disk.failing
+            assert status.disk.free_bytes < 1 << 20
+            # a snapshot asked for now fails at once, with the reason
+            response = await c.request_snapshot(timeout=5)
+            assert response.response_code is AdminResponseCode.ERROR, response
+            assert "disk full: " in response.message, response.message
+            reply = await tool.request(members[leader.member_id], "snapshot", {}, 5)
+            assert not reply.ok
+            assert "disk full: " in reply.message
+            assert temporary_files(disk) == []
+            # the operator's view: errors and describe say it, now
+            errors = await cluster_tool(cluster.members, "errors")
+            assert errors.count("NOW: DISK FULL for") == 3, errors
+            assert "writes are retried; nothing is acknowledged meanwhile" in errors
+            described = await cluster_tool(cluster.members, "describe")
+            assert described.count("up, DISK FULL for") == 3, described
+            await trio.sleep(2.0)
+            figures["leader_rss_full_kib"] = rss_full
+            figures["leader_rss_growth_kib_over_7s_full"] = rss_kib(leader.pid) - rss_full
+            # space returns: writes resume by themselves
+            filler.unlink()
+            freed_at = trio.current_time()
+            await until(lambda: len(acked) > stalled, 15)
+            figures["first_ack_after_freeing_s"] = round(trio.current_time() - freed_at, 3)
+
+            async def all_clear() -> bool:
+                return not any(s.disk.problem for s in (await describe(members)).values())
+
+            await until(all_clear, 15)
+            figures["all_clear_after_freeing_s"] = round(trio.current_time() - freed_at, 3)
+            resumed = len(acked)
+            await until(lambda: len(acked) >= resumed + 1_000, 10)
+            nursery.cancel_scope.cancel()
+        figures["acked_total"] = len(acked)
+        errors = await cluster_tool(cluster.members, "errors")
+        assert "NOW:" not in errors, errors
+        assert "DISK FULL" not in await cluster_tool(cluster.members, "describe")
+        # a snapshot asked for now is answered once it is written
+        response = await c.request_snapshot(timeout=10)
+        assert response.response_code is AdminResponseCode.OK, response
+        assert response.message.startswith("SNAPSHOT taken at log position")
+        # every acknowledged write is there
+        limiter = trio.CapacityLimiter(64)
+        missing: list[str] = []
+
+        async def check(key: str, value: bytes) -> None:
+            async with limiter:
+                if await kv.get(key) != value:
+                    missing.append(key)
+
+        async with trio.open_nursery() as nursery:
+            for key, value in acked.items():
+                nursery.start_soon(check, key, value)
+        assert missing == []

@@ -155,3 +155,26 @@ def test_errors_after_the_first_fetch_are_events() -> None:
     assert texts(events) == ["member 0 ERROR: bad"]
     assert events[0].severity == "error"
     assert model.apply_errors(0, new) == []
+
+
+def test_a_full_disk_marks_the_member_and_is_an_event_when_it_fills_and_clears() -> None:
+    model = ClusterModel(MEMBERS)
+    poll_all(model, 1.0, {0: body(0, "LEADER"), 1: body(1), 2: body(2)})
+    full = {
+        "full": True,
+        "problem": "disk full: log append of 64 bytes at 100 failed (No space left on device)",
+        "failing_for_s": 3.0,
+        "failing": ["log"],
+    }
+    events = poll_all(model, 2.0, {0: body(0, "LEADER", disk=full), 1: body(1), 2: body(2)})
+    assert events == [
+        "member 0: DISK FULL for 3 s: disk full: log append of 64 bytes at 100 failed "
+        "(No space left on device)"
+    ]
+    assert model.members[0].disk == "disk full"
+    assert [m.member_id for m in model.disk_trouble] == [0]
+    assert poll_all(model, 3.0, {0: body(0, "LEADER", disk=full)}) == []  # once, not per poll
+    events = poll_all(model, 4.0, {0: body(0, "LEADER")})
+    assert events == ["member 0: disk writes resumed (disk full before)"]
+    assert model.members[0].disk == ""
+    assert model.disk_trouble == []

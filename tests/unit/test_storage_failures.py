@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from core_harness import MS, SECOND, NullEgress
 
 from cluster.archive.disk import DiskHealth
 from cluster.archive.node_state import NodeState
@@ -28,8 +29,6 @@ from cluster.core.consensus import ConsensusModule
 from cluster.protocol.consensus import AppendRequest, RequestVote, Vote
 from cluster.protocol.enums import Role
 from cluster.protocol.version import PROTOCOL_VERSION
-
-from core_harness import MS, SECOND, NullEgress
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 
@@ -76,7 +75,7 @@ def test_a_node_state_save_on_a_full_disk_leaves_nothing_and_changes_nothing(
     state = NodeState(tmp_path)
     state.save(candidate_term_id=2, commit_position=64)
     fill_node_state(tmp_path)
-    with pytest.raises(OSError) as failed:
+    with pytest.raises(OSError, match="No space left on device") as failed:
         state.save(candidate_term_id=3)
     assert failed.value.errno == errno.ENOSPC
     assert not (tmp_path / "node-state.tmp").exists(), "the temporary file is removed"
@@ -95,11 +94,13 @@ def test_a_candidate_term_that_cannot_be_saved_is_a_storage_error(
     with pytest.raises(StorageError, match="disk full: node state"):
         storage.save_candidate_term(5)
     assert storage.node_state.candidate_term_id == -1
-    assert storage.disk.full and "node state" in storage.disk.problem
+    assert storage.disk.full
+    assert "node state" in storage.disk.problem
     assert storage.disk.failing == ["node state"]
     storage.save_candidate_term(5)
     assert storage.node_state.candidate_term_id == 5
-    assert not storage.disk.full and storage.disk.problem == ""
+    assert not storage.disk.full
+    assert storage.disk.problem == ""
     messages = [r.getMessage() for r in caplog.records]
     assert sum("disk full" in m for m in messages) == 1
     assert any(m.startswith("disk has space again: writes resumed after") for m in messages)
@@ -122,7 +123,8 @@ def test_a_term_start_that_cannot_be_recorded_is_kept_and_written_first(tmp_path
         assert "disk full: recording log (term 1 at 500) failed" in storage.disk.problem
     assert [e.leadership_term_id for e in rlog.entries if e.is_valid] == [0]
     assert storage.flush()  # space again: written in order
-    assert not storage.pending and storage.disk.problem == ""
+    assert not storage.pending
+    assert storage.disk.problem == ""
     again = RecordingLog.open(tmp_path)
     terms = [(e.leadership_term_id, e.term_base_log_position) for e in again.entries if e.is_valid]
     assert terms == [(0, 0), (2, 300)]  # term 1 recorded, then removed by the truncation
@@ -141,16 +143,20 @@ def test_disk_health_clears_a_snapshot_failure_on_the_next_write_or_when_there_i
     disk.failed("log", full, "append of 64 bytes at 7")
     now[0] += 2.5
     status = disk.status()
-    assert status.full and status.failing == ["log", "snapshot"]
-    assert status.failing_for_s == 2.5 and status.write_failures == 2
+    assert status.full
+    assert status.failing == ["log", "snapshot"]
+    assert status.failing_for_s == 2.5
+    assert status.write_failures == 2
     disk.probe()  # the log still fails: not the probe's to clear
     assert disk.problem
     disk.succeeded("log")  # the log writes again: the snapshot's failure is settled too
-    assert disk.problem == "" and disk.failed_seconds == 2.5
+    assert disk.problem == ""
+    assert disk.failed_seconds == 2.5
     assert heard == [reason, ""]
     disk.failed("snapshot", full, "at log position 9", retried=False, needed=10)
     disk.probe()  # nothing retries a snapshot: room on the disk clears it
-    assert disk.problem == "" and disk.status().full_events == 2
+    assert disk.problem == ""
+    assert disk.status().full_events == 2
 
 
 # ---------------------------------------------------------------------- the core
@@ -214,34 +220,39 @@ def test_no_vote_on_a_term_that_cannot_be_saved() -> None:
         return votes[-1]
 
     assert ask(5).vote is False  # would have been granted: the log is as up to date
-    assert cm.candidate_term_id == -1 and disk.saved == []
+    assert cm.candidate_term_id == -1
+    assert disk.saved == []
     disk.full = False
     assert ask(6).vote is True
-    assert cm.candidate_term_id == 6 and disk.saved == [6]
+    assert cm.candidate_term_id == 6
+    assert disk.saved == [6]
 
 
 def test_no_campaign_and_no_leadership_on_a_term_that_cannot_be_saved() -> None:
-    cm, port, disk = module((0,))
+    cm, _port, disk = module((0,))
     now = SECOND
     cm.enter_election(now, "start-up", is_startup=True)
     for _ in range(50):
         now += 10 * MS
         cm.consensus_work(now)
     assert disk.attempts > 1, "it tries again"
-    assert cm.role is not Role.LEADER and cm.candidate_term_id == -1
+    assert cm.role is not Role.LEADER
+    assert cm.candidate_term_id == -1
     disk.full = False
     for _ in range(50):
         now += 10 * MS
         cm.consensus_work(now)
-    assert cm.role is Role.LEADER and disk.saved == [cm.leadership_term_id]
+    assert cm.role is Role.LEADER
+    assert disk.saved == [cm.leadership_term_id]
 
 
 def test_no_following_a_leader_whose_term_cannot_be_saved() -> None:
-    cm, port, disk = module((0, 1, 2))
+    cm, _port, disk = module((0, 1, 2))
     cm.enter_election(SECOND, "test")
     heartbeat = AppendRequest(3, 1, 0, -1, 3, 0, 0, b"")
     cm.on_consensus_message(heartbeat, SECOND)
-    assert cm.leader_member_id == -1 and cm.candidate_term_id == -1
+    assert cm.leader_member_id == -1
+    assert cm.candidate_term_id == -1
     disk.full = False
     cm.on_consensus_message(heartbeat, SECOND + MS)
     assert (cm.leader_member_id, cm.leadership_term_id, cm.candidate_term_id) == (1, 3, 3)
