@@ -41,6 +41,7 @@ from ..protocol.consensus import (
     CommitPosition,
     ConsensusMessage,
     RequestVote,
+    SnapshotChunkAck,
     Vote,
 )
 from ..protocol.enums import ClusterAction, ClusterTimeUnit, ModuleState, Role
@@ -80,7 +81,7 @@ from .base import (
 )
 from .control import ClusterControl
 from .election import Election, ElectionState
-from .follower import FollowerReplica
+from .follower import LEADER_MESSAGES, FollowerReplica
 from .log import ReplicatedLog
 from .pending import PendingServiceMessageTracker, service_session_id
 from .replication import LeaderReplication
@@ -457,6 +458,8 @@ class ConsensusModule:
     def _step_leader(self, message: ConsensusMessage, now_ns: int) -> None:
         if isinstance(message, AppendPosition):
             self._on_append_position(message, now_ns)
+        elif isinstance(message, SnapshotChunkAck):
+            self.replication.on_snapshot_ack(message, now_ns)
         elif isinstance(message, (AppendRequest, CommitPosition)):
             self._step_follower(message, now_ns)  # another leader of a later term?
         elif isinstance(message, CanvassPosition):
@@ -481,7 +484,7 @@ class ConsensusModule:
             self._step_follower(message, now_ns)  # a leader's message ends the election
 
     def _step_follower(self, message: ConsensusMessage, now_ns: int) -> None:
-        if isinstance(message, AppendRequest):
+        if isinstance(message, LEADER_MESSAGES):
             if self._accept_leader(message.leadership_term_id, message.leader_member_id, now_ns):
                 self.replica.on_append_request(message, now_ns)
             else:

@@ -9,7 +9,12 @@ entries it already holds from the same term at the same positions are the same e
 and are skipped, and it truncates only from the first entry that really differs (never
 below its commit position).  ``verified_end`` is how far its log is known to match the
 current leader's: it reports that (once durable) as VERIFIED, anything else as a hint
-of where to resend from.
+of where to resend from (never below its commit position: what is committed is the same
+on every member, and the leader may have purged the log below it).
+
+A follower that needs log its leader has purged is sent a snapshot instead
+(:class:`~cluster.core.install.SnapshotReceiver`); once the shell has installed it, the
+log here begins at the snapshot's position (:meth:`FollowerReplica.on_snapshot_installed`).
 """
 
 from __future__ import annotations
@@ -17,12 +22,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ..protocol.consensus import APPEND_POSITION_VERIFIED, AppendPosition, AppendRequest
+from ..protocol.consensus import (
+    APPEND_POSITION_VERIFIED,
+    AppendPosition,
+    AppendRequest,
+    SnapshotChunk,
+)
 from .base import ConsensusConfig, ConsensusPort, Counters, StoragePort, TermView
+from .install import SnapshotReceiver, Transfer
 from .log import ReplicatedLog
 from .validate import check_records
 
 log = logging.getLogger("cluster.consensus")
+
+LEADER_MESSAGES = (AppendRequest, SnapshotChunk)
+"""What a leader sends a follower about the log (:meth:`FollowerReplica.on_append_request`)."""
 
 
 class FollowerReplica:
@@ -37,6 +51,7 @@ class FollowerReplica:
         "leader_commit_position",
         "log",
         "refuse",
+        "snapshot",
         "storage",
         "verified_end",
         "view",
@@ -64,14 +79,21 @@ class FollowerReplica:
         self.leader_commit_position = -1
         self._last_reported: tuple[int, int] = (-1, -1)
         self._next_report_ns = 0
+        self.snapshot = SnapshotReceiver(config, log, view, consensus)
+        """A snapshot being received from the leader (it purged the log this one needs)."""
 
     def new_leader(self) -> None:
         """Following another leader (or none yet): nothing is verified against it."""
         self.verified_end = -1
         self.leader_commit_position = -1
 
-    def on_append_request(self, msg: AppendRequest, now_ns: int) -> None:
+    def on_append_request(self, msg: AppendRequest | SnapshotChunk, now_ns: int) -> None:
         """Apply ``msg`` from the leader this member now follows."""
+        if isinstance(msg, SnapshotChunk):
+            self.snapshot.on_chunk(msg)
+            return
+        if self.snapshot.installing:
+            return  # the log is about to be replaced; the leader resends after
         rlog = self.log
         terms = rlog.terms
         start = msg.log_position
@@ -83,7 +105,9 @@ class FollowerReplica:
             # Our entry ending at `start` is from another term: ask the leader to go back
             # to where that term of ours began.  Nothing is truncated yet: only entries
             # that really differ are, once the leader sends them (below).
-            hint = terms.term_start_containing(start)
+            # Never below the commit position: committed entries are the same on every
+            # member (and the leader may have purged the log below them).
+            hint = max(terms.term_start_containing(start), rlog.commit_position)
             self.send_position(msg.leader_member_id, min(hint, start), False)
             return
         data = msg.data
@@ -160,6 +184,22 @@ class FollowerReplica:
         self.advance_commit(msg.commit_position)
         if not msg.data:
             self.report(now_ns, force=True)
+
+    def on_snapshot_installed(self, transfer: Transfer, now_ns: int) -> None:
+        """The shell installed ``transfer``'s snapshot: the log begins there, and it
+        matches the leader's up to there (the snapshot is of its committed log)."""
+        self.snapshot.finish()
+        position = transfer.log_position
+        self.log.reset(position, transfer.snapshot_term_id, transfer.term_base_log_position)
+        view = self.view
+        if (transfer.leadership_term_id, transfer.leader_member_id) == (
+            view.leadership_term_id,
+            view.leader_member_id,
+        ):
+            self.verified_end = position
+        else:
+            self.verified_end = -1
+        self.report(now_ns, force=True)
 
     def advance_commit(self, leader_commit: int) -> None:
         """The leader's commit position is at least ``leader_commit``: commit what of it

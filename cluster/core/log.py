@@ -52,6 +52,7 @@ class ReplicatedLog:
         "epoch_offset_ns",
         "own_records",
         "pending_truncate",
+        "start_position",
         "terms",
         "timestamp",
     )
@@ -68,6 +69,10 @@ class ReplicatedLog:
         self.archive_position = position
         self.commit_position = position
         self.applied_position = position
+        self.start_position = 0
+        """Where the log held here begins (set by the shell: after a compaction or a
+        snapshot install, the log below it is gone; followers that need it are sent a
+        snapshot)."""
         self.terms = terms
         self.epoch_offset_ns = epoch_offset_ns
         self.timestamp = 0
@@ -126,6 +131,19 @@ class ReplicatedLog:
         of the tail after it end."""
         self.commit_position = self.applied_position = position
         self.boundaries = deque(e for e in ends if e > position)
+
+    def reset(self, position: int, term: int, term_base: int) -> None:
+        """A snapshot at ``position`` (taken in ``term``, which began at ``term_base``)
+        replaced the whole log: it begins, empty, there."""
+        self.buffer = bytearray()
+        self._base = position
+        self.own_records.clear()
+        self.boundaries.clear()
+        self.pending_truncate = None
+        self.archive_position = self.commit_position = self.applied_position = position
+        self.start_position = position
+        self.terms.truncate(0)
+        self.terms.append(term, term_base)
 
     def take_batch(self) -> tuple[int, bytearray] | None:
         """Hand the unstable tail to the shell: ``(start_position, data)``."""

@@ -5,19 +5,38 @@ The shell's replicators (``cluster.agents.replication``) move the bytes; they as
 part where to send from (:meth:`LeaderReplication.next_append`) and build each request
 through it (:meth:`LeaderReplication.append_request`), which records what was sent.
 Nothing outside the core changes a follower's :class:`~cluster.core.tracker.Progress`.
+
+**Catch-up by snapshot.** A follower whose next append starts below this leader's log
+start (:attr:`~cluster.core.log.ReplicatedLog.start_position`: the log below it was
+purged) :meth:`needs_snapshot`: the replicator sends it the leader's latest snapshot
+instead, a chunk at a time (:meth:`snapshot_next` says which bytes, at most
+:data:`SNAPSHOT_WINDOW` unacknowledged; :meth:`snapshot_chunk` builds each and records
+it).  The first message of a transfer is an empty probe, answered with how much of that
+snapshot the follower already holds durably, so a transfer cut short resumes there.
+Once the follower has installed it, it reports the snapshot's position VERIFIED and the
+log after it follows as usual.
 """
 
 from __future__ import annotations
 
+import zlib
+
 from ..protocol.consensus import (
     APPEND_POSITION_VERIFIED,
+    MAX_SNAPSHOT_CHUNK,
+    SNAPSHOT_HELD,
     AppendPosition,
     AppendRequest,
     CommitPosition,
+    SnapshotChunk,
+    SnapshotChunkAck,
 )
 from .base import ConsensusConfig, ConsensusPort, TermView
 from .log import ReplicatedLog
 from .tracker import ProgressTracker
+
+SNAPSHOT_WINDOW = 2 * MAX_SNAPSHOT_CHUNK
+"""Snapshot bytes sent to a follower and not yet acknowledged, at most."""
 
 
 class LeaderReplication:
@@ -116,6 +135,95 @@ class LeaderReplication:
             commit_position=commit,
             data=data,
         )
+
+    # ------------------------------------------------------------------ snapshots
+
+    def needs_snapshot(self, member_id: int) -> bool:
+        """Does ``member_id`` need log below this leader's log start (purged)?"""
+        progress = self.progress.get(member_id)
+        return progress is not None and progress.next_position < self.log.start_position
+
+    def snapshot_next(self, member_id: int, position: int, length: int) -> tuple[int, int] | None:
+        """``(offset, size)`` of the next chunk of the snapshot at ``position``
+        (``length`` bytes) to send ``member_id`` (size 0: a probe), or None: wait for its
+        answer."""
+        progress = self.progress.get(member_id)
+        if progress is None:
+            return None
+        if progress.snapshot_position != position or progress.snapshot_length != length:
+            progress.start_snapshot(position, length)
+        if progress.snapshot_acked < 0:
+            return (0, 0) if progress.snapshot_sent < 0 else None
+        sent = progress.snapshot_sent
+        if sent >= length or sent - progress.snapshot_acked >= SNAPSHOT_WINDOW:
+            return None
+        return sent, min(MAX_SNAPSHOT_CHUNK, length - sent)
+
+    def snapshot_chunk(
+        self,
+        member_id: int,
+        *,
+        position: int,
+        term: int,
+        term_base: int,
+        length: int,
+        offset: int,
+        data: bytes,
+    ) -> SnapshotChunk:
+        """The chunk ``[offset, offset + len(data))`` of the snapshot at ``position``
+        for ``member_id`` (recorded as sent)."""
+        progress = self.progress.get(member_id)
+        if progress is not None and progress.snapshot_position == position:
+            progress.snapshot_sent = max(progress.snapshot_sent, offset + len(data))
+        return SnapshotChunk(
+            leadership_term_id=self.view.leadership_term_id,
+            leader_member_id=self.config.member_id,
+            log_position=position,
+            snapshot_term_id=term,
+            term_base_log_position=term_base,
+            length=length,
+            offset=offset,
+            crc=zlib.crc32(data),
+            data=data,
+        )
+
+    def snapshot_acked(self, member_id: int) -> int:
+        """Bytes of the snapshot being sent that ``member_id`` holds (-1: not known)."""
+        progress = self.progress.get(member_id)
+        return -1 if progress is None else progress.snapshot_acked
+
+    def rewind_snapshot(self, member_id: int) -> None:
+        """Chunks sent may be lost (a broken link, a silent follower): probe again."""
+        progress = self.progress.get(member_id)
+        if progress is not None:
+            progress.rewind_snapshot()
+
+    def on_snapshot_ack(self, msg: SnapshotChunkAck, now_ns: int) -> None:
+        """A follower says how much of the snapshot it holds.  Anything not about the
+        transfer under way in this term (a stale or forged answer) is ignored."""
+        progress = self.progress.get(msg.follower_member_id)
+        if (
+            progress is None
+            or msg.leadership_term_id != self.view.leadership_term_id
+            or msg.log_position != progress.snapshot_position
+        ):
+            return
+        progress.heard(now_ns)
+        offset = msg.offset
+        if offset == SNAPSHOT_HELD:
+            # its log holds the snapshot's position: send it the log from there
+            progress.snapshot_position = -1
+            if progress.next_position < msg.log_position:
+                progress.next_position = msg.log_position
+            return
+        if not 0 <= offset <= progress.snapshot_length:
+            return  # not a place in this snapshot: refused
+        acked = progress.snapshot_acked
+        if acked < 0 or offset < acked or offset > progress.snapshot_sent:
+            # the answer to a probe, or it holds less (it restarted) or more (from an
+            # earlier transfer) than was sent: go on from what it holds
+            progress.snapshot_sent = offset
+        progress.snapshot_acked = offset
 
     def replication_stop(self, start: int, limit: int) -> int:
         """End of the chunk to ship from ``start``: at most ``limit``, within one term."""

@@ -3,7 +3,8 @@
 :class:`Progress` is one follower: where the next AppendRequest starts
 (``next_position``, Raft's nextIndex), what the follower has confirmed durably
 appended and verified against this leader's log (``match_position``, matchIndex), when
-it was last heard and the highest commit position it has been told.  Only its methods
+it was last heard and the highest commit position it has been told; and, while it is
+sent a snapshot (it needs log this leader has purged), how far that transfer is.  Only its methods
 change it, and only the consensus module calls them: the replicators in the shell ask
 the module where to send from and report what they sent.
 
@@ -21,7 +22,17 @@ from . import quorum
 class Progress:
     """One follower, as its leader sees it."""
 
-    __slots__ = ("commit_sent", "last_heard_ns", "match_position", "member_id", "next_position")
+    __slots__ = (
+        "commit_sent",
+        "last_heard_ns",
+        "match_position",
+        "member_id",
+        "next_position",
+        "snapshot_acked",
+        "snapshot_length",
+        "snapshot_position",
+        "snapshot_sent",
+    )
 
     def __init__(self, member_id: int, next_position: int, now_ns: int) -> None:
         self.member_id = member_id
@@ -31,6 +42,13 @@ class Progress:
         self.commit_sent = -1
         """The highest commit position shipped to it (in an AppendRequest or
         CommitPosition)."""
+        self.snapshot_position = -1
+        """The log position of the snapshot being sent to it (-1: none)."""
+        self.snapshot_length = 0
+        self.snapshot_acked = -1
+        """Bytes of that snapshot it holds durably (-1: not known, probe)."""
+        self.snapshot_sent = -1
+        """Bytes of it sent (-1: not even the probe)."""
 
     def __repr__(self) -> str:
         return (
@@ -60,6 +78,17 @@ class Progress:
 
     def sent_commit(self, position: int) -> None:
         self.commit_sent = position
+
+    def start_snapshot(self, position: int, length: int) -> None:
+        """Begin sending it the snapshot at ``position`` (``length`` bytes): probe
+        first, for how much of it the follower already holds."""
+        self.snapshot_position = position
+        self.snapshot_length = length
+        self.snapshot_acked = self.snapshot_sent = -1
+
+    def rewind_snapshot(self) -> None:
+        """What was sent may be lost (a broken link, no answer): probe again."""
+        self.snapshot_acked = self.snapshot_sent = -1
 
     def reset_to_match(self) -> None:
         """The link broke (data sent on it may be lost): resend from what the follower

@@ -25,13 +25,18 @@ import zlib
 from ..archive.record import MAX_RECORD_LENGTH, RECORD_HEADER
 from ..protocol.consensus import (
     MAX_POSITION,
+    MAX_SNAPSHOT_CHUNK,
+    MAX_SNAPSHOT_LENGTH,
     MAX_TERM,
+    SNAPSHOT_HELD,
     AppendPosition,
     AppendRequest,
     CanvassPosition,
     CommitPosition,
     ConsensusMessage,
     RequestVote,
+    SnapshotChunk,
+    SnapshotChunkAck,
     Vote,
 )
 
@@ -97,13 +102,33 @@ def check_records(data: bytes, ends: list[int] | None = None) -> str | None:
     return None
 
 
+def _check_chunk(message: SnapshotChunk) -> str | None:
+    """A snapshot chunk's numbers hold together and its data is what its CRC says."""
+    if not (_term(message.leadership_term_id) and message.snapshot_term_id >= 0):
+        return "term out of range"
+    if message.snapshot_term_id > message.leadership_term_id:
+        return "snapshot of a term after the leader's"
+    if not (_position(message.log_position) and message.term_base_log_position >= 0):
+        return "position out of range"
+    if message.term_base_log_position >= message.log_position:
+        return "snapshot position not after its term's base"
+    length, offset, size = message.length, message.offset, len(message.data)
+    if not 0 < length <= MAX_SNAPSHOT_LENGTH:
+        return f"snapshot length {length} out of range"
+    if size > MAX_SNAPSHOT_CHUNK or not 0 <= offset <= length - size:
+        return f"chunk [{offset}, {offset + size}) outside the snapshot's {length} bytes"
+    if _crc32(message.data) != message.crc:
+        return "chunk fails its CRC"
+    return None
+
+
 def sender_of(message: ConsensusMessage) -> int:
     """The member a consensus message says it comes from (-1 if it names none)."""
-    if isinstance(message, (AppendRequest, CommitPosition)):
+    if isinstance(message, (AppendRequest, CommitPosition, SnapshotChunk)):
         return message.leader_member_id
     if isinstance(message, RequestVote):
         return message.candidate_member_id
-    if isinstance(message, (AppendPosition, CanvassPosition, Vote)):
+    if isinstance(message, (AppendPosition, CanvassPosition, Vote, SnapshotChunkAck)):
         return message.follower_member_id
     return -1
 
@@ -150,4 +175,15 @@ def check_consensus_message(
         if message.candidate_member_id != me:
             return "a vote for another member"
         return None if member(message.follower_member_id) else "voter is not the sender"
+    if isinstance(message, SnapshotChunk):
+        reason = _check_chunk(message)
+        if reason is not None:
+            return reason
+        return None if member(message.leader_member_id) else "leader member is not the sender"
+    if isinstance(message, SnapshotChunkAck):
+        if not _term(message.leadership_term_id) or not _position(message.log_position):
+            return "term or position out of range"
+        if not (message.offset == SNAPSHOT_HELD or 0 <= message.offset <= MAX_SNAPSHOT_LENGTH):
+            return "snapshot offset out of range"
+        return None if member(message.follower_member_id) else "follower member is not the sender"
     return f"unexpected {type(message).__name__} on a member link"

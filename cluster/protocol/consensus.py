@@ -1,4 +1,4 @@
-"""Consensus channel: member <-> member (Aeron ids 50-57, 75-76, plus Triarch's own 58-60).
+"""Consensus channel: member <-> member (Aeron ids 50-57, 75-76, plus Triarch's own 58-61).
 
 Triarch ships the replicated log over the same member link as the consensus messages
 (Aeron uses a separate log channel): :class:`AppendRequest` carries a byte range of the
@@ -116,6 +116,51 @@ class AppendRequest(Message, tag=59):
     data: bytes
 
 
+MAX_SNAPSHOT_CHUNK = 1 << 20
+"""The most snapshot bytes one :class:`SnapshotChunk` carries."""
+
+MAX_SNAPSHOT_LENGTH = 1 << 36
+"""No snapshot a leader sends is larger (64 GiB); a chunk naming a larger one is a
+protocol error."""
+
+
+class SnapshotChunk(Message, tag=60):
+    """A piece of the leader's latest snapshot, for a follower that needs log the leader
+    has purged (Raft's InstallSnapshot; Aeron replicates the snapshot during catch-up).
+
+    The snapshot file ``[offset, offset + len(data))`` of ``length`` bytes, taken at
+    ``log_position`` in term ``snapshot_term_id`` (which began at
+    ``term_base_log_position``); ``crc`` is the CRC-32 of ``data``.  An empty ``data`` is
+    a probe: the follower answers with how much of this snapshot it holds.
+    """
+
+    leadership_term_id: Int64
+    leader_member_id: Int32
+    log_position: Int64
+    snapshot_term_id: Int64
+    term_base_log_position: Int64
+    length: Int64
+    offset: Int64
+    crc: Int64
+    data: bytes
+
+
+SNAPSHOT_HELD = -1
+"""SnapshotChunkAck offset: this follower's log already holds the snapshot's position
+(committed, or an entry of the snapshot's term ends there): send it the log from there."""
+
+
+class SnapshotChunkAck(Message, tag=61):
+    """A follower holds the first ``offset`` bytes of the snapshot at ``log_position``
+    durably (the next chunk it wants), or :data:`SNAPSHOT_HELD`.  Once it holds them all
+    it installs the snapshot and reports ``AppendPosition(log_position, VERIFIED)``."""
+
+    leadership_term_id: Int64
+    follower_member_id: Int32
+    log_position: Int64
+    offset: Int64
+
+
 class TerminationPosition(Message, tag=75):
     leadership_term_id: Int64
     log_position: Int64
@@ -138,6 +183,8 @@ ConsensusMessage = (
     | StopCatchup
     | MemberHello
     | AppendRequest
+    | SnapshotChunk
+    | SnapshotChunkAck
     | TerminationPosition
     | TerminationAck
 )
