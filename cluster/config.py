@@ -383,6 +383,27 @@ SETTINGS: tuple[Setting, ...] = (
         "largest frame accepted on any connection (bytes)",
     ),
     Setting(
+        "ingress-quantum",
+        16 << 10,
+        _positive(parse_size),
+        "bytes of each connection's messages the leader sequences per duty cycle and turn "
+        "(deficit round-robin: a flooding client cannot starve the others)",
+    ),
+    Setting(
+        "max-ingress-backlog",
+        256 << 10,
+        _positive(parse_size),
+        "bytes a connection may have read but not yet sequenced; then it is not read "
+        "until they are (TCP pushes back on the client)",
+    ),
+    Setting(
+        "max-log-inflight",
+        1 << 20,
+        _positive(parse_size),
+        "log bytes the leader holds not yet both durable and applied; past it, it takes "
+        "no client messages until the archive and the service catch up (back pressure)",
+    ),
+    Setting(
         "max-egress-backlog",
         8 << 20,
         _positive(parse_size),
@@ -434,6 +455,9 @@ class NodeConfig:
     admin_idle_timeout: int = 60_000_000_000
     handshake_timeout: int = 5_000_000_000
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    ingress_quantum: int = 16 << 10
+    max_ingress_backlog: int = 256 << 10
+    max_log_inflight: int = 1 << 20
     max_egress_backlog: int = 8 << 20
     fsync: FsyncPolicy = FsyncPolicy.BATCH
     archive_io: str = "auto"

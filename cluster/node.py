@@ -35,7 +35,8 @@ import trio.lowlevel
 from .agents.admin import AdminServer
 from .agents.consensus import PeerLinks
 from .agents.egress import EgressPublisher
-from .agents.ingress import IngressAgent, IngressInbox
+from .agents.inbox import IngressInbox
+from .agents.ingress import IngressAgent
 from .agents.log import ArchiveAgent, LogAgent, LogBuffer
 from .agents.replication import Replicator
 from .agents.snapshot import SnapshotAgent
@@ -166,7 +167,11 @@ class Node:
             on_connected=self._on_egress_connected,
             on_failed=self._on_egress_failed,
         )
-        self.inbox = IngressInbox()
+        self.inbox = IngressInbox(
+            quantum=cfg.ingress_quantum,
+            max_backlog=cfg.max_ingress_backlog,
+            gate=self._log_has_room,
+        )
         self.links = PeerLinks(
             self.network,
             self.member,
@@ -374,6 +379,15 @@ class Node:
         if self._watchdog_scope is not None:
             self._watchdog_scope.deadline = self._leader_deadline()
         drive(self.cm, self, self.now_ns())
+        self.inbox.resume()
+
+    def _log_has_room(self) -> bool:
+        """Whether a leader may sequence client messages: the log it holds not yet both
+        durable here and applied is under ``--max-log-inflight`` (back-pressure)."""
+        if self.cm.role is not Role.LEADER:
+            return True
+        held = min(self.log_buffer.applied, self.archive_agent.written)
+        return self.cm.log.published_position - held < self.config.max_log_inflight
 
     # the driver's Shell
 
@@ -505,6 +519,7 @@ class Node:
         inbox = self.inbox
         while True:
             await inbox.wake.wait()
+            inbox.wake = trio.Event()
             self._process_inbox()
             await trio.lowlevel.checkpoint()
 

@@ -1,8 +1,10 @@
 """Ingress agent: accepts client connections and decodes their frames.
 
 Each connection gets a reader task that decodes every frame that arrived in one receive
-and hands the whole batch to the node's duty cycle, which handles it right in a reader's
-task (no task switch), once per scheduler batch (:meth:`IngressInbox.notify_soon`).  Bad
+and adds them to the connection's queue in the inbox (:mod:`cluster.agents.inbox`),
+whose duty cycle runs right in a reader's task (no task switch), once per scheduler
+batch (:meth:`IngressInbox.notify_soon`), and takes every connection's messages in turn.
+A reader whose queue is full stops reading until it has room (back-pressure).  Bad
 bytes close that connection and are counted; the node lives on.
 
 Each connection is an :class:`~cluster.core.base.IngressSource` to the consensus module,
@@ -15,20 +17,20 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trio
 
 from ..core.base import IngressSource
 from ..protocol.admin import IngressStatus
 from ..protocol.codec import INGRESS
-from ..protocol.consensus import ConsensusMessage
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import FrameDecoder
 from ..protocol.ingress import IngressMessage
 from ..security import client_cert
 from ..transport.base import Network
 from ..transport.framed import FrameWriter
+from .inbox import IngressInbox, SourceQueue
 
 log = logging.getLogger("cluster.ingress")
 
@@ -47,56 +49,7 @@ class IngressStats:
     frames: int = 0
     protocol_errors: int = 0
     last_error: str = ""
-
-
-@dataclass
-class IngressInbox:
-    """Messages decoded by the ingress and member-link readers, for the consensus agent."""
-
-    limit: int = 65_536
-    messages: list[IngressMessage | ConsensusMessage | IngressSource] = field(default_factory=list)
-    wake: trio.Event = field(default_factory=trio.Event)
-    drained: trio.Event = field(default_factory=trio.Event)
-    #: handles the messages in the caller's task (the node's duty cycle); without it the
-    #: consensus agent is woken to take them
-    process: Callable[[], None] | None = None
-    #: a reader is waiting for the end of the scheduler's batch to have them handled
-    pending: bool = False
-    #: the node's own work for the duty cycle (operator actions from the admin port),
-    #: each called with the cycle's time after the messages
-    commands: list[Callable[[int], None]] = field(default_factory=list)
-
-    async def notify_soon(self) -> None:
-        """Messages were added: have them handled once the other readers that woke
-        with this one (in the same scheduler batch) have added theirs.
-
-        The first reader to add messages yields once and then runs the duty cycle for
-        all of them; the others see it pending and go back to reading.  Four sessions'
-        frames that arrive together cost one duty cycle (one replication send, one
-        sync on each follower) instead of four, and a lone message only pays one pass
-        of the scheduler."""
-        if self.pending:
-            return
-        self.pending = True
-        try:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        finally:
-            self.pending = False
-        self.notify()
-
-    def notify(self) -> None:
-        """Messages were added: have them handled now."""
-        if self.process is not None:
-            self.process()
-        else:
-            self.wake.set()
-
-    def take(self) -> list[IngressMessage | ConsensusMessage | IngressSource]:
-        batch, self.messages = self.messages, []
-        self.wake = trio.Event()
-        self.drained.set()
-        self.drained = trio.Event()
-        return batch
+    pushed_back: int = 0  # reads held back: the connection's queue (or all) full
 
 
 class IngressAgent:
@@ -183,11 +136,12 @@ class IngressAgent:
             link=writer,
         )
         self.sources.add(source)
+        queue = SourceQueue(source)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write, writer, stream, nursery.cancel_scope)
                 nursery.start_soon(self._watch, source, nursery.cancel_scope)
-                await self._read(stream, source)
+                await self._read(stream, queue)
                 nursery.cancel_scope.cancel()
         finally:
             self.sources.discard(source)
@@ -195,7 +149,7 @@ class IngressAgent:
                 self._all_closed.set()
             writer.close()
             if self._on_closed is not None:
-                self._on_closed(source)
+                self.inbox.close(queue, self._on_closed)
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
 
@@ -218,7 +172,8 @@ class IngressAgent:
                 done.cancel()
                 return
 
-    async def _read(self, stream: trio.abc.Stream, source: IngressSource) -> None:
+    async def _read(self, stream: trio.abc.Stream, queue: SourceQueue) -> None:
+        source = queue.source
         stats = self.stats
         stats.connections += 1
         stats.open_connections += 1
@@ -227,7 +182,6 @@ class IngressAgent:
         decoder = FrameDecoder(min(self.max_frame_size, PRE_AUTH_FRAME_SIZE))
         full_size = self.max_frame_size
         inbox = self.inbox
-        messages = inbox.messages
         try:
             while True:
                 data = await stream.receive_some(256 * 1024)
@@ -235,24 +189,25 @@ class IngressAgent:
                     return
                 if decoder.max_frame_size < full_size and source.trusted:
                     decoder.max_frame_size = full_size
-                messages = inbox.messages
-                mark = len(messages)
-                messages.append(source)
+                messages: list[IngressMessage] = []
                 try:
                     frames = decoder.decode_into(data, _decode, messages)
                 except ProtocolError as exc:
-                    inbox.notify()  # frames decoded before the bad one still count
+                    if messages:  # frames decoded before the bad one still count
+                        inbox.add(queue, messages, len(data))
+                        inbox.notify()
                     stats.protocol_errors += 1
                     stats.last_error = str(exc)
                     log.warning("closing ingress connection after bad frame: %s", exc)
                     return
                 if not frames:
-                    del messages[mark]
                     continue
                 stats.frames += frames
+                inbox.add(queue, messages, len(data))
                 await inbox.notify_soon()
-                while len(inbox.messages) >= inbox.limit:
-                    await inbox.drained.wait()
+                if inbox.full(queue):
+                    stats.pushed_back += 1
+                    await inbox.wait_for_room(queue)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:

@@ -1,0 +1,216 @@
+"""The inbox of the consensus duty cycle: member messages, and client messages taken
+fairly, only as fast as the log can carry them.
+
+Member-link readers append their messages to :attr:`IngressInbox.messages`; each
+duty cycle takes them all.  Each client connection has a :class:`SourceQueue`: what
+its reader decoded, in chunks (one per receive) of known size on the wire.  A duty cycle
+takes from the connections with messages waiting in turn, at most
+:attr:`~IngressInbox.quantum` bytes from each (deficit round-robin: what a connection
+could not use carries over while it has more waiting), so a flooding client's messages
+sit in its own queue while another's go straight through.  A connection with more
+than ``max_backlog`` bytes waiting is not read (TCP pushes back on its client); nor is
+any connection while all of them hold more than ``max_queued`` together.
+
+Back-pressure from the log: while :attr:`IngressInbox.gate` says no (the leader holds
+more log than ``--max-log-inflight`` not yet both durable and applied: a slow or full
+disk, slow followers, a slow service), no client message is taken at all; the queues
+fill, their readers stop, and the node's memory stays bounded.  :meth:`resume` (called
+after every drive of the consensus module) starts the next cycle once it says yes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from ..core.base import IngressSource
+from ..protocol.consensus import ConsensusMessage
+from ..protocol.ingress import IngressMessage
+
+Inbound = IngressMessage | ConsensusMessage | IngressSource
+
+class SourceQueue:
+    """One client connection's decoded messages not yet taken by a duty cycle."""
+
+    __slots__ = ("bytes", "chunks", "deficit", "on_drained", "ready", "room", "source")
+
+    def __init__(self, source: IngressSource) -> None:
+        self.source = source
+        #: ``[messages, wire bytes]`` per receive, oldest first
+        self.chunks: deque[list[Any]] = deque()
+        self.bytes = 0
+        self.deficit = 0
+        self.ready = False  # in the inbox's round
+        self.room: trio.Event | None = None  # its reader waits for room
+        #: the connection closed while messages were waiting: called once they are taken
+        self.on_drained: Callable[[IngressSource], None] | None = None
+
+
+@dataclass
+class IngressInbox:
+    """Messages decoded by the ingress and member-link readers, for the duty cycle."""
+
+    quantum: int = 16 << 10
+    max_backlog: int = 256 << 10
+    max_queued: int = 16 << 20
+    #: member messages (and, in a taken batch, the client messages chosen for it)
+    messages: list[Inbound] = field(default_factory=list)
+    #: set: the consensus agent should run a duty cycle (it replaces the event when it
+    #: wakes, so a reader's cycle in between cannot strand it on an old one)
+    wake: trio.Event = field(default_factory=trio.Event)
+    #: handles the messages in the caller's task (the node's duty cycle); without it the
+    #: consensus agent is woken to take them
+    process: Callable[[], None] | None = None
+    #: a reader is waiting for the end of the scheduler's batch to have them handled
+    pending: bool = False
+    #: the node's own work for the duty cycle (operator actions from the admin port,
+    #: closed connections), each called with the cycle's time after the messages
+    commands: list[Callable[[int], None]] = field(default_factory=list)
+    #: False while client messages must wait (the log is full: back-pressure)
+    gate: Callable[[], bool] = lambda: True
+    #: client connections with messages waiting, in their turn's order
+    ready: deque[SourceQueue] = field(default_factory=deque)
+    queued: int = 0
+    """Bytes waiting in every client connection's queue."""
+    blocked: list[SourceQueue] = field(default_factory=list)
+    """Queues whose readers wait for room."""
+    held_cycles: int = 0
+    """Duty cycles that took no client message because the log was full."""
+
+    async def notify_soon(self) -> None:
+        """Messages were added: have them handled once the other readers that woke
+        with this one (in the same scheduler batch) have added theirs.
+
+        The first reader to add messages yields once and then runs the duty cycle for
+        all of them; the others see it pending and go back to reading.  Four sessions'
+        frames that arrive together cost one duty cycle (one replication send, one
+        sync on each follower) instead of four, and a lone message only pays one pass
+        of the scheduler."""
+        if self.pending:
+            return
+        self.pending = True
+        try:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        finally:
+            self.pending = False
+        self.notify()
+
+    def notify(self) -> None:
+        """Messages were added: have them handled now."""
+        if self.process is not None:
+            self.process()
+        else:
+            self.wake.set()
+
+    # ------------------------------------------------------------------ client queues
+
+    def add(self, queue: SourceQueue, messages: list[Any], size: int) -> None:
+        """A reader decoded ``messages`` from ``size`` bytes of ``queue``'s connection."""
+        queue.chunks.append([messages, size])
+        queue.bytes += size
+        self.queued += size
+        if not queue.ready:
+            queue.ready = True
+            self.ready.append(queue)
+
+    def full(self, queue: SourceQueue) -> bool:
+        """Whether ``queue``'s reader must wait before reading again."""
+        return queue.bytes >= self.max_backlog or self.queued >= self.max_queued
+
+    async def wait_for_room(self, queue: SourceQueue) -> None:
+        while self.full(queue):
+            room = queue.room = trio.Event()
+            self.blocked.append(queue)
+            await room.wait()
+
+    def close(self, queue: SourceQueue, on_closed: Callable[[IngressSource], None]) -> None:
+        """``queue``'s connection closed: ``on_closed`` now, or after the duty cycle
+        that takes its last messages (a close request sent just before still counts)."""
+        if queue.ready:
+            queue.on_drained = on_closed
+        else:
+            on_closed(queue.source)
+
+    def take(self) -> list[Inbound]:
+        """The next duty cycle's messages: every member message, and one turn of the
+        client connections' (unless the gate is shut)."""
+        batch, self.messages = self.messages, []
+        if self.ready:
+            if self.gate():
+                self._take_turn(batch)
+            else:
+                self.held_cycles += 1
+            if self.blocked:
+                self._unblock()
+        return batch
+
+    def resume(self) -> None:
+        """Run another cycle soon if client messages wait and the gate is open."""
+        if self.ready and not self.wake.is_set() and self.gate():
+            self.wake.set()
+
+    def _take_turn(self, batch: list[Inbound]) -> None:
+        ready = self.ready
+        quantum = self.quantum
+        taken = 0
+        for _ in range(len(ready)):
+            queue = ready.popleft()
+            queue.deficit += quantum
+            chunks = queue.chunks
+            mark = len(batch)
+            batch.append(queue.source)
+            while chunks:
+                chunk = chunks[0]
+                messages, size = chunk
+                if size <= queue.deficit:
+                    chunks.popleft()
+                    batch.extend(messages)
+                    queue.deficit -= size
+                    taken += size
+                    queue.bytes -= size
+                    continue
+                # take the part the deficit pays for (each message costs the chunk's
+                # average), and keep the rest for the next turn
+                count = len(messages) * queue.deficit // size
+                if count:
+                    part = size * count // len(messages)
+                    batch.extend(messages[:count])
+                    del messages[:count]
+                    chunk[1] = size - part
+                    queue.deficit -= part
+                    taken += part
+                    queue.bytes -= part
+                break
+            if len(batch) == mark + 1:
+                batch.pop()  # nothing taken this turn: no need to name the connection
+            if chunks:
+                ready.append(queue)
+            else:
+                queue.ready = False
+                queue.deficit = 0
+                if queue.on_drained is not None:
+                    self.commands.append(_closing(queue.on_drained, queue.source))
+                    queue.on_drained = None
+        self.queued -= taken
+        if ready:
+            self.wake.set()  # more waiting: another cycle once the readers have run
+
+    def _unblock(self) -> None:
+        still = []
+        for queue in self.blocked:
+            if self.full(queue):
+                still.append(queue)
+            elif queue.room is not None:
+                queue.room.set()
+                queue.room = None
+        self.blocked = still
+
+
+def _closing(
+    on_closed: Callable[[IngressSource], None], source: IngressSource
+) -> Callable[[int], None]:
+    return lambda now_ns: on_closed(source)

@@ -1,0 +1,170 @@
+"""The duty cycle's inbox: client connections' messages taken in fair turns (deficit
+round-robin), bounded per connection and in total, and held while the log is full."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cluster.agents.inbox import IngressInbox, SourceQueue
+from cluster.core.base import IngressSource
+
+
+def queue(conn_id: int) -> SourceQueue:
+    return SourceQueue(IngressSource(conn_id, "127.0.0.1", None))
+
+
+def split(batch: list[object]) -> dict[int, list[object]]:
+    """The messages of a taken batch by connection (each run follows its source)."""
+    out: dict[int, list[object]] = {}
+    current = -1
+    for item in batch:
+        if isinstance(item, IngressSource):
+            current = item.conn_id
+            out.setdefault(current, [])
+        else:
+            out[current].append(item)
+    return out
+
+
+def test_a_flood_does_not_crowd_out_a_small_sender() -> None:
+    inbox = IngressInbox(quantum=4096)
+    flood, small = queue(1), queue(2)
+    for n in range(64):  # 64 reads of 16 frames of 1 KiB each
+        inbox.add(flood, [("f", n, i) for i in range(16)], 16 * 1024)
+    inbox.add(small, ["s1", "s2"], 100)
+    taken = split(inbox.take())
+    assert taken[2] == ["s1", "s2"]  # the small sender's messages all go in this cycle
+    assert len(taken[1]) == 4  # the flood's: one quantum's worth
+    assert inbox.wake.is_set()  # more waiting: another cycle
+    # the flood's order is kept across turns and chunks
+    order = taken[1]
+    while inbox.ready:
+        order += split(inbox.take()).get(1, [])
+    assert order == [("f", n, i) for n in range(64) for i in range(16)]
+    assert inbox.queued == 0 and flood.bytes == 0
+
+
+def test_deficit_carries_over_for_a_message_bigger_than_the_quantum() -> None:
+    inbox = IngressInbox(quantum=1000)
+    big = queue(1)
+    inbox.add(big, ["big"], 3500)
+    turns = 0
+    while True:
+        turns += 1
+        taken = split(inbox.take())
+        if taken:
+            assert taken == {1: ["big"]}
+            break
+    assert turns == 4  # 4 quanta pay for 3,500 bytes
+    assert big.deficit == 0 and not inbox.ready
+
+
+def test_the_gate_holds_client_messages_but_not_member_messages() -> None:
+    open_ = [False]
+    inbox = IngressInbox(gate=lambda: open_[0])
+    client = queue(1)
+    inbox.add(client, ["c"], 10)
+    inbox.messages.append("member")  # type: ignore[arg-type]
+    assert inbox.take() == ["member"]
+    assert inbox.held_cycles == 1
+    inbox.wake = trio.Event()
+    inbox.resume()
+    assert not inbox.wake.is_set()  # still shut: no cycle for nothing
+    open_[0] = True
+    inbox.resume()
+    assert inbox.wake.is_set()
+    assert split(inbox.take()) == {1: ["c"]}
+
+
+def test_a_closed_connection_is_reported_after_its_last_messages() -> None:
+    inbox = IngressInbox(quantum=100)
+    q = queue(1)
+    inbox.add(q, ["a"], 150)
+    closed: list[int] = []
+    inbox.close(q, lambda source: closed.append(source.conn_id))
+    assert not closed and not inbox.commands
+    inbox.take()  # a turn: 100 of 150 bytes, nothing whole yet
+    assert not inbox.commands
+    assert split(inbox.take()) == {1: ["a"]}
+    assert len(inbox.commands) == 1
+    inbox.commands.pop()(0)
+    assert closed == [1]
+    idle = queue(2)
+    inbox.close(idle, lambda source: closed.append(source.conn_id))
+    assert closed == [1, 2]  # nothing waiting: at once
+
+
+async def test_readers_wait_for_room_per_connection_and_in_total() -> None:
+    inbox = IngressInbox(quantum=1 << 20, max_backlog=1000, max_queued=2500)
+    a, b, c = queue(1), queue(2), queue(3)
+    inbox.add(a, ["a"], 1000)
+    assert inbox.full(a) and not inbox.full(b)
+    inbox.add(b, ["b"], 900)
+    inbox.add(c, ["c"], 900)
+    assert inbox.full(b)  # 2,800 queued in all
+    woken: list[int] = []
+
+    async def reader(q: SourceQueue) -> None:
+        await inbox.wait_for_room(q)
+        woken.append(q.source.conn_id)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader, a)
+        nursery.start_soon(reader, b)
+        await trio.testing.wait_all_tasks_blocked()
+        assert woken == []
+        inbox.take()
+        await trio.testing.wait_all_tasks_blocked()
+    assert sorted(woken) == [1, 2]
+    assert inbox.queued == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5), st.integers(1, 40), st.integers(1, 9000)), max_size=60
+    ),
+    st.integers(64, 20_000),
+    st.lists(st.booleans(), min_size=1, max_size=20),
+)
+def test_every_message_is_taken_once_in_its_connections_order(
+    reads: list[tuple[int, int, int]], quantum: int, gates: list[bool]
+) -> None:
+    step = [0]
+
+    def gate() -> bool:
+        step[0] += 1
+        return gates[step[0] % len(gates)] or step[0] > 10_000
+
+    inbox = IngressInbox(quantum=quantum, gate=gate)
+    queues = {conn: queue(conn) for conn in range(6)}
+    sent: dict[int, list[tuple[int, int]]] = {conn: [] for conn in range(6)}
+    for n, (conn, frames, size) in enumerate(reads):
+        messages = [(n, i) for i in range(frames)]
+        sent[conn] += messages
+        inbox.add(queues[conn], list(messages), size)
+    got: dict[int, list[object]] = {conn: [] for conn in range(6)}
+    cycles = 0
+    while inbox.ready:
+        cycles += 1
+        assert cycles < 100_000
+        for conn, messages in split(inbox.take()).items():
+            got[conn] += messages
+    assert got == sent
+    assert inbox.queued == 0
+    assert all(q.bytes == 0 and q.deficit == 0 for q in queues.values())
+
+
+@pytest.mark.parametrize("quantum", [512, 4096])
+def test_a_turn_takes_at_most_a_quantum_plus_one_message_from_each(quantum: int) -> None:
+    inbox = IngressInbox(quantum=quantum)
+    flood = queue(1)
+    for _ in range(10):
+        inbox.add(flood, [b"x" * 100 for _ in range(10)], 1000)  # 100 B per message
+    while inbox.ready:
+        taken = split(inbox.take()).get(1, [])
+        assert len(taken) * 100 <= quantum + 100
