@@ -309,3 +309,66 @@ async def full_disk_under_load(
             for key, value in acked.items():
                 nursery.start_soon(check, key, value)
         assert missing == []
+
+
+# ---------------------------------------------------------------------- the recording log
+
+
+@contextmanager
+def writes_fail(path: Path) -> Iterator[None]:
+    """Every write to the descriptor this process holds on ``path`` fails with ENOSPC
+    (``/dev/full`` put under it with ``dup2``) until the block ends: no root needed."""
+    fd = next(
+        int(name)
+        for name in os.listdir("/proc/self/fd")
+        if os.path.realpath(f"/proc/self/fd/{name}") == str(path)
+    )
+    saved = os.dup(fd)
+    full = os.open("/dev/full", os.O_RDWR)
+    try:
+        os.dup2(full, fd)
+        yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(full)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+async def test_a_term_start_that_cannot_be_recorded_holds_the_log_until_it_is(
+    tmp_path: Path,
+) -> None:
+    """A member whose recording log cannot take the new term's start writes none of
+    that term's log (nor acknowledges it) until it can; then it goes on by itself, and
+    its recording log names the term where its log has it."""
+    from test_state import cluster, wait_for
+
+    with trio.fail_after(60):
+        async with cluster(tmp_path) as c:
+            await c.start_all()
+            old = await c.wait_for_leader()
+            async with client.connect(c.endpoints) as cc, KeyValueClient(cc) as kv:
+                for i in range(20):
+                    await kv.put(f"k{i}", b"before")
+            member = next(i for i, n in c.nodes.items() if n is not old)
+            node = c.nodes[member]
+            with writes_fail(node.recording_log.path.resolve()):
+                c.crash(old.config.member_id)  # a new term, which cannot be recorded here
+                await wait_for(lambda: bool(node.storage.pending), 15)
+                term = node.cm.leadership_term_id
+                await trio.sleep(1.5)  # retried meanwhile, and still failing
+                base = node.cm.log.terms.base_of(term)
+                assert base is not None
+                assert node.archive_agent.written <= base  # none of the term's bytes
+                assert node.cm.log.archive_position <= base
+                assert node.storage.disk.full
+                assert "recording log" in node.storage.disk.failing
+            # space again: the term is recorded first, then the log goes on
+            async with client.connect(c.endpoints) as cc, KeyValueClient(cc) as kv:
+                await kv.put("after", b"recorded")
+                assert await kv.get("k3") == b"before"
+            await wait_for(lambda: not node.storage.pending and not node.storage.disk.problem)
+            entry = node.recording_log.get_term_entry(term)
+            assert entry is not None
+            assert entry.term_base_log_position == base
+            assert node.archive_agent.written > base
