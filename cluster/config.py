@@ -142,6 +142,13 @@ def _int(text: Any) -> int:
     return int(text)
 
 
+def _retention(text: Any) -> int:
+    value = _int(text)
+    if value < 0:
+        raise ValueError(f"must not be negative, got {text!r}")
+    return value
+
+
 def _cluster_id(text: Any) -> int:
     value = _int(text)
     if not 0 <= value < 1 << 31:
@@ -426,6 +433,14 @@ SETTINGS: tuple[Setting, ...] = (
         "small batch when its log is quiet; inline on followers)",
     ),
     Setting("segment-size", 64 << 20, _positive(parse_size), "archive segment file size"),
+    Setting(
+        "archive-retention",
+        2,
+        _retention,
+        "snapshots whose log is kept: after each snapshot, archive segments wholly below "
+        "the N-th newest are deleted (a follower that needs them is sent a snapshot); "
+        "0 keeps the whole log",
+    ),
     Setting("log-level", "INFO", _log_level, "logging level"),
 )
 
@@ -462,6 +477,7 @@ class NodeConfig:
     fsync: FsyncPolicy = FsyncPolicy.BATCH
     archive_io: str = "auto"
     segment_size: int = 64 << 20
+    archive_retention: int = 2
     log_level: str = "INFO"
 
     @property

@@ -33,6 +33,7 @@ import trio
 import trio.lowlevel
 
 from .agents.admin import AdminServer
+from .agents.catchup import CatchUp
 from .agents.consensus import PeerLinks
 from .agents.egress import EgressPublisher
 from .agents.inbox import IngressInbox
@@ -42,6 +43,7 @@ from .agents.replication import Replicator
 from .agents.snapshot import SnapshotAgent
 from .agents.upkeep import ArchiveVerifier, save_node_state
 from .agents.worker import WorkerThread, run_in_thread, run_inline
+from .archive.compaction import reconcile
 from .archive.errors import ArchiveCorruptionError, ArchiveError
 from .archive.node_state import NodeState
 from .archive.recording_log import CM_SERVICE_ID, RecordingLog
@@ -154,6 +156,7 @@ class Node:
             segment_size=self.config.segment_size,
             fsync=self.config.fsync,
             verify_from=self._verified_from,
+            start_position=reconcile(self.data_dir, self.recording_log),
         )
         self.node_state = NodeState(self.data_dir)
         self.storage = NodeStorage(self.recording_log, self.node_state)  # and its DiskHealth
@@ -245,6 +248,7 @@ class Node:
             storage=self.storage,
         )
         self.log_agent = LogAgent(self.cm, self.container, self.log_buffer, self._kick)
+        self.catchup = CatchUp(self, self._kick)  # compaction, snapshots to/from members
         self.ingress = IngressAgent(
             self.network,
             self.member.host,
@@ -396,6 +400,7 @@ class Node:
         return self.log_buffer.applied
 
     def persist(self) -> None:
+        self.catchup.persist()  # a snapshot received from the leader
         archive = self.archive_agent
         if self.cm.log.buffer:
             archive.take()
@@ -491,19 +496,9 @@ class Node:
                 self._leadership_scope.cancel()
             self._leadership_scope = scope
             interval = self.config.leader_heartbeat_interval / 1e9
-            replicators = {
-                member_id: Replicator(
-                    self.cm,
-                    member_id,
-                    link,
-                    self.read_log,
-                    self.log_buffer,
-                    self.wait_for_log,
-                    interval,
-                    self._on_corrupt,
-                )
-                for member_id, link in self.links.links.items()
-            }
+            replicators = self.catchup.replicators(
+                interval, self.read_log, self.wait_for_log, self._on_corrupt
+            )
             self.replicators = replicators
             try:
                 async with trio.open_nursery() as nursery:
@@ -601,6 +596,7 @@ class Node:
                 nursery.start_soon(self._slow_tick_agent, name="slow_tick")
                 nursery.start_soon(self._state_save_agent, name="state_save")
                 nursery.start_soon(self._verify_archive_agent, name="verify_archive")
+                nursery.start_soon(self.catchup.run, name="catchup")
                 nursery.start_soon(self._leader_watchdog, name="leader_watchdog")
                 if handle_signals:
                     nursery.start_soon(self._signal_agent, name="signals")

@@ -16,6 +16,10 @@ shipped: a corrupt record is reported by this member (``on_corrupt``: an ERROR r
 and a counter) and never sent; the follower gets heartbeats only, from where its log
 ends, for as long as this member leads.
 
+A follower that needs log below this leader's log start (purged by compaction) is sent
+the latest snapshot instead (``send_snapshot``, :mod:`cluster.agents.catchup`), then the
+log after it; a read that a compaction overtook is simply retried.
+
 All replicators of a term run inside the leadership cancel scope: an election cancels
 them together.
 """
@@ -61,6 +65,8 @@ class Replicator:
         wait_for_log: Callable[[], Awaitable[None]],
         heartbeat_interval: float,
         on_corrupt: Callable[[ArchiveCorruptionError], None] = lambda exc: None,
+        *,
+        send_snapshot: Callable[[int, PeerLink, float], Awaitable[None]] | None = None,
     ) -> None:
         self.cm = cm
         self.member_id = member_id
@@ -70,6 +76,7 @@ class Replicator:
         self.wait_for_log = wait_for_log
         self.heartbeat_interval = heartbeat_interval
         self.on_corrupt = on_corrupt
+        self.send_snapshot = send_snapshot
         self.corrupt_at = -1
         """A position the archive could not give back intact: not shipped from."""
         self.connects = link.connects
@@ -96,7 +103,7 @@ class Replicator:
         if not link.is_connected or link.backlog >= MAX_LINK_BACKLOG:
             return False
         start = self._next_append()
-        if start is None:
+        if start is None or replication.needs_snapshot(self.member_id):
             return False
         buf = self.log_buffer
         end = buf.end
@@ -127,6 +134,12 @@ class Replicator:
             start = self._next_append()
             if start is None:
                 return
+            if replication.needs_snapshot(self.member_id):
+                if self.send_snapshot is None:
+                    await trio.sleep(self.heartbeat_interval)
+                else:
+                    await self.send_snapshot(self.member_id, link, self.heartbeat_interval)
+                continue
             end = self.log_buffer.end
             if start < end and link.backlog < MAX_LINK_BACKLOG and start != self.corrupt_at:
                 term = cm.leadership_term_id
@@ -147,6 +160,10 @@ class Replicator:
                 except ArchiveCorruptionError as exc:
                     self.corrupt_at = start
                     self.on_corrupt(exc)
+                    continue
+                except (ValueError, FileNotFoundError):
+                    # compacted meanwhile: the log below the new start is gone
+                    await trio.sleep(0.001)
                     continue
                 if (
                     cm.leadership_term_id != term

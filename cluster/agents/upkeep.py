@@ -83,6 +83,9 @@ class ArchiveVerifier:
         except ArchiveCorruptionError as exc:
             self.on_corrupt(exc)
             return
+        except (FileNotFoundError, ValueError):  # compacted or reset meanwhile
+            log.info("archive verification stopped: the log below it was purged")
+            return
         log.info("archive verified: %d..%d in %.1fs", start, stop, time.perf_counter() - began)
 
     def _verify(self, start: int, stop: int) -> None:

@@ -317,6 +317,7 @@ def test_every_setting_settable_from_each_layer(tmp_path: Path) -> None:
         "fsync": ("none", FsyncPolicy.NONE),
         "archive-io": ("Thread", "thread"),
         "segment-size": ("1MiB", 1 << 20),
+        "archive-retention": ("5", 5),
         "log-level": ("warning", "WARNING"),
     }
     assert set(values) == {s.name for s in SETTINGS}, "add new settings to this test"
@@ -380,7 +381,9 @@ def test_wrongly_typed_toml_values_are_config_errors(tmp_path: Path, toml: str) 
         load_config(["--config", path], {})
 
 
-@pytest.mark.parametrize("setting", ["session-timeout", "segment-size", "max-frame-size"])
+@pytest.mark.parametrize(
+    "setting", ["session-timeout", "segment-size", "max-frame-size", "archive-retention"]
+)
 def test_toml_booleans_are_not_numbers(tmp_path: Path, setting: str) -> None:
     path = write_toml(tmp_path, f"{setting} = true\n")
     with pytest.raises(ConfigError, match=setting):
@@ -474,3 +477,10 @@ def test_insecure_is_a_flag_that_takes_no_value_on_the_command_line() -> None:
     assert load_config([], {}).insecure is False
     with pytest.raises(ConfigError, match="true or false"):
         load_config(["--insecure", "maybe"], {})
+
+
+def test_archive_retention_defaults_to_two_and_refuses_a_negative_count() -> None:
+    assert load_config([], {}).archive_retention == 2
+    assert load_config(["--archive-retention", "0"], {}).archive_retention == 0
+    with pytest.raises(ConfigError, match="archive-retention"):
+        load_config([], {"CLUSTER_ARCHIVE_RETENTION": "-1"})
