@@ -41,6 +41,8 @@ import trio
 
 from ..archive.recording_log import (
     CM_SERVICE_ID,
+    ENTRY_TYPE_LOG_RESET,
+    ENTRY_TYPE_LOG_START,
     ENTRY_TYPE_SNAPSHOT,
     ENTRY_TYPE_TERM,
     RecordingLog,
@@ -62,7 +64,12 @@ DEFAULT_SNAPSHOT_TIMEOUT = 30.0
 MUTATING = frozenset(
     {"snapshot", "suspend", "resume", "shutdown", "abort", "invalidate-latest-snapshot"}
 )
-_ENTRY_TYPES = {ENTRY_TYPE_TERM: "TERM", ENTRY_TYPE_SNAPSHOT: "SNAPSHOT"}
+_ENTRY_TYPES = {
+    ENTRY_TYPE_TERM: "TERM",
+    ENTRY_TYPE_SNAPSHOT: "SNAPSHOT",
+    ENTRY_TYPE_LOG_START: "LOG_START",
+    ENTRY_TYPE_LOG_RESET: "LOG_RESET",
+}
 
 
 class RecentErrors(logging.Handler):
