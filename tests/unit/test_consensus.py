@@ -703,6 +703,17 @@ def test_admin_snapshot_that_cannot_be_written_is_an_error_response() -> None:
     assert response.message == why
 
 
+def test_admin_snapshot_waiting_when_leadership_is_lost_is_not_answered() -> None:
+    cm, egress, reader = make()
+    sid = open_session(cm, reader, T0)
+    cm.on_admin_request(AdminRequest(TERM, sid, 6, AdminRequestType.SNAPSHOT), T0)
+    position = cm.log.published_position
+    cm.enter_election(T0 + MS, "test")  # steps down: it no longer answers for the term
+    cm.control.on_snapshot(position)
+    assert egress.messages(sid, AdminResponse) == []
+    assert cm.control.snapshot_waiters == []
+
+
 def test_admin_snapshot_is_refused_at_once_while_the_disk_is_full() -> None:
     cm, egress, reader = make()
     sid = open_session(cm, reader, T0)
