@@ -36,7 +36,7 @@ from .agents.admin import AdminServer
 from .agents.catchup import CatchUp
 from .agents.consensus import PeerLinks
 from .agents.egress import EgressPublisher
-from .agents.inbox import IngressInbox
+from .agents.inbox import CONTENDED_TURNS, IngressInbox
 from .agents.ingress import IngressAgent
 from .agents.log import ArchiveAgent, LogAgent, LogBuffer
 from .agents.replication import Replicator
@@ -390,8 +390,13 @@ class Node:
         durable here and applied is under ``--max-log-inflight`` (back-pressure)."""
         if self.cm.role is not Role.LEADER:
             return True
-        held = min(self.log_buffer.applied, self.archive_agent.written)
-        return self.cm.log.published_position - held < self.config.max_log_inflight
+        held = self.cm.log.published_position - min(
+            self.log_buffer.applied, self.archive_agent.written
+        )
+        inbox = self.inbox
+        if held < inbox.quantum * CONTENDED_TURNS:
+            return True
+        return held < self.config.max_log_inflight and not inbox.contended
 
     # the driver's Shell
 

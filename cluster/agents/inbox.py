@@ -12,9 +12,13 @@ than ``max_backlog`` bytes waiting is not read (TCP pushes back on its client); 
 any connection while all of them hold more than ``max_queued`` together.
 
 Back-pressure from the log: while :attr:`IngressInbox.gate` says no (the leader holds
-more log than ``--max-log-inflight`` not yet both durable and applied: a slow or full
-disk, slow followers, a slow service), no client message is taken at all; the queues
-fill, their readers stop, and the node's memory stays bounded.  :meth:`resume` (called
+more log than it may not yet both durable and applied: a slow or full disk, slow
+followers, a slow service), no client message is taken at all; the queues fill, their
+readers stop, and the node's memory stays bounded.  What it may hold is
+``--max-log-inflight`` for a lone sender, and :data:`CONTENDED_TURNS` quanta while
+several compete (:attr:`IngressInbox.contended`): a message waits for everything ahead
+of it in the log to be written, replicated and applied, so a short queue is what keeps
+one client's flood from costing the others their latency.  :meth:`resume` (called
 after every drive of the consensus module) starts the next cycle once it says yes.
 """
 
@@ -32,6 +36,16 @@ from ..protocol.consensus import ConsensusMessage
 from ..protocol.ingress import IngressMessage
 
 Inbound = IngressMessage | ConsensusMessage | IngressSource
+
+CONTENTION_WINDOW = 0.25
+"""Seconds after a turn that took messages from several connections during which the
+log queue is kept short (a closed-loop client's queue is empty between its replies
+and its next messages: that must not let a flood fill the queue meanwhile)."""
+
+CONTENDED_TURNS = 4
+"""Under contention a leader holds at most this many quanta of log not yet durable and
+applied (each waiting message costs every sender's next one its time to drain)."""
+
 
 class SourceQueue:
     """One client connection's decoded messages not yet taken by a duty cycle."""
@@ -80,6 +94,16 @@ class IngressInbox:
     """Queues whose readers wait for room."""
     held_cycles: int = 0
     """Duty cycles that took no client message because the log was full."""
+    contended_until: float = -1.0
+    """Until when (Trio's clock) several connections count as competing: some turn
+    took messages from two or more in the last :data:`CONTENTION_WINDOW` seconds."""
+
+    @property
+    def contended(self) -> bool:
+        """Whether several connections compete for the log now: the leader then keeps
+        its log queue short, since whatever sits in it delays each of them (a lone
+        sender may fill it: a deep queue keeps the disk busy and delays only itself)."""
+        return self.contended_until >= trio.current_time()
 
     async def notify_soon(self) -> None:
         """Messages were added: have them handled once the other readers that woke
@@ -157,6 +181,7 @@ class IngressInbox:
         ready = self.ready
         quantum = self.quantum
         taken = 0
+        senders = 0
         for _ in range(len(ready)):
             queue = ready.popleft()
             queue.deficit += quantum
@@ -187,6 +212,8 @@ class IngressInbox:
                 break
             if len(batch) == mark + 1:
                 batch.pop()  # nothing taken this turn: no need to name the connection
+            else:
+                senders += 1
             if chunks:
                 ready.append(queue)
             else:
@@ -196,6 +223,8 @@ class IngressInbox:
                     self.commands.append(_closing(queue.on_drained, queue.source))
                     queue.on_drained = None
         self.queued -= taken
+        if senders > 1:
+            self.contended_until = trio.current_time() + CONTENTION_WINDOW
         if ready:
             self.wake.set()  # more waiting: another cycle once the readers have run
 

@@ -125,9 +125,7 @@ async def test_readers_wait_for_room_per_connection_and_in_total() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.lists(
-        st.tuples(st.integers(0, 5), st.integers(1, 40), st.integers(1, 9000)), max_size=60
-    ),
+    st.lists(st.tuples(st.integers(0, 5), st.integers(1, 40), st.integers(1, 9000)), max_size=60),
     st.integers(64, 20_000),
     st.lists(st.booleans(), min_size=1, max_size=20),
 )
