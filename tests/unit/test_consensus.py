@@ -724,7 +724,8 @@ def test_admin_snapshot_is_refused_at_once_while_the_disk_is_full() -> None:
     assert "disk full: archive failed" in response.message
     assert reader.messages(ClusterActionRequest) == []  # nothing on the log
     ok, message = cm.control.request(ClusterAction.SNAPSHOT, T0)  # the admin port's way
-    assert not ok and "disk full" in message
+    assert not ok
+    assert "disk full" in message
     cm.control.on_disk("")  # space again
     cm.on_admin_request(AdminRequest(TERM, sid, 5, AdminRequestType.SNAPSHOT), T0)
     assert len(reader.messages(ClusterActionRequest)) == 1
