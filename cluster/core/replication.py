@@ -36,11 +36,15 @@ from .log import ReplicatedLog
 from .tracker import ProgressTracker
 
 SNAPSHOT_WINDOW = 2 * MAX_SNAPSHOT_CHUNK
-"""Snapshot bytes sent to a follower and not yet acknowledged, at most."""
+"""Snapshot bytes sent to a follower and not yet acknowledged, at most (two chunks)."""
 
 
 class LeaderReplication:
     """The leader's replication state for its term (idle on a follower)."""
+
+    chunk_size = MAX_SNAPSHOT_CHUNK
+    """Snapshot bytes per chunk (the simulator makes it small, so that its small
+    snapshots take many chunks); at most two chunks are unacknowledged."""
 
     __slots__ = (
         "_next_heartbeat_ns",
@@ -154,10 +158,10 @@ class LeaderReplication:
             progress.start_snapshot(position, length)
         if progress.snapshot_acked < 0:
             return (0, 0) if progress.snapshot_sent < 0 else None
-        sent = progress.snapshot_sent
-        if sent >= length or sent - progress.snapshot_acked >= SNAPSHOT_WINDOW:
+        sent, chunk = progress.snapshot_sent, self.chunk_size
+        if sent >= length or sent - progress.snapshot_acked >= 2 * chunk:
             return None
-        return sent, min(MAX_SNAPSHOT_CHUNK, length - sent)
+        return sent, min(chunk, length - sent)
 
     def snapshot_chunk(
         self,

@@ -57,9 +57,11 @@ import trio.abc
 import trio.lowlevel
 import trio.testing
 
+from cluster.archive.compaction import compact
 from cluster.archive.record import iter_records
 from cluster.archive.segments import FsyncPolicy, list_segments
 from cluster.config import NodeConfig
+from cluster.core.replication import LeaderReplication
 from cluster.examples.kv import DEDUPE_WINDOW, KeyValueService, Put, Request, Response
 from cluster.node import Node
 from cluster.protocol import LOG
@@ -73,6 +75,9 @@ from .adversary import Adversary
 from .sim_client import History, SimClient
 
 EPOCH_OFFSET_NS = 1_700_000_000 * 1_000_000_000
+SNAPSHOT_CHUNK = 1024
+"""Snapshot bytes per chunk sent to a member that needs purged log: the simulator's
+snapshots are a few KiB, and a transfer must take many chunks to be cut short."""
 INGRESS_PORT, CONSENSUS_PORT, ADMIN_PORT = 9010, 9020, 9030
 CHECK_INTERVAL = 0.010
 
@@ -175,10 +180,10 @@ class SimConfig:
         )
         node_fields = {f.name for f in fields(NodeConfig)}
         for key, value in overrides.items():
-            if key in node_fields:
-                config.node[key] = value
-            elif hasattr(config, key):
+            if hasattr(config, key):  # the simulator's (segment_size: both)
                 setattr(config, key, value)
+            elif key in node_fields:
+                config.node[key] = value
             else:
                 raise TypeError(f"unknown simulator or node setting {key!r}")
         return config
@@ -207,6 +212,8 @@ class SimKV(KeyValueService):
         self.journal: list[tuple[int, int, bytes]] = []
         self.applications: dict[int, int] = {}
         self.cluster: Cluster | None = None
+        self.installed_at = 0
+        """Where the journal stands when a snapshot from the leader was installed."""
 
     def apply(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         rid = request.request_id
@@ -214,6 +221,11 @@ class SimKV(KeyValueService):
         return super().apply(request, *args, **kwargs)
 
     def on_start(self, cluster: Cluster, snapshot: bytes | None) -> None:
+        if self.cluster is not None:
+            # a snapshot from the leader was installed: the state is the snapshot's,
+            # and only the messages after it are this service's own applications
+            self.installed_at = len(self.journal)
+            self.applications = {}
         self.cluster = cluster
         super().on_start(cluster, snapshot)
 
@@ -327,6 +339,14 @@ class Checker:
         if position < verified:
             self.fail(f"n{i}: log truncated to {position} below its committed position {verified}")
         commit = min(cm.commit_position, position)
+        if verified < archive.start_position:
+            # compacted, or replaced by a snapshot install: only what it holds is checked
+            if archive.start_position > len(self.committed):
+                self.fail(
+                    f"n{i}: its log begins at {archive.start_position}, past the committed "
+                    f"log seen ({len(self.committed)})"
+                )
+            verified = min(archive.start_position, commit)
         if commit > verified:
             data = archive.read(verified, commit)
             common = min(commit, len(self.committed))
@@ -463,7 +483,8 @@ class Checker:
                 continue
             applied = node.log_agent.applied_position
             # a member restarted from a snapshot saw only the messages after it
-            first = service.journal[0][0] - 1 if service.journal else applied
+            journal = service.journal[service.installed_at :]
+            first = journal[0][0] - 1 if journal else applied
             expected, counts, _ = self.expected_store(applied, first)
             if service.store != expected:
                 missing = [k for k in expected if service.store.get(k) != expected[k]]
@@ -636,6 +657,9 @@ class SimCluster:
             "pauses": 0,
             "elections": 0,
             "snapshot_requests": 0,
+            "compactions": 0,
+            "snapshots_installed": 0,
+            "wipes": 0,
         }
         self.adversary: Adversary | None = None
         self.members = members_string(nodes)
@@ -678,6 +702,10 @@ class SimCluster:
     async def _run_blocking(self, sn: SimNode, fn: Callable[..., Any], *args: Any) -> Any:
         """Archive I/O inline (no threads), after a seeded disk latency."""
         await trio.sleep(sn.rng.uniform(*self.config.disk_latency))
+        if fn is compact:
+            # the checker reads committed log from the members' archives: let it see what
+            # a compaction is about to delete (a check every 10 ms could miss it)
+            self.checker.check()
         return fn(*args)
 
     async def _node_task(
@@ -715,6 +743,10 @@ class SimCluster:
                 task_status.started()
         finally:
             sn.running = False
+            catchup = getattr(node, "catchup", None)
+            if catchup is not None:
+                self.stats["compactions"] += catchup.compactions
+                self.stats["snapshots_installed"] += catchup.installs
             sn.done.set()
 
     async def start(self, i: int) -> None:
@@ -756,6 +788,14 @@ class SimCluster:
             f.write(data)
         self.stats["torn"] += 1
         return f"{len(data)} bytes at {last.end}"
+
+    async def wipe(self, i: int) -> None:
+        """Crash node ``i`` and lose its whole data directory (a new disk)."""
+        await self.crash(i)
+        shutil.rmtree(self.nodes[i].dir, ignore_errors=True)
+        self.checker.verified.pop(i, None)
+        self.stats["wipes"] += 1
+        self.event(self.nodes[i].host, "wipe")
 
     async def restart(self, i: int) -> None:
         sn = self.nodes[i]
@@ -1057,6 +1097,8 @@ class SimCluster:
         logger.setLevel(logging.INFO if self.print_trace else logging.WARNING)
         logger.propagate = False
         clock = sim_clock(self.config.clock_overshoot)
+        chunk_size = LeaderReplication.chunk_size
+        LeaderReplication.chunk_size = SNAPSHOT_CHUNK
         try:
             with deterministic_trio(self.seed):
                 trio.run(
@@ -1067,6 +1109,7 @@ class SimCluster:
                     instruments=[_LivelockDetector(self)],
                 )
         finally:
+            LeaderReplication.chunk_size = chunk_size
             logger.removeHandler(handler)
             logger.setLevel(saved[0])
             logger.propagate = saved[1]
