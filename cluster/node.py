@@ -660,7 +660,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         authenticator = (
             load_object(config.authenticator, "authenticator")() if config.authenticator else None
         )
-        service = service_cls()
+        try:
+            service = service_cls()
+        except TypeError as exc:  # an abstract service: no on_take_snapshot/on_start
+            raise ConfigError(f"service {config.service!r}: {exc}") from None
         if not isinstance(service, ClusteredService):
             raise ConfigError(f"service {config.service!r} is not a ClusteredService")
         check_exposure(config)

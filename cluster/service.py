@@ -8,11 +8,24 @@ than the wall clock, and no randomness that is not seeded from the log.
 
 Replies go to clients with :meth:`ClientSession.offer`; on followers the offer is faked
 (it reports success but sends nothing), so the same code runs on every member.
+
+**State and snapshots.**  A member that restarts loads its latest snapshot and replays
+only the log after it, so a service must write *all* of its state in
+:meth:`ClusteredService.on_take_snapshot` and load it back in
+:meth:`ClusteredService.on_start`.  Both are abstract, as Aeron makes ``onTakeSnapshot``
+abstract: a service class that lacks either cannot be instantiated (the node refuses to
+start, naming what is missing).  A service that keeps no state says so by deriving from
+:class:`StatelessService`.  A snapshot whose service raises in ``on_take_snapshot``, or
+returns something other than bytes, fails loudly: an ERROR in the node's log and an ERROR
+``AdminResponse`` to the client that asked, never an empty snapshot.
+
+See ``docs/service-guide.md`` for a tutorial.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import abc
+from typing import Any, Protocol, Self
 
 from .protocol.enums import CloseReason, Role
 from .protocol.log import NewLeadershipTermEvent
@@ -23,6 +36,9 @@ __all__ = [
     "Cluster",
     "ClusteredService",
     "Role",
+    "ServiceStateError",
+    "StatelessService",
+    "take_service_snapshot",
 ]
 
 
@@ -99,38 +115,117 @@ class Cluster(Protocol):
         ...
 
 
-class ClusteredService:
-    """Base class for replicated application logic; override what you need."""
+class ServiceStateError(Exception):
+    """A service's state could not be saved or loaded: ``on_take_snapshot`` raised or
+    returned something other than bytes, or a :class:`StatelessService` was handed a
+    snapshot holding state.  The snapshot is not written (the log keeps everything)."""
 
+
+class ClusteredService(abc.ABC):
+    """Base class for replicated application logic.
+
+    :meth:`on_start` and :meth:`on_take_snapshot` are abstract and must be implemented
+    together: whatever ``on_take_snapshot`` returns is what ``on_start`` gets back after a
+    restart (or ``None`` when there is no snapshot yet).  Every other callback does
+    nothing by default; override what you need.  A service without state derives from
+    :class:`StatelessService` instead.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        missing = sorted(getattr(cls, "__abstractmethods__", ()))
+        if missing:
+            names = " and ".join(f"{name}()" for name in missing)
+            raise TypeError(
+                f"{cls.__qualname__} cannot be a clustered service: it does not implement "
+                f"{names}. A restarted member loads its latest snapshot and replays only "
+                "the log after it, so a service writes its whole state in "
+                "on_take_snapshot() and loads it back in on_start(cluster, snapshot); a "
+                "service that keeps no state derives from cluster.service.StatelessService"
+            )
+        return super().__new__(cls)
+
+    @abc.abstractmethod
     def on_start(self, cluster: Cluster, snapshot: bytes | None) -> None:
-        """Called once before any log entry, with the latest snapshot if there is one."""
+        """Called once before any log entry, with the service's bytes from the latest
+        snapshot (what :meth:`on_take_snapshot` returned), or ``None`` when there is no
+        snapshot yet.  Load the state from it; keep ``cluster`` to schedule timers, offer
+        service messages or look up sessions later."""
 
-    def on_session_open(self, session: ClientSession, timestamp: int) -> None:
+    def on_session_open(self, session: ClientSession, timestamp: int) -> None:  # noqa: B027
         """A client session opened (SessionOpenEvent on the log)."""
 
-    def on_session_close(
+    def on_session_close(  # noqa: B027
         self, session: ClientSession, timestamp: int, close_reason: CloseReason
     ) -> None:
         """A client session closed (SessionCloseEvent on the log)."""
 
-    def on_session_message(
+    def on_session_message(  # noqa: B027
         self, session: ClientSession | None, timestamp: int, payload: bytes
     ) -> None:
         """An application message in log order: from a client session, or (``session``
         None) a service message offered with :meth:`Cluster.offer`."""
 
-    def on_timer_event(self, correlation_id: int, timestamp: int) -> None:
+    def on_timer_event(self, correlation_id: int, timestamp: int) -> None:  # noqa: B027
         """A timer scheduled with :meth:`Cluster.schedule_timer` fired."""
 
+    @abc.abstractmethod
     def on_take_snapshot(self) -> bytes:
-        """Return the service's state as bytes for a snapshot."""
-        return b""
+        """Return the service's whole state as bytes, for a snapshot.
 
-    def on_role_change(self, new_role: Role) -> None:
+        Called on every member at the same log position; the bytes come back through
+        :meth:`on_start` when the member restarts.  Timers and open sessions are in the
+        consensus module's part of the snapshot already, but the service's own record of
+        them (which key a timer expires, what a session was doing) is not.  Raising, or
+        returning anything but bytes, fails the snapshot with an error."""
+
+    def on_role_change(self, new_role: Role) -> None:  # noqa: B027
         """This member's role changed."""
 
-    def on_terminate(self, cluster: Cluster) -> None:
+    def on_terminate(self, cluster: Cluster) -> None:  # noqa: B027
         """The node is shutting down."""
 
-    def on_new_leadership_term_event(self, event: NewLeadershipTermEvent) -> None:
+    def on_new_leadership_term_event(self, event: NewLeadershipTermEvent) -> None:  # noqa: B027
         """A new leadership term began (NewLeadershipTermEvent on the log)."""
+
+
+class StatelessService(ClusteredService):
+    """A service that keeps no state between log entries (an echo, a router).
+
+    Its snapshot part is empty, and it refuses to start from a snapshot that holds
+    service state (``ServiceStateError``): that snapshot was written by a service that
+    kept state, and starting would silently drop it.  The :class:`Cluster` handle is kept
+    in ``self.cluster``; a subclass that overrides :meth:`on_start` calls
+    ``super().on_start(cluster, snapshot)``.
+    """
+
+    cluster: Cluster
+
+    def on_start(self, cluster: Cluster, snapshot: bytes | None) -> None:
+        self.cluster = cluster
+        if snapshot:
+            raise ServiceStateError(
+                f"{type(self).__qualname__} is a StatelessService, but the latest snapshot "
+                f"holds {len(snapshot)} bytes of service state (written by a service that "
+                "kept state): refusing to start and drop it"
+            )
+
+    def on_take_snapshot(self) -> bytes:
+        return b""
+
+
+def take_service_snapshot(service: ClusteredService) -> bytes:
+    """``service.on_take_snapshot()``, checked: its bytes, or :class:`ServiceStateError`
+    when it raises or returns anything else (so no snapshot is ever silently empty)."""
+    name = type(service).__qualname__
+    try:
+        state = service.on_take_snapshot()
+    except Exception as exc:
+        raise ServiceStateError(f"{name}.on_take_snapshot() raised {exc!r}") from exc
+    if isinstance(state, bytes):
+        return state
+    if isinstance(state, bytearray | memoryview):
+        return bytes(state)
+    raise ServiceStateError(
+        f"{name}.on_take_snapshot() returned {type(state).__name__}, not bytes: "
+        "it must return the service's whole state"
+    )

@@ -39,6 +39,7 @@ from ..core.service_container import ServiceContainer
 from ..core.snapshot import take_snapshot
 from ..protocol.enums import CLUSTER_ACTION_FLAG_TERMINATE, ClusterAction
 from ..protocol.log import ClusterActionRequest
+from ..service import ServiceStateError
 
 log = logging.getLogger("cluster.node")
 
@@ -110,7 +111,14 @@ class SnapshotAgent:
                 and (entry.log_position == position and entry.service_id == CM_SERVICE_ID)
             ):
                 return  # taken before a restart: the replay need not take it again
-        records = take_snapshot(self.cm, self.container, position, action.leadership_term_id)
+        try:
+            records = take_snapshot(self.cm, self.container, position, action.leadership_term_id)
+        except ServiceStateError as exc:
+            self._service_failed(position, exc)
+            if terminate and self._nursery is not None:
+                log.info("SHUTDOWN at log position %d: snapshot failed, stopping", position)
+                self._nursery.start_soon(self.shutdown)
+            return
         data = encode_snapshot(records)
         term = action.leadership_term_id
         path = snapshot_path(self.data_dir, position, term)
@@ -147,6 +155,16 @@ class SnapshotAgent:
             "snapshot", exc, f"at log position {position}", retried=False, needed=size
         )
         log.error("%s; the node goes on without it", self.last_error)
+        self.cm.control.on_snapshot(position, self.last_error)
+        self._taken_event.set()
+        self._taken_event = trio.Event()
+
+    def _service_failed(self, position: int, exc: ServiceStateError) -> None:
+        """The service could not give its state: no snapshot is written (an empty one
+        would lose the state on the next restart); the log keeps everything."""
+        self.failed += 1
+        self.last_error = f"snapshot at log position {position} failed: {exc}"
+        log.error("%s; the node goes on without it", self.last_error, exc_info=exc.__cause__)
         self.cm.control.on_snapshot(position, self.last_error)
         self._taken_event.set()
         self._taken_event = trio.Event()

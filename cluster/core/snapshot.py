@@ -39,6 +39,7 @@ from ..protocol.snapshot import (
     SnapshotRecord,
     Timer,
 )
+from ..service import take_service_snapshot
 from .consensus import ConsensusModule
 from .service_container import ServiceContainer
 
@@ -108,7 +109,8 @@ def take_snapshot(
         )
         for s in sessions
     ]
-    records.append(ServiceState(container.service.on_take_snapshot()))
+    # ServiceStateError when the service raises or returns no bytes: no snapshot at all
+    records.append(ServiceState(take_service_snapshot(container.service)))
     records.append(marker(SERVICE_TYPE_ID, SnapshotMark.END))
     return records
 

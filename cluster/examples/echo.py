@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from ..service import ClientSession, ClusteredService
+from ..service import ClientSession, Cluster, ClusteredService
 
 
 class EchoService(ClusteredService):
+    """Echoes each client message back; counts the messages (its only state)."""
+
     def __init__(self) -> None:
         self.messages = 0
+
+    def on_start(self, cluster: Cluster, snapshot: bytes | None) -> None:
+        if snapshot:
+            self.messages = int.from_bytes(snapshot, "little")
 
     def on_session_message(
         self, session: ClientSession | None, timestamp: int, payload: bytes

@@ -28,7 +28,7 @@ from cluster.protocol.egress import SessionEvent
 from cluster.protocol.enums import CloseReason, Role
 from cluster.protocol.ingress import SessionConnectRequest
 from cluster.protocol.version import compose
-from cluster.service import ClientSession, ClusteredService
+from cluster.service import ClientSession, ClusteredService, StatelessService
 
 
 def make_config(directory: Path, **overrides: Any) -> NodeConfig:
@@ -198,7 +198,7 @@ async def test_challenge_authentication(tmp_path: Path) -> None:
             assert auth.pending_state == 0  # nothing kept past a pending session
 
 
-class RecordingService(ClusteredService):
+class RecordingService(StatelessService):
     def __init__(self) -> None:
         self.events: list[tuple[str, Any]] = []
         self.close_on: bytes | None = b"close me"
