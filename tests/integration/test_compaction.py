@@ -175,6 +175,7 @@ def test_compaction_bounds_the_archive_and_a_wiped_follower_is_rebuilt_by_snapsh
             batch_bytes = positions[-1] - positions[-2]
             report(
                 log_bytes_written=logged,
+                log_position_at_each_snapshot=positions,
                 archive_bytes_per_member_after_each_snapshot=sizes,
                 batch_bytes=batch_bytes,
             )
