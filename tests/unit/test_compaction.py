@@ -54,16 +54,23 @@ def test_compaction_deletes_whole_segments_below_the_retained_snapshots(tmp_path
     second = snapshot(tmp_path, rlog, 48 * 40)
     done = compact(archive, rlog, tmp_path, 2, 0)
     # the 2nd newest (at 960) is in the segment [864, 1152): everything below it goes
-    assert done is not None and done.log_start == 864 and done.freed_bytes == 864
-    assert archive.start_position == 864 and rlog.log_start == 864
+    assert done is not None
+    assert done.log_start == 864
+    assert done.freed_bytes == 864
+    assert archive.start_position == 864
+    assert rlog.log_start == 864
     assert not (tmp_path / "archive" / "log-00000000000000000000.seg").exists()
     assert archive.read(864, 960) == b"".join(record(i) for i in range(18, 20))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="outside the log"):
         archive.read(0, 48)
     third = snapshot(tmp_path, rlog, 48 * 55)
     done = compact(archive, rlog, tmp_path, 2, 0)
-    assert done is not None and done.log_start == 1728 and done.snapshots_removed == 1
-    assert not first.exists() and second.exists() and third.exists()
+    assert done is not None
+    assert done.log_start == 1728
+    assert done.snapshots_removed == 1
+    assert not first.exists()
+    assert second.exists()
+    assert third.exists()
     assert [e.log_position for e in rlog.snapshots()] == [1920, 2640]
     assert compact(archive, rlog, tmp_path, 0, 0) is None  # retention 0: keep everything
     starts = [e for e in rlog.entries if e.type == ENTRY_TYPE_LOG_START]
@@ -74,7 +81,8 @@ def test_compaction_deletes_whole_segments_below_the_retained_snapshots(tmp_path
     rlog = RecordingLog.open(tmp_path)
     assert reconcile(tmp_path, rlog) == 1728
     with Archive.open(tmp_path / "archive", segment_size=SEGMENT, start_position=1728) as again:
-        assert again.start_position == 1728 and again.position == 2880
+        assert again.start_position == 1728
+        assert again.position == 2880
         assert again.read(1920, 1968) == record(40)
 
 
@@ -86,7 +94,8 @@ def test_a_purge_cut_short_is_finished_at_start_up(tmp_path: Path) -> None:
     # the crash came after the LOG_START entry, before any file was deleted
     rlog.append_log_start(1152, 0, 0, 0)
     with Archive.open(tmp_path / "archive", segment_size=SEGMENT, start_position=1152) as a:
-        assert a.start_position == 1152 and a.position == 2880
+        assert a.start_position == 1152
+        assert a.position == 2880
         assert seg_bytes(tmp_path / "archive") == 2880 - 1152
         fill(a, 1, 60)
     # a log start no segment reaches is damage, not a purge
@@ -101,7 +110,7 @@ def test_purge_never_deletes_the_last_segment(tmp_path: Path) -> None:
         assert archive.purge_point(10_000) == 288
         assert archive.purge(288) == 288
         assert archive.start_position == 288
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="not a segment base"):
             archive.purge(300)  # not a segment base
         fill(archive, 1, 10)
         assert archive.position == 528
@@ -161,7 +170,8 @@ def test_an_install_cut_short_is_finished_at_start_up(tmp_path: Path, cut: str) 
     rlog = RecordingLog.open(tmp_path)
     assert reconcile(tmp_path, rlog) == 5000
     latest = rlog.latest_log_start()
-    assert latest is not None and latest.type == ENTRY_TYPE_LOG_RESET
+    assert latest is not None
+    assert latest.type == ENTRY_TYPE_LOG_RESET
     assert [(e.log_position, e.leadership_term_id) for e in rlog.snapshots()] == [(5000, 7)]
     with Archive.open(directory, segment_size=SEGMENT, start_position=5000) as a:
         assert (a.start_position, a.position) == (5000, 5000)
