@@ -19,6 +19,7 @@ from .errors import (
     EgressBacklogExceededError,
     NotConnectedError,
     SessionClosedError,
+    SessionLostError,
     SessionRejectedError,
 )
 
@@ -33,6 +34,7 @@ __all__ = [
     "EgressBacklogExceededError",
     "NotConnectedError",
     "SessionClosedError",
+    "SessionLostError",
     "SessionRejectedError",
     "StaticCredentials",
     "connect",

@@ -67,11 +67,12 @@ from ._ingress import (
     Ingress,
     IngressWriter,
     aclose_quietly,
+    describe_failures,
     peer_role,
 )
 from ._session import Action, Reconnect, Session
 from ._sync import Backend, Broadcast
-from .errors import ConnectTimeoutError, SessionClosedError
+from .errors import ConnectTimeoutError
 
 __all__ = ["ClusterClient", "connect"]
 
@@ -209,9 +210,13 @@ class ClusterClient:
         writer should run.  While the ingress is reconnecting (a broken connection, a
         new leader) offers are queued and sent after the reconnect.
 
-        Raises :class:`SessionClosedError` once the session is closed, and
+        Raises :class:`TypeError` for anything but bytes, bytearray or memoryview,
+        :class:`SessionClosedError` once the session is closed (its subclass
+        :class:`SessionLostError` when no member answered for ``connect_timeout``), and
         :class:`ValueError` if the message would exceed ``max_frame_size``.
         """
+        if type(payload) is not bytes:
+            _check_payload(payload)
         await self._backend.checkpoint_if_cancelled()
         session = self._session
         session.check_usable()
@@ -243,6 +248,12 @@ class ClusterClient:
         # The frames go straight into the pending buffer (what Session.enqueue does per
         # offer), and the writer is told once at the end.
         for payload in payloads:
+            if type(payload) is not bytes:
+                try:
+                    _check_payload(payload)
+                except TypeError:
+                    writer.data_ready.notify()  # the ones before it were queued
+                    raise
             if len(session.pending) >= MAX_PENDING_BYTES:
                 writer.data_ready.notify()
                 while len(session.pending) >= MAX_PENDING_BYTES:
@@ -327,10 +338,12 @@ class ClusterClient:
             )
             with anyio.fail_after(timeout):
                 await event.wait()
+        except TimeoutError:
+            raise TimeoutError(f"no answer to the snapshot request within {timeout:g} s") from None
         finally:
             session.remove_admin_waiter(correlation_id)
         if waiter.response is None:
-            raise SessionClosedError(session.close_reason or CloseReason.CLIENT_ACTION.name)
+            raise session.closed_error()
         return waiter.response
 
     async def send_keepalive(self) -> None:
@@ -365,9 +378,9 @@ class ClusterClient:
 
     # ------------------------------------------------------------------ internals
 
-    def _mark_closed(self, reason: str) -> None:
+    def _mark_closed(self, reason: str, *, lost: bool = False) -> None:
         """The session is closed (by close() or by the cluster): wake every waiting task."""
-        self._session.mark_closed(reason)
+        self._session.mark_closed(reason, lost=lost)
         writer = self._writer
         for broadcast in (
             self._egress_ready,
@@ -445,6 +458,7 @@ class ClusterClient:
             try:
                 while True:
                     data = await stream.receive(RECEIVE_SIZE)
+                    self._writer.trouble_since = None  # a member answered
                     messages: list[Any] = []
                     try:
                         decoder.decode_into(data, EGRESS.decode, messages)
@@ -472,6 +486,7 @@ class ClusterClient:
 
     async def _establish(self, connect_timeout: float) -> None:
         """Run the handshake; raise on refusal or ``ConnectTimeoutError``."""
+        self._connect_timeout = connect_timeout
         machine = AsyncConnect(
             self._session.endpoints, self._credentials, self._next_correlation_id
         )
@@ -480,9 +495,17 @@ class ClusterClient:
                 done, chosen = await self._handshake.drive(machine, self._response_channel)
                 self._conclude(machine, done, chosen)
         except TimeoutError:
+            failures = self._writer.failures
+            if failures and not self._handshake.reached_any:
+                raise ConnectTimeoutError(
+                    f"no member accepted a connection within {connect_timeout:g} s: "
+                    f"{describe_failures(failures, machine.targets)}"
+                ) from None
+            dials = describe_failures(failures, machine.targets) if failures else ""
             raise ConnectTimeoutError(
-                f"no cluster session within {connect_timeout}s "
-                f"(stuck in {machine.state.name}, members {format_endpoints(machine.targets)})"
+                f"no cluster session within {connect_timeout:g} s "
+                f"(stuck in {machine.state.name}, members {format_endpoints(machine.targets)}"
+                f"{'; last dials: ' + dials if dials else ''})"
             ) from None
         finally:
             self._handshake.stop_connectors()
@@ -495,6 +518,11 @@ class ClusterClient:
         handshake.stop_connectors()
         writer.ingress = None if chosen.broken else chosen
         writer.last_sent = anyio.current_time()
+        writer.trouble_since = None
+        writer.failures.clear()
+        # dial-back: only the leader answers, and an election may take a while
+        writer.lost_after = self._connect_timeout * (1 if writer.own_egress else 4)
+        writer.on_lost = lambda reason: self._mark_closed(reason, lost=True)
         for kind, item in handshake.take_leftovers():
             if kind == "egress":
                 self._on_egress(item)
@@ -509,6 +537,14 @@ class ClusterClient:
 
 
 # ---------------------------------------------------------------------- connect()
+
+
+def _check_payload(payload: object) -> None:
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        raise TypeError(
+            f"a message must be bytes, bytearray or memoryview, not {type(payload).__name__}"
+            + (" (encode the text first, e.g. text.encode())" if isinstance(payload, str) else "")
+        )
 
 
 def _check_positive(name: str, value: float) -> None:

@@ -45,6 +45,13 @@ def parse_host_port(text: str, *, allow_port_zero: bool = False) -> Endpoint:
         if not sep:
             raise ValueError(f"endpoint {text!r}: expected host:port")
         if ":" in host:
+            parts = text.split(":")
+            if len(parts) in (3, 4) and all(p.isdigit() for p in parts[1:]):
+                raise ValueError(
+                    f"endpoint {text!r} looks like a --members entry "
+                    "(host:ingress:consensus:admin): pass the ingress endpoints, "
+                    f"e.g. {parts[0]}:{parts[1]}"
+                )
             raise ValueError(f"endpoint {text!r}: write IPv6 addresses in brackets, [addr]:port")
     if not host:
         raise ValueError(f"endpoint {text!r}: empty host")

@@ -72,6 +72,7 @@ class Handshake:
         self._connector_scope: anyio.CancelScope | None = None
         # handshake connections lost so far (each round of connectors backs off for them)
         self.failures = 0
+        self.reached_any = False  # some member accepted a connection
 
     def on_egress(self, message: Any) -> None:
         """An egress message before the session opened: queue it (while there is room)."""
@@ -120,18 +121,20 @@ class Handshake:
 
         ``failures`` earlier failures in a row call for a back-off before the first dial
         (none when it is 0); each refusal adds one."""
-        stream: anyio.abc.SocketStream | None = None
         attempt = failures
-        while stream is None:
+        while True:
             if attempt > 0:
                 await anyio.sleep(backoff_delay(attempt))
             stream = await try_connect(endpoint, self._writer.tls)
-            if stream is None:
-                attempt += 1
+            if not isinstance(stream, str):
+                break
+            self._writer.failures[endpoint] = stream
+            attempt += 1
         session = self._session
         if scope.cancel_called or session.open or session.close_reason is not None:
             await aclose_quietly(stream)
             return
+        self.reached_any = True
         self._events.append(("connected", self._writer.new_ingress(member_id, endpoint, stream)))
         self.changed.notify()
 
@@ -183,5 +186,10 @@ class Handshake:
             elif kind == "lost" and chosen is not None and item is chosen:
                 # a failure, however soon it broke: the next connectors back off first
                 self.failures += 1
+                if not item.received:
+                    writer.failures[item.endpoint] = (
+                        "closed the connection without answering (is it a member's ingress "
+                        "port? the admin and consensus ports speak another protocol)"
+                    )
                 actions.extend(machine.on_ingress_lost(chosen.member_id))
                 chosen = None

@@ -21,9 +21,11 @@ whose send failed is queued again ahead of newer frames, to go to the next conne
 
 from __future__ import annotations
 
+import errno
+import math
 import random
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from typing import Any, Protocol
 
@@ -114,9 +116,9 @@ async def aclose_quietly(resource: anyio.abc.AsyncResource) -> None:
 
 async def try_connect(
     endpoint: Endpoint, tls: ssl.SSLContext | None = None
-) -> anyio.abc.SocketStream | None:
+) -> anyio.abc.SocketStream | str:
     """One TCP connect attempt (with ``tls``: and a TLS handshake, with a member's
-    certificate on the other end); ``None`` if refused, unreachable or too slow."""
+    certificate on the other end): the stream, or what went wrong, in words."""
     try:
         with anyio.fail_after(CONNECT_ATTEMPT_TIMEOUT):
             if tls is None:
@@ -124,12 +126,53 @@ async def try_connect(
             stream = await anyio.connect_tcp(
                 endpoint.host, endpoint.port, ssl_context=tls, tls_standard_compatible=False
             )
-    except (OSError, TimeoutError, anyio.BrokenResourceError, ssl.SSLError):
-        return None
+    except TimeoutError:
+        return "timed out"
+    except ConnectionRefusedError:
+        return "refused"
+    except ssl.SSLError as exc:
+        return f"TLS failed ({exc.reason or exc})"
+    except (OSError, anyio.BrokenResourceError) as exc:
+        return _describe_error(exc)
     if peer_role(stream) != "member":
         await aclose_quietly(stream)
-        return None
+        return "not a cluster member (its certificate is no member's)"
     return stream  # type: ignore[return-value]
+
+
+_ERRNO_WORDS = {
+    errno.ECONNREFUSED: "refused",
+    errno.ETIMEDOUT: "timed out",
+    errno.EHOSTUNREACH: "unreachable",
+    errno.ENETUNREACH: "unreachable",
+}
+
+
+def _describe_error(exc: BaseException) -> str:
+    inner = exc.__cause__ or exc.__context__
+    if isinstance(inner, BaseExceptionGroup) and inner.exceptions:
+        inner = inner.exceptions[-1]
+    if isinstance(inner, OSError):
+        return _describe_error(inner)
+    if isinstance(exc, OSError) and exc.errno in _ERRNO_WORDS:
+        return _ERRNO_WORDS[exc.errno]
+    text = str(exc).lower()
+    for words in ("refused", "timed out", "unreachable", "name or service not known"):
+        if words in text:
+            return "refused" if words == "refused" else words
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return text or type(exc).__name__
+
+
+def describe_failures(failures: Mapping[Endpoint, str], members: Mapping[int, Endpoint]) -> str:
+    """``"0=127.0.0.1:9010 refused, ..."``: what each member did on its last dial."""
+    ids = {endpoint: member_id for member_id, endpoint in members.items()}
+    words = [
+        f"{ids[endpoint]}={endpoint} {what}" if endpoint in ids else f"{endpoint} {what}"
+        for endpoint, what in failures.items()
+    ]
+    return ", ".join(words) or "none was dialled"
 
 
 def peer_role(stream: anyio.abc.AnyByteStream) -> str | None:
@@ -224,6 +267,13 @@ class IngressWriter:
 
         self.ingress: Ingress | None = None
         self.ingresses: set[Ingress] = set()
+        #: what each member did on the last dial that failed (for the errors' words)
+        self.failures: dict[Endpoint, str] = {}
+        #: since when no connection has worked and no member answered (None: fine)
+        self.trouble_since: float | None = None
+        #: seconds of trouble after which the session counts as lost (:attr:`on_lost`)
+        self.lost_after = math.inf
+        self.on_lost: Callable[[str], None] = lambda reason: None
         self.writing = False
         self.last_sent = 0.0
         self._reconnect_exhausted = False
@@ -274,6 +324,7 @@ class IngressWriter:
                 while True:
                     data = await ingress.stream.receive(RECEIVE_SIZE)
                     ingress.last_heard = anyio.current_time()
+                    self.trouble_since = None  # a member answered
                     messages: list[Any] = []
                     try:
                         decoder.decode_into(data, EGRESS.decode, messages)
@@ -460,6 +511,9 @@ class IngressWriter:
                     failures = 0
                 elif self._target_version == version:
                     failures += 1
+                    self._failed(lost.endpoint, "closed the connection without answering")
+                    if self._lost():
+                        return
                     await self._back_off(failures, version)
                     continue
             if self._target_version != version:
@@ -471,11 +525,17 @@ class IngressWriter:
                 # Gave up on this leader: an election will bring a NewLeaderEvent.
                 self._reconnect_exhausted = True
                 self.flushed.notify()
-                await self.ingress_changed.wait()
+                with anyio.move_on_after(self._lost_in()):
+                    await self.ingress_changed.wait()
+                if self._lost():
+                    return
                 continue
             stream = await try_connect(endpoint, self.tls)
-            if stream is None:
+            if isinstance(stream, str):
                 failures += 1
+                self._failed(endpoint, stream)
+                if self._lost():
+                    return
                 await self._back_off(failures, version)
                 continue
             if (
@@ -495,6 +555,29 @@ class IngressWriter:
             opened_at = anyio.current_time()
             self.install(ingress)
             self.data_ready.notify()
+
+    def _failed(self, endpoint: Endpoint, what: str) -> None:
+        self.failures[endpoint] = what
+        if self.trouble_since is None:
+            self.trouble_since = anyio.current_time()
+
+    def _lost_in(self) -> float:
+        """Seconds until the trouble so far would make the session lost."""
+        if self.trouble_since is None:
+            return self.lost_after
+        return max(0.0, self.trouble_since + self.lost_after - anyio.current_time())
+
+    def _lost(self) -> bool:
+        """After ``lost_after`` seconds in which no connection worked and no member
+        answered, the session is lost: say so (:attr:`on_lost`) and stop trying."""
+        since = self.trouble_since
+        if since is None or anyio.current_time() - since < self.lost_after:
+            return False
+        self.on_lost(
+            "no member answered for "
+            f"{self.lost_after:g} s: {describe_failures(self.failures, self._session.endpoints)}"
+        )
+        return True
 
     def _target(self, failures: int) -> tuple[int, Endpoint | None]:
         """The member to dial next: the leader; with egress on the ingress connection,

@@ -40,7 +40,12 @@ from cluster.protocol.version import PROTOCOL_VERSION
 
 from ._connect import ConnectResult
 from ._endpoints import Endpoint, parse_endpoints
-from .errors import EgressBacklogExceededError, NotConnectedError, SessionClosedError
+from .errors import (
+    EgressBacklogExceededError,
+    NotConnectedError,
+    SessionClosedError,
+    SessionLostError,
+)
 
 __all__ = ["Action", "AdminWaiter", "Closed", "Reconnect", "Session"]
 
@@ -100,6 +105,7 @@ class Session:
         "leader_endpoint",
         "leader_member_id",
         "leadership_term_id",
+        "lost",
         "max_egress_backlog",
         "max_frame_size",
         "open",
@@ -126,6 +132,7 @@ class Session:
         self.open = False
         self.closing = False
         self.close_reason: str | None = None
+        self.lost = False  # closed because no member answered (SessionLostError)
         self.cluster_session_id = -1
         self.leadership_term_id = -1
         self.leader_member_id = -1
@@ -167,18 +174,24 @@ class Session:
     def check_usable(self) -> None:
         """Raise unless messages may be queued (open, and neither closing nor closed)."""
         if self.close_reason is not None:
-            raise SessionClosedError(self.close_reason)
+            raise self.closed_error()
         if self.closing:
             raise SessionClosedError(CloseReason.CLIENT_ACTION.name)
         if not self.open:
             raise NotConnectedError("the client has no session")
 
-    def mark_closed(self, reason: str) -> None:
+    def closed_error(self) -> SessionClosedError:
+        """The error for using the closed session."""
+        reason = self.close_reason or CloseReason.CLIENT_ACTION.name
+        return SessionLostError(reason) if self.lost else SessionClosedError(reason)
+
+    def mark_closed(self, reason: str, *, lost: bool = False) -> None:
         """Record why the session closed (the first reason wins); wake admin waiters.
 
         The shell wakes its own tasks after this."""
         if self.close_reason is None:
             self.close_reason = reason
+            self.lost = lost
         for waiter in self._admin.values():
             waiter.wake()
 
@@ -227,7 +240,7 @@ class Session:
         if self.backlog:
             return True
         if self.close_reason is not None:
-            raise SessionClosedError(self.close_reason)
+            raise self.closed_error()
         if not self.open:
             raise NotConnectedError("the client has no session")
         return False

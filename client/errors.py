@@ -14,6 +14,7 @@ __all__ = [
     "EgressBacklogExceededError",
     "NotConnectedError",
     "SessionClosedError",
+    "SessionLostError",
     "SessionRejectedError",
 ]
 
@@ -53,6 +54,12 @@ class SessionClosedError(ClusterClientError):
     def __init__(self, reason: str) -> None:
         super().__init__(f"cluster session closed: {reason or 'no reason given'}")
         self.reason = reason
+
+
+class SessionLostError(SessionClosedError):
+    """The session is gone for good on this client's side: no member answered for the
+    connect timeout (``reason`` says what each did on its last dial).  The cluster
+    closes the session when its session timeout passes."""
 
 
 class ConnectTimeoutError(ClusterClientError, TimeoutError):
