@@ -154,7 +154,8 @@ class KeyValueService(ClusteredService):
             request = _request_decoder.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self.bad_requests += 1
-            session.offer(_encode(Response(-1, False, None, f"bad request: {exc}")))
+            rid = _request_id_of(payload)
+            session.offer(_encode(Response(rid, False, None, f"bad request: {exc}")))
             return
         recent = self._recent.setdefault(session.id, {})
         cached = recent.get(request.request_id)
@@ -207,6 +208,43 @@ class KeyValueService(ClusteredService):
         return Response(request.request_id, True, request.value)
 
 
+def _request_id_of(payload: bytes) -> int:
+    """The request id of a request the service cannot decode, if it has one where a
+    request keeps it (``-1`` otherwise), so that its sender hears why."""
+    try:
+        fields = msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError:
+        return -1
+    if isinstance(fields, list) and len(fields) > 1 and type(fields[1]) is int:
+        return fields[1] if -(1 << 63) <= fields[1] < 1 << 63 else -1
+    return -1
+
+
+def _raise_leaf(group: BaseExceptionGroup[Any], own: BaseException | None) -> None:
+    """Raise the one exception a task group's group stands for: the caller's own, else
+    its only leaf that is not a cancellation; else the group itself."""
+    import anyio
+
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:
+        exc = stack.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    real = [leaf for leaf in leaves if not isinstance(leaf, anyio.get_cancelled_exc_class())]
+    if own is not None and any(leaf is own for leaf in leaves):
+        real = [own]
+    if len(real) != 1:
+        raise group
+    exc, context = real[0], real[0].__context__
+    try:
+        raise exc  # as itself, its cause and context kept
+    finally:
+        exc.__context__ = context
+
+
 class KeyValueClient:
     """Typed requests over a :class:`client.ClusterClient`, many in flight at once.
 
@@ -233,6 +271,7 @@ class KeyValueClient:
         self._results: dict[int, Response] = {}
         self._error: BaseException | None = None
         self._tg: anyio.abc.TaskGroup | None = None
+        self._closed = False
 
     async def __aenter__(self) -> KeyValueClient:
         import anyio
@@ -250,7 +289,13 @@ class KeyValueClient:
     ) -> None:
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
-        await self._tg.__aexit__(exc_type, exc, tb)
+        try:
+            await self._tg.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:  # the caller's own error comes out as itself
+            _raise_leaf(group, exc)
+        finally:
+            self._tg = None
+            self._closed = True
 
     async def _receive_loop(self) -> None:
         try:
@@ -270,12 +315,22 @@ class KeyValueClient:
     async def request(self, build: Any, *args: Any) -> Response:
         import anyio
 
+        if self._tg is None:
+            raise RuntimeError(
+                "KeyValueClient "
+                + ("is closed" if self._closed else "must be entered first")
+                + ": use `async with KeyValueClient(c) as kv:` (it reads the responses)"
+            )
         if self._error is not None:
             raise self._error
         request_id = next(self._ids)
+        payload = _encode(build(request_id, *args))
+        try:  # what the service would refuse is refused here, before it is sent
+            _request_decoder.decode(payload)
+        except msgspec.ValidationError as exc:
+            raise TypeError(f"bad {build.__name__} request: {exc}") from None
         event = anyio.Event()
         self._waiting[request_id] = event
-        payload = _encode(build(request_id, *args))
         try:
             with anyio.fail_after(self.timeout):
                 await self.client.offer(payload)
@@ -285,6 +340,10 @@ class KeyValueClient:
                     if event.is_set():
                         break
                     await self.client.offer(payload)  # lost with a failed leader? resend
+        except TimeoutError:
+            raise TimeoutError(
+                f"no response to {build.__name__} request {request_id} within {self.timeout:g} s"
+            ) from None
         finally:
             self._waiting.pop(request_id, None)
         response = self._results.pop(request_id, None)

@@ -9,9 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 
 import client
+from cluster.examples.kv import KeyValueClient
 from cluster.local import LocalCluster
 
 pytestmark = pytest.mark.anyio
@@ -109,3 +111,48 @@ async def test_snapshot_timeouts_say_what_timed_out(cluster: LocalCluster) -> No
         async with client.connect(cluster.ingress_endpoints) as c:
             with pytest.raises(TimeoutError, match="snapshot request"):
                 await c.request_snapshot(timeout=0.000_001)
+
+
+@pytest.fixture(scope="module")
+def kv_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(
+        1, "cluster.examples.kv:KeyValueService", tmp_path_factory.mktemp("kv-mistakes")
+    ) as running:
+        yield running
+
+
+async def test_key_value_client_mistakes(kv_cluster: LocalCluster) -> None:
+    with anyio.fail_after(30):
+        async with client.connect(kv_cluster.ingress_endpoints) as c:
+            kv = KeyValueClient(c)
+            with pytest.raises(RuntimeError, match="async with KeyValueClient"):
+                await kv.put("k", b"v")  # not entered: would hang reading nothing
+            async with KeyValueClient(c, timeout=10) as kv:
+                with pytest.raises(TypeError, match=r"bad Put request: Expected `bytes`"):
+                    await kv.put("k", "text")  # type: ignore[arg-type]
+                await kv.put("k", b"v")
+                assert await kv.get("k") == b"v"
+            with pytest.raises(RuntimeError, match="is closed"):
+                await kv.get("k")
+            with pytest.raises(ValueError, match="mine"):  # not an ExceptionGroup
+                async with KeyValueClient(c):
+                    raise ValueError("mine")
+        with pytest.raises(KeyError):
+            async with client.connect(kv_cluster.ingress_endpoints) as c, KeyValueClient(c):
+                raise KeyError("nested")
+
+
+async def test_the_service_answers_an_undecodable_request_with_its_request_id(
+    kv_cluster: LocalCluster,
+) -> None:
+    """A request the service cannot decode (another client's version, say) is answered
+    with an error carrying its request id, so its sender is told why."""
+    with anyio.fail_after(20):
+        async with client.connect(kv_cluster.ingress_endpoints) as c:
+            await c.offer(msgspec.msgpack.encode(["put", 7, "k", "not bytes", 0]))
+            response = msgspec.msgpack.decode(await c.receive())
+            assert response[0] == 7
+            assert response[1] is False
+            assert "bad request" in response[3]
+            await c.offer(b"\xc1")  # not even MessagePack
+            assert msgspec.msgpack.decode(await c.receive())[0] == -1
