@@ -39,6 +39,10 @@ from .log import LogBuffer
 
 MAX_CHUNK = 1 << 20
 MAX_LINK_BACKLOG = 4 << 20
+MAX_UNACKNOWLEDGED = 8 << 20
+"""Log bytes a follower may have been sent and not yet reported durable: a follower
+whose disk is slow or full holds at most this much of the leader's log in memory."""
+WINDOW_POLL = 0.005  # seconds between looks at a full window (acknowledgements come in)
 
 
 def whole_records_end(start: int, data: bytes) -> int:
@@ -100,7 +104,11 @@ class Replicator:
         catching up from the archive, a full or broken link)."""
         replication = self.cm.replication
         link = self.link
-        if not link.is_connected or link.backlog >= MAX_LINK_BACKLOG:
+        if (
+            not link.is_connected
+            or link.backlog >= MAX_LINK_BACKLOG
+            or replication.unacknowledged(self.member_id) >= MAX_UNACKNOWLEDGED
+        ):
             return False
         start = self._next_append()
         if start is None or replication.needs_snapshot(self.member_id):
@@ -141,7 +149,13 @@ class Replicator:
                     await self.send_snapshot(self.member_id, link, self.heartbeat_interval)
                 continue
             end = self.log_buffer.end
-            if start < end and link.backlog < MAX_LINK_BACKLOG and start != self.corrupt_at:
+            window_full = replication.unacknowledged(self.member_id) >= MAX_UNACKNOWLEDGED
+            if (
+                start < end
+                and link.backlog < MAX_LINK_BACKLOG
+                and start != self.corrupt_at
+                and not window_full
+            ):
                 term = cm.leadership_term_id
                 limit = start + MAX_CHUNK
                 try:
@@ -181,7 +195,9 @@ class Replicator:
                 link.flush()
                 self.next_heartbeat = now + self.heartbeat_interval
             with trio.move_on_at(self.next_heartbeat):
-                if link.backlog >= MAX_LINK_BACKLOG:
+                if window_full:
+                    await trio.sleep(WINDOW_POLL)
+                elif link.backlog >= MAX_LINK_BACKLOG:
                     await trio.sleep(0.001)
                 else:
                     await self.wait_for_log()

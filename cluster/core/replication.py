@@ -117,6 +117,17 @@ class LeaderReplication:
             progress.reset_to_match()
         return progress.next_position
 
+    def unacknowledged(self, member_id: int) -> int:
+        """Log bytes sent to ``member_id`` that it has not yet reported durable (from
+        this term's start while it has reported nothing): what it may hold in memory."""
+        progress = self.progress.get(member_id)
+        if progress is None:
+            return 0
+        acked = progress.match_position
+        if acked < 0:
+            acked = self.term_base_position
+        return max(0, progress.next_position - acked)
+
     def append_request(self, member_id: int, start: int, data: bytes) -> AppendRequest:
         """The AppendRequest that ships ``data`` (the log from ``start``) to a follower;
         the follower's next append starts after it.  ``data`` must not cross a term

@@ -117,3 +117,35 @@ async def test_messages_near_the_queue_bounds_still_flow(tmp_path: Path, payload
                     await c.offer_many([message] * 8)
                     for _ in range(8):
                         assert await c.receive() == message
+
+
+@pytest.mark.slow
+async def test_a_follower_on_a_full_disk_holds_a_bounded_window_of_the_log(
+    tmp_path: Path,
+) -> None:
+    """Member 2's disk is full while members 0 and 1 carry on: the leader sends it at
+    most MAX_UNACKNOWLEDGED (8 MiB) it has not reported durable, so its memory stays
+    flat however much is written; space freed, it catches up by itself."""
+    with (
+        small_disk(tmp_path / "node-2", "16m") as disk,
+        LocalCluster(3, "cluster.examples.echo:EchoService", tmp_path) as cluster,
+    ):
+        endpoints = cluster.ingress_endpoints
+        async with client.connect(endpoints, connect_timeout=20) as c:
+            await c.offer(b"warm-up")
+            assert await c.receive() == b"warm-up"
+            filler = fill_up(disk)
+            follower = cluster.processes[2]
+            before = rss_kib(follower.pid)
+            message = b"w" * 8192
+            peak = before
+            with trio.fail_after(60):
+                for _ in range(60):  # 60 x 100 x 8 KiB: about 50 MB of log
+                    await c.offer_many([message] * 100)
+                    for _ in range(100):
+                        await c.receive()
+                    peak = max(peak, rss_kib(follower.pid))
+            print(f"follower RSS {before} KiB -> peak {peak} KiB with its disk full")
+            assert (peak - before) / 1024 < 40, (before, peak)
+            assert follower.poll() is None
+            os.unlink(filler)
