@@ -86,6 +86,8 @@ class IngressInbox:
     commands: list[Callable[[int], None]] = field(default_factory=list)
     #: False while client messages must wait (the log is full: back-pressure)
     gate: Callable[[], bool] = lambda: True
+    #: seconds, for how long contention lasts (Trio's clock in the node)
+    clock: Callable[[], float] = trio.current_time
     #: client connections with messages waiting, in their turn's order
     ready: deque[SourceQueue] = field(default_factory=deque)
     queued: int = 0
@@ -103,7 +105,7 @@ class IngressInbox:
         """Whether several connections compete for the log now: the leader then keeps
         its log queue short, since whatever sits in it delays each of them (a lone
         sender may fill it: a deep queue keeps the disk busy and delays only itself)."""
-        return self.contended_until >= trio.current_time()
+        return self.contended_until >= self.clock()
 
     async def notify_soon(self) -> None:
         """Messages were added: have them handled once the other readers that woke
@@ -224,7 +226,7 @@ class IngressInbox:
                     queue.on_drained = None
         self.queued -= taken
         if senders > 1:
-            self.contended_until = trio.current_time() + CONTENTION_WINDOW
+            self.contended_until = self.clock() + CONTENTION_WINDOW
         if ready:
             self.wake.set()  # more waiting: another cycle once the readers have run
 

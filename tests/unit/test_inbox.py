@@ -31,7 +31,7 @@ def split(batch: list[object]) -> dict[int, list[object]]:
 
 
 def test_a_flood_does_not_crowd_out_a_small_sender() -> None:
-    inbox = IngressInbox(quantum=4096)
+    inbox = IngressInbox(quantum=4096, clock=lambda: 0.0)
     flood, small = queue(1), queue(2)
     for n in range(64):  # 64 reads of 16 frames of 1 KiB each
         inbox.add(flood, [("f", n, i) for i in range(16)], 16 * 1024)
@@ -40,16 +40,18 @@ def test_a_flood_does_not_crowd_out_a_small_sender() -> None:
     assert taken[2] == ["s1", "s2"]  # the small sender's messages all go in this cycle
     assert len(taken[1]) == 4  # the flood's: one quantum's worth
     assert inbox.wake.is_set()  # more waiting: another cycle
+    assert inbox.contended  # two connections took turns: the log queue is kept short
     # the flood's order is kept across turns and chunks
     order = taken[1]
     while inbox.ready:
         order += split(inbox.take()).get(1, [])
     assert order == [("f", n, i) for n in range(64) for i in range(16)]
-    assert inbox.queued == 0 and flood.bytes == 0
+    assert inbox.queued == 0
+    assert flood.bytes == 0
 
 
 def test_deficit_carries_over_for_a_message_bigger_than_the_quantum() -> None:
-    inbox = IngressInbox(quantum=1000)
+    inbox = IngressInbox(quantum=1000, clock=lambda: 0.0)
     big = queue(1)
     inbox.add(big, ["big"], 3500)
     turns = 0
@@ -60,12 +62,13 @@ def test_deficit_carries_over_for_a_message_bigger_than_the_quantum() -> None:
             assert taken == {1: ["big"]}
             break
     assert turns == 4  # 4 quanta pay for 3,500 bytes
-    assert big.deficit == 0 and not inbox.ready
+    assert big.deficit == 0
+    assert not inbox.ready
 
 
 def test_the_gate_holds_client_messages_but_not_member_messages() -> None:
     open_ = [False]
-    inbox = IngressInbox(gate=lambda: open_[0])
+    inbox = IngressInbox(gate=lambda: open_[0], clock=lambda: 0.0)
     client = queue(1)
     inbox.add(client, ["c"], 10)
     inbox.messages.append("member")  # type: ignore[arg-type]
@@ -81,12 +84,13 @@ def test_the_gate_holds_client_messages_but_not_member_messages() -> None:
 
 
 def test_a_closed_connection_is_reported_after_its_last_messages() -> None:
-    inbox = IngressInbox(quantum=100)
+    inbox = IngressInbox(quantum=100, clock=lambda: 0.0)
     q = queue(1)
     inbox.add(q, ["a"], 150)
     closed: list[int] = []
     inbox.close(q, lambda source: closed.append(source.conn_id))
-    assert not closed and not inbox.commands
+    assert not closed
+    assert not inbox.commands
     inbox.take()  # a turn: 100 of 150 bytes, nothing whole yet
     assert not inbox.commands
     assert split(inbox.take()) == {1: ["a"]}
@@ -102,7 +106,8 @@ async def test_readers_wait_for_room_per_connection_and_in_total() -> None:
     inbox = IngressInbox(quantum=1 << 20, max_backlog=1000, max_queued=2500)
     a, b, c = queue(1), queue(2), queue(3)
     inbox.add(a, ["a"], 1000)
-    assert inbox.full(a) and not inbox.full(b)
+    assert inbox.full(a)
+    assert not inbox.full(b)
     inbox.add(b, ["b"], 900)
     inbox.add(c, ["c"], 900)
     assert inbox.full(b)  # 2,800 queued in all
@@ -138,7 +143,7 @@ def test_every_message_is_taken_once_in_its_connections_order(
         step[0] += 1
         return gates[step[0] % len(gates)] or step[0] > 10_000
 
-    inbox = IngressInbox(quantum=quantum, gate=gate)
+    inbox = IngressInbox(quantum=quantum, gate=gate, clock=lambda: 0.0)
     queues = {conn: queue(conn) for conn in range(6)}
     sent: dict[int, list[tuple[int, int]]] = {conn: [] for conn in range(6)}
     for n, (conn, frames, size) in enumerate(reads):
@@ -159,7 +164,7 @@ def test_every_message_is_taken_once_in_its_connections_order(
 
 @pytest.mark.parametrize("quantum", [512, 4096])
 def test_a_turn_takes_at_most_a_quantum_plus_one_message_from_each(quantum: int) -> None:
-    inbox = IngressInbox(quantum=quantum)
+    inbox = IngressInbox(quantum=quantum, clock=lambda: 0.0)
     flood = queue(1)
     for _ in range(10):
         inbox.add(flood, [b"x" * 100 for _ in range(10)], 1000)  # 100 B per message
