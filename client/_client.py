@@ -229,6 +229,23 @@ class ClusterClient:
         if queued >= _FLUSH_HINT_BYTES:
             await self._backend.checkpoint()
 
+    def try_offer(self, payload: bytes) -> bool:
+        """Queue ``payload`` without waiting: ``True`` if queued, ``False`` if the
+        client is back-pressured (:data:`MAX_PENDING_BYTES` are queued and not yet
+        sent: try again later), like Aeron's ``offer`` returning ``BACK_PRESSURED``.
+
+        Raises like :meth:`offer` (``TypeError``, ``SessionClosedError``, ``ValueError``)."""
+        if type(payload) is not bytes:
+            _check_payload(payload)
+        session = self._session
+        session.check_usable()
+        if len(session.pending) >= MAX_PENDING_BYTES:
+            return False
+        session.enqueue(
+            SessionMessageHeader(session.leadership_term_id, session.cluster_session_id, 0, payload)
+        )
+        return True
+
     async def offer_many(self, payloads: Iterable[bytes]) -> int:
         """Queue several payloads in one call, in order; return how many were queued.
 

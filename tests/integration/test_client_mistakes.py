@@ -156,3 +156,23 @@ async def test_the_service_answers_an_undecodable_request_with_its_request_id(
             assert "bad request" in response[3]
             await c.offer(b"\xc1")  # not even MessagePack
             assert msgspec.msgpack.decode(await c.receive())[0] == -1
+
+
+async def test_try_offer_reports_back_pressure_instead_of_waiting(
+    cluster: LocalCluster,
+) -> None:
+    with anyio.fail_after(30):
+        async with client.connect(cluster.ingress_endpoints) as c:
+            assert c.try_offer(b"first")
+            assert await c.receive() == b"first"
+            big = b"b" * 60_000
+            queued = 0
+            while c.try_offer(big):  # nothing awaited: the writer cannot send meanwhile
+                queued += 1
+            assert queued * len(big) >= client.MAX_PENDING_BYTES - len(big)
+            with pytest.raises(TypeError):
+                c.try_offer("text")  # type: ignore[arg-type]
+            for _ in range(queued):
+                assert await c.receive() == big
+            assert c.try_offer(b"again")
+            assert await c.receive() == b"again"
