@@ -44,7 +44,7 @@ from anyio.streams.tls import TLSStream
 
 from cluster.protocol import DEFAULT_MAX_FRAME_SIZE, EGRESS, FrameDecoder, ProtocolError
 from cluster.protocol.codec import encode_into
-from cluster.protocol.egress import AdminResponse
+from cluster.protocol.egress import AdminResponse, SessionEvent
 from cluster.protocol.enums import AdminRequestType, CloseReason
 from cluster.protocol.framing import HEADER_LENGTH, LENGTH
 from cluster.protocol.ingress import (
@@ -73,6 +73,14 @@ from ._ingress import (
 from ._session import Action, Reconnect, Session
 from ._sync import Backend, Broadcast
 from .errors import ConnectTimeoutError
+from .events import (
+    AdminResponseReceived,
+    ClientEvent,
+    EventHub,
+    NewLeader,
+    SessionClosed,
+    SessionEventReceived,
+)
 
 __all__ = ["ClusterClient", "connect"]
 
@@ -141,6 +149,8 @@ class ClusterClient:
         self._handshake = Handshake(
             session, writer, backend, self._spawn, max_events=max_egress_backlog
         )
+        self._events = EventHub(backend)
+        writer.on_event = self._events.emit
         # Bound once: receive() uses them per message (the deque is never replaced).
         self._backlog = session.backlog
         self._backlog_ready = session.backlog_ready
@@ -363,6 +373,14 @@ class ClusterClient:
             raise session.closed_error()
         return waiter.response
 
+    def events(self, *, limit: int = 1024) -> AsyncIterator[ClientEvent]:
+        """The session's events from now on, in order, as an async iterator: session
+        events, new leaders, admin responses (asked for here or not), ingress
+        connections lost and made again, and last :class:`~client.events.SessionClosed`
+        (see :mod:`client.events`).  Several iterators may run at once; one that falls
+        ``limit`` events behind loses the oldest (and is told how many)."""
+        return self._events.iterate(limit)
+
     async def send_keepalive(self) -> None:
         """Queue a ``SessionKeepAlive`` now (the client also sends them when idle)."""
         await self._backend.checkpoint_if_cancelled()
@@ -398,6 +416,7 @@ class ClusterClient:
     def _mark_closed(self, reason: str, *, lost: bool = False) -> None:
         """The session is closed (by close() or by the cluster): wake every waiting task."""
         self._session.mark_closed(reason, lost=lost)
+        self._events.emit(SessionClosed(self._session.close_reason or reason, self._session.lost))
         writer = self._writer
         for broadcast in (
             self._egress_ready,
@@ -488,11 +507,43 @@ class ClusterClient:
     def _on_egress(self, message: Any) -> None:
         session = self._session
         if session.open:
+            if self._events.watched:
+                self._report(message)
+                return
             action = session.on_egress(message)
             if action is not None:
                 self._carry_out(action)
         else:
             self._handshake.on_egress(message)
+
+    def _report(self, message: Any) -> None:
+        """Handle ``message`` and tell the events() iterators what it meant."""
+        session = self._session
+        leader = (session.leader_member_id, session.leadership_term_id)
+        action = session.on_egress(message)
+        if getattr(message, "cluster_session_id", None) == session.cluster_session_id:
+            emit = self._events.emit
+            if isinstance(message, SessionEvent):
+                emit(
+                    SessionEventReceived(
+                        message.code.name,
+                        message.detail,
+                        message.leader_member_id,
+                        message.leadership_term_id,
+                    )
+                )
+            elif isinstance(message, AdminResponse):
+                emit(AdminResponseReceived(message))
+            if (session.leader_member_id, session.leadership_term_id) != leader:
+                emit(
+                    NewLeader(
+                        session.leader_member_id,
+                        session.leadership_term_id,
+                        format_endpoints(session.endpoints),
+                    )
+                )
+        if action is not None:
+            self._carry_out(action)
 
     def _carry_out(self, action: Action) -> None:
         """Do what the session decided an egress message means."""

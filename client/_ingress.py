@@ -41,6 +41,7 @@ from cluster.protocol.ingress import SessionKeepAlive
 from ._endpoints import Endpoint
 from ._session import Reconnect, Session
 from ._sync import Backend, Broadcast
+from .events import ClientEvent, Connected, Disconnected
 
 __all__ = [
     "BACKOFF_BASE",
@@ -274,6 +275,8 @@ class IngressWriter:
         #: seconds of trouble after which the session counts as lost (:attr:`on_lost`)
         self.lost_after = math.inf
         self.on_lost: Callable[[str], None] = lambda reason: None
+        #: the application's view of the connections (:meth:`ClusterClient.events`)
+        self.on_event: Callable[[ClientEvent], None] = lambda event: None
         self.writing = False
         self.last_sent = 0.0
         self._reconnect_exhausted = False
@@ -338,13 +341,14 @@ class IngressWriter:
                                 ingress.confirmed = True  # the leader took the resume
                                 self.data_ready.notify()
                                 self.flushed.notify()
+                                self.on_event(Connected(ingress.member_id, str(ingress.endpoint)))
                             on_message(message)
             except _READ_ERRORS:
                 pass
-        self.drop(ingress)
+        self.drop(ingress, "the connection closed")
         await self.close_ingress(ingress)
 
-    def drop(self, ingress: Ingress) -> None:
+    def drop(self, ingress: Ingress, reason: str = "given up") -> None:
         """Give up on an ingress connection (broken, or no longer the leader's)."""
         if ingress.broken:
             return
@@ -353,6 +357,8 @@ class IngressWriter:
         if not self._session.open:
             self._lost_before_open(ingress)
         elif self.ingress is ingress:
+            if self._session.close_reason is None:
+                self.on_event(Disconnected(ingress.member_id, str(ingress.endpoint), reason))
             self.ingress = None
             self.ingress_changed.notify()
             self.data_ready.notify()
@@ -366,7 +372,7 @@ class IngressWriter:
         if ingress is not None and (
             ingress.endpoint != action.endpoint or ingress.member_id != action.member_id
         ):
-            self.drop(ingress)
+            self.drop(ingress, f"member {action.member_id} leads now")
         self.ingress_changed.notify()
         self.data_ready.notify()
 
@@ -434,7 +440,7 @@ class IngressWriter:
                     batch = session.retarget(batch)
                 batch += session.pending
                 session.pending = batch
-                self.drop(ingress)
+                self.drop(ingress, "the connection broke while sending")
             else:
                 self.last_sent = anyio.current_time()
             finally:
@@ -468,7 +474,7 @@ class IngressWriter:
                 await ingress.stream.send(tail + batch)
             except NETWORK_ERRORS:
                 session.pending = batch + session.pending
-                self.drop(ingress)
+                self.drop(ingress, "the connection broke while sending")
             finally:
                 self.writing = False
                 self.flushed.notify()
@@ -555,6 +561,8 @@ class IngressWriter:
             opened_at = anyio.current_time()
             self.install(ingress)
             self.data_ready.notify()
+            if ingress.confirmed:
+                self.on_event(Connected(member_id, str(endpoint)))
 
     def _failed(self, endpoint: Endpoint, what: str) -> None:
         self.failures[endpoint] = what
@@ -608,7 +616,7 @@ class IngressWriter:
             if anyio.current_time() - ingress.last_heard > LEADER_SILENCE:
                 ingress.silent = True
                 self._rotation += 1  # not that member again first
-                self.drop(ingress)
+                self.drop(ingress, f"nothing heard for {LEADER_SILENCE:g} s")
 
     async def _back_off(self, failures: int, version: int) -> None:
         """Wait the back-off after ``failures`` failures in a row, or until a new target

@@ -4,6 +4,7 @@ flood onto a full disk.  Real node processes, a raw-socket flooder in its own pr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -123,23 +124,24 @@ async def test_messages_near_the_queue_bounds_still_flow(tmp_path: Path, payload
 async def test_a_follower_on_a_full_disk_holds_a_bounded_window_of_the_log(
     tmp_path: Path,
 ) -> None:
-    """Member 2's disk is full while members 0 and 1 carry on: the leader sends it at
+    """A follower's disk is full while the other two carry on: the leader sends it at
     most MAX_UNACKNOWLEDGED (8 MiB) it has not reported durable, so its memory stays
-    flat however much is written; space freed, it catches up by itself."""
-    with (
-        small_disk(tmp_path / "node-2", "16m") as disk,
-        LocalCluster(3, "cluster.examples.echo:EchoService", tmp_path) as cluster,
-    ):
-        endpoints = cluster.ingress_endpoints
-        async with client.connect(endpoints, connect_timeout=20) as c:
+    flat however much is written (without the window: +60 MiB for 50 MB written)."""
+    with contextlib.ExitStack() as stack:
+        disks = [stack.enter_context(small_disk(tmp_path / f"node-{i}", "128m")) for i in range(3)]
+        cluster = stack.enter_context(
+            LocalCluster(3, "cluster.examples.echo:EchoService", tmp_path)
+        )
+        async with client.connect(cluster.ingress_endpoints, connect_timeout=20) as c:
             await c.offer(b"warm-up")
             assert await c.receive() == b"warm-up"
-            filler = fill_up(disk)
-            follower = cluster.processes[2]
+            member = next(m for m in range(3) if m != c.leader_member_id)  # a follower
+            filler = fill_up(disks[member])
+            follower = cluster.processes[member]
             before = rss_kib(follower.pid)
             message = b"w" * 8192
             peak = before
-            with trio.fail_after(60):
+            with trio.fail_after(120):
                 for _ in range(60):  # 60 x 100 x 8 KiB: about 50 MB of log
                     await c.offer_many([message] * 100)
                     for _ in range(100):
