@@ -397,6 +397,13 @@ SETTINGS: tuple[Setting, ...] = (
         "(deficit round-robin: a flooding client cannot starve the others)",
     ),
     Setting(
+        "ingress-window",
+        16 << 10,
+        _positive(parse_size),
+        "while several clients compete, bytes of each connection's messages the leader "
+        "holds in its log not yet applied; past it, the connection's turns pass",
+    ),
+    Setting(
         "max-ingress-backlog",
         256 << 10,
         _positive(parse_size),
@@ -471,6 +478,7 @@ class NodeConfig:
     handshake_timeout: int = 5_000_000_000
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     ingress_quantum: int = 16 << 10
+    ingress_window: int = 16 << 10
     max_ingress_backlog: int = 256 << 10
     max_log_inflight: int = 1 << 20
     max_egress_backlog: int = 8 << 20

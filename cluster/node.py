@@ -36,7 +36,7 @@ from .agents.admin import AdminServer
 from .agents.catchup import CatchUp
 from .agents.consensus import PeerLinks
 from .agents.egress import EgressPublisher
-from .agents.inbox import CONTENDED_TURNS, IngressInbox
+from .agents.inbox import IngressInbox
 from .agents.ingress import IngressAgent
 from .agents.log import ArchiveAgent, LogAgent, LogBuffer
 from .agents.replication import Replicator
@@ -174,6 +174,8 @@ class Node:
             quantum=cfg.ingress_quantum,
             max_backlog=cfg.max_ingress_backlog,
             gate=self._log_has_room,
+            applied=lambda: self.log_buffer.applied if self.cm.role is Role.LEADER else 1 << 62,
+            window=cfg.ingress_window,
         )
         self.links = PeerLinks(
             self.network,
@@ -390,13 +392,8 @@ class Node:
         durable here and applied is under ``--max-log-inflight`` (back-pressure)."""
         if self.cm.role is not Role.LEADER:
             return True
-        held = self.cm.log.published_position - min(
-            self.log_buffer.applied, self.archive_agent.written
-        )
-        inbox = self.inbox
-        if held < inbox.quantum * CONTENDED_TURNS:
-            return True
-        return held < self.config.max_log_inflight and not inbox.contended
+        held = min(self.log_buffer.applied, self.archive_agent.written)
+        return self.cm.log.published_position - held < self.config.max_log_inflight
 
     # the driver's Shell
 
@@ -457,6 +454,7 @@ class Node:
             for message in batch:
                 on_message(message, now)
             self.cm.end_of_batch()
+            inbox.sequenced(self.cm.log.published_position)
             if inbox.commands:
                 commands, inbox.commands = inbox.commands, []
                 for command in commands:

@@ -14,12 +14,16 @@ any connection while all of them hold more than ``max_queued`` together.
 Back-pressure from the log: while :attr:`IngressInbox.gate` says no (the leader holds
 more log than it may not yet both durable and applied: a slow or full disk, slow
 followers, a slow service), no client message is taken at all; the queues fill, their
-readers stop, and the node's memory stays bounded.  What it may hold is
-``--max-log-inflight`` for a lone sender, and :data:`CONTENDED_TURNS` quanta while
-several compete (:attr:`IngressInbox.contended`): a message waits for everything ahead
-of it in the log to be written, replicated and applied, so a short queue is what keeps
-one client's flood from costing the others their latency.  :meth:`resume` (called
-after every drive of the consensus module) starts the next cycle once it says yes.
+readers stop, and the node's memory stays bounded.
+
+Windows: while several connections compete (:attr:`IngressInbox.contended`), each may
+have at most ``--ingress-window`` bytes in the log not yet applied; a connection whose
+window is full passes its turn.  A message waits for everything ahead of it in the log
+to be written, replicated and applied, so this is what keeps one client's flood from
+costing the others their latency, while a lone sender may fill the log queue up to
+``--max-log-inflight`` (a deep queue keeps the disk busy and delays only itself).
+:meth:`resume` (called after every drive of the consensus module) starts the next cycle
+once messages may be taken again.
 """
 
 from __future__ import annotations
@@ -42,15 +46,21 @@ CONTENTION_WINDOW = 0.25
 log queue is kept short (a closed-loop client's queue is empty between its replies
 and its next messages: that must not let a flood fill the queue meanwhile)."""
 
-CONTENDED_TURNS = 4
-"""Under contention a leader holds at most this many quanta of log not yet durable and
-applied (each waiting message costs every sender's next one its time to drain)."""
-
 
 class SourceQueue:
     """One client connection's decoded messages not yet taken by a duty cycle."""
 
-    __slots__ = ("bytes", "chunks", "deficit", "on_drained", "ready", "room", "source")
+    __slots__ = (
+        "bytes",
+        "chunks",
+        "deficit",
+        "flight",
+        "in_flight",
+        "on_drained",
+        "ready",
+        "room",
+        "source",
+    )
 
     def __init__(self, source: IngressSource) -> None:
         self.source = source
@@ -58,6 +68,10 @@ class SourceQueue:
         self.chunks: deque[list[Any]] = deque()
         self.bytes = 0
         self.deficit = 0
+        #: bytes taken into the log and not yet applied, and where each turn's end
+        #: was in the log: ``[position, bytes]``, oldest first
+        self.in_flight = 0
+        self.flight: deque[list[int]] = deque()
         self.ready = False  # in the inbox's round
         self.room: trio.Event | None = None  # its reader waits for room
         #: the connection closed while messages were waiting: called once they are taken
@@ -88,6 +102,12 @@ class IngressInbox:
     gate: Callable[[], bool] = lambda: True
     #: seconds, for how long contention lasts (Trio's clock in the node)
     clock: Callable[[], float] = trio.current_time
+    #: the log position applied (a leader's; anything else releases every window)
+    applied: Callable[[], int] = lambda: 1 << 62
+    window: int = 16 << 10
+    """While several connections compete, each may have at most this many bytes in the
+    log not yet applied: what another client's message may find ahead of it."""
+    _turn: list[tuple[SourceQueue, int]] = field(default_factory=list)
     #: client connections with messages waiting, in their turn's order
     ready: deque[SourceQueue] = field(default_factory=deque)
     queued: int = 0
@@ -98,13 +118,13 @@ class IngressInbox:
     """Duty cycles that took no client message because the log was full."""
     contended_until: float = -1.0
     """Until when (Trio's clock) several connections count as competing: some turn
-    took messages from two or more in the last :data:`CONTENTION_WINDOW` seconds."""
+    found two or more with messages waiting in the last :data:`CONTENTION_WINDOW`
+    seconds."""
 
     @property
     def contended(self) -> bool:
-        """Whether several connections compete for the log now: the leader then keeps
-        its log queue short, since whatever sits in it delays each of them (a lone
-        sender may fill it: a deep queue keeps the disk busy and delays only itself)."""
+        """Whether several connections compete for the log now: each then has a
+        window (:attr:`window`) of log it may hold not yet applied."""
         return self.contended_until >= self.clock()
 
     async def notify_soon(self) -> None:
@@ -175,18 +195,55 @@ class IngressInbox:
         return batch
 
     def resume(self) -> None:
-        """Run another cycle soon if client messages wait and the gate is open."""
-        if self.ready and not self.wake.is_set() and self.gate():
+        """Run another cycle soon if client messages wait that may be taken now (the
+        gate open, and some connection's window not full)."""
+        if self.ready and not self.wake.is_set() and self.gate() and self._may_take():
             self.wake.set()
+
+    def sequenced(self, position: int) -> None:
+        """The duty cycle has put this turn's messages in the log, all before
+        ``position``: they count against their connections' windows until applied."""
+        for queue, size in self._turn:
+            queue.flight.append([position, size])
+            queue.in_flight += size
+        self._turn.clear()
+
+    def _release(self, queue: SourceQueue, applied: int) -> None:
+        flight = queue.flight
+        while flight and flight[0][0] <= applied:
+            queue.in_flight -= flight.popleft()[1]
+
+    def _may_take(self) -> bool:
+        if len(self.ready) < 2 and not self.contended:
+            return True
+        applied = self.applied()
+        for queue in self.ready:
+            self._release(queue, applied)
+            if queue.in_flight < self.window:
+                return True
+        return False
 
     def _take_turn(self, batch: list[Inbound]) -> None:
         ready = self.ready
         quantum = self.quantum
         taken = 0
-        senders = 0
+        if len(ready) > 1:
+            self.contended_until = self.clock() + CONTENTION_WINDOW
+            windowed = True
+        else:
+            windowed = self.contended
+        applied = self.applied()
+        turn = self._turn
+        given = 0
         for _ in range(len(ready)):
             queue = ready.popleft()
+            self._release(queue, applied)
+            if windowed and queue.in_flight >= self.window:
+                ready.append(queue)  # its window is full: its turn passes
+                continue
+            given += 1
             queue.deficit += quantum
+            before = queue.bytes
             chunks = queue.chunks
             mark = len(batch)
             batch.append(queue.source)
@@ -215,7 +272,7 @@ class IngressInbox:
             if len(batch) == mark + 1:
                 batch.pop()  # nothing taken this turn: no need to name the connection
             else:
-                senders += 1
+                turn.append((queue, before - queue.bytes))
             if chunks:
                 ready.append(queue)
             else:
@@ -225,9 +282,7 @@ class IngressInbox:
                     self.commands.append(_closing(queue.on_drained, queue.source))
                     queue.on_drained = None
         self.queued -= taken
-        if senders > 1:
-            self.contended_until = self.clock() + CONTENTION_WINDOW
-        if ready:
+        if ready and given:
             self.wake.set()  # more waiting: another cycle once the readers have run
 
     def _unblock(self) -> None:

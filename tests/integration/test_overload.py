@@ -34,8 +34,8 @@ def rss_kib(pid: int) -> int:
 def test_a_flooding_client_does_not_starve_a_well_behaved_one() -> None:
     """The measurement of the issue, shortened: a client with 32 small messages in flight,
     alone and then beside a flooder of 2 KiB messages (on the development VM: 0.07 of
-    its rate before fair turns, 0.43-0.51 after; the bound here leaves room for a
-    loaded CI machine)."""
+    its rate before fair turns and windows, 0.60-0.66 after; the bound here leaves room
+    for a loaded CI machine)."""
     out = subprocess.run(
         [sys.executable, str(FLOOD), "--duration", "3", "--json"],
         capture_output=True,
@@ -45,7 +45,7 @@ def test_a_flooding_client_does_not_starve_a_well_behaved_one() -> None:
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["flood_messages_sent"] > 1000, result  # it did flood
-    assert result["ratio"] >= 0.2, result
+    assert result["ratio"] >= 0.3, result
     assert result["flooded_max_gap_ms"] < 1000, result  # never stalls
 
 

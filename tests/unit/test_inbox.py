@@ -171,3 +171,33 @@ def test_a_turn_takes_at_most_a_quantum_plus_one_message_from_each(quantum: int)
     while inbox.ready:
         taken = split(inbox.take()).get(1, [])
         assert len(taken) * 100 <= quantum + 100
+
+
+def test_a_full_window_passes_the_turn_until_its_log_is_applied() -> None:
+    now = [0.0]
+    applied = [0]
+    inbox = IngressInbox(
+        quantum=4096, window=4096, clock=lambda: now[0], applied=lambda: applied[0]
+    )
+    flood, small = queue(1), queue(2)
+    for n in range(8):
+        inbox.add(flood, [("f", n)], 4096)
+    inbox.add(small, ["s1"], 50)
+    assert split(inbox.take()) == {1: [("f", 0)], 2: ["s1"]}
+    inbox.sequenced(1000)  # both runs are in the log before position 1000
+    assert flood.in_flight == 4096
+    inbox.add(small, ["s2"], 50)
+    assert split(inbox.take()) == {2: ["s2"]}  # the flood's window is full: its turn passes
+    inbox.sequenced(1100)
+    inbox.wake = trio.Event()
+    inbox.resume()
+    assert not inbox.wake.is_set()  # nothing may be taken: no cycle spins for nothing
+    applied[0] = 1000  # the first turn's log applied: the window has room again
+    inbox.resume()
+    assert inbox.wake.is_set()
+    assert split(inbox.take()) == {1: [("f", 1)]}
+    inbox.sequenced(1200)
+    now[0] = 1.0  # long after the small sender's last message: a lone sender again
+    applied[0] = 0
+    taken = split(inbox.take())
+    assert taken == {1: [("f", 2)]}  # not held by its window
