@@ -58,19 +58,28 @@ def open_raw_session(host: str, port: int, timeout: float = 10.0) -> tuple[socke
         sock = socket.create_connection((host, port), timeout=timeout)
         sock.sendall(encode_frame(SessionConnectRequest(1, 0, PROTOCOL_VERSION, "")))
         decoder = FrameDecoder(1 << 20)
-        while True:
+        event: SessionEvent | None = None
+        while event is None:
             data = sock.recv(65536)
             if not data:
                 break
             for body in decoder.feed(data):
-                event = EGRESS.decode(body)
-                if not isinstance(event, SessionEvent):
-                    continue
-                if event.code == EventCode.OK:
-                    return sock, event.cluster_session_id, event.leadership_term_id
-                sock.close()
-                raise SystemExit(f"flooder: session refused: {event}")
+                message = EGRESS.decode(body)
+                if isinstance(message, SessionEvent):
+                    event = message
+                    break
+        if event is not None and event.code == EventCode.OK:
+            return sock, event.cluster_session_id, event.leadership_term_id
         sock.close()
+        if event is not None and event.code == EventCode.REDIRECT:
+            leader = event.leader_member_id
+            for entry in event.detail.split(","):
+                member, _, address = entry.partition("=")
+                if leader >= 0 and member == str(leader):
+                    host, _, port_text = address.rpartition(":")
+                    port = int(port_text)
+        elif event is not None:
+            raise SystemExit(f"flooder: session refused: {event}")
         time.sleep(0.2)
     raise SystemExit("flooder: no session")
 
