@@ -380,7 +380,6 @@ class ConsensusModule:
         changed = self.leadership_term_id != term or self.leader_member_id != leader
         if changed:
             self.replica.new_leader()
-            self.session_manager.follow()
             log.info("member %d follows leader %d in term %d", self.config.member_id, leader, term)
         self.leadership_term_id = term
         self.leader_member_id = leader

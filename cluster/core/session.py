@@ -69,7 +69,6 @@ class ClusterSession:
         "rejection",
         "response_channel",
         "response_stream_id",
-        "restored_from_snapshot",
         "secret",
         "secret_hash",
         "source",
@@ -105,7 +104,6 @@ class ClusterSession:
         self.has_open_event_pending = False
         self.has_new_leader_event_pending = False
         self.rejection: tuple[int, str] | None = None  # (EventCode, detail) for a rejected session
-        self.restored_from_snapshot = False  # closed after the first election (seed 004)
         # the connection that holds the session here (None: none does, until a resume)
         self.source: IngressSource | None = None
         self.heartbeat_ns = 0  # next NewLeaderEvent due (egress on the ingress connection)

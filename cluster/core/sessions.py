@@ -349,11 +349,6 @@ class SessionManager(SessionAdmission):
             session.has_open_event_pending = False
         self._awaiting_ok.clear()
 
-    def follow(self) -> None:
-        """Following a new leader: it has every session live, snapshot ones included."""
-        for session in self.sessions.values():
-            session.restored_from_snapshot = False
-
     def redirect_held(self) -> None:
         """A new leader is known: clients still connected here (this member led) are
         told where to go (REDIRECT on their connection), and the connections are
@@ -367,14 +362,10 @@ class SessionManager(SessionAdmission):
     def lead(self, now_ns: int) -> None:
         """This leader is ready: re-dial every open session that named a response
         channel and tell it of the new leader; the others hear of it once they resume
-        on a connection to this member (sessions loaded from a snapshot are closed
-        instead)."""
+        on a connection to this member.  Every session is treated alike, however this
+        member learnt of it (its log, a snapshot, a restart of the whole cluster): its
+        client has a session timeout from now to come back, or it is closed (TIMEOUT)."""
         for session in self.sessions.values():
-            if session.restored_from_snapshot:
-                # sessions loaded from a snapshot are not reconnected; the timeout check
-                # closes them at once with a SessionCloseEvent on the log
-                session.time_of_last_activity_ns = now_ns - self.config.session_timeout_ns - 1
-                continue
             session.time_of_last_activity_ns = now_ns
             session.has_new_leader_event_pending = True
             if session.own_connection:
@@ -409,8 +400,8 @@ class SessionManager(SessionAdmission):
         now_ns: int,
     ) -> None:
         """Sessions from a snapshot: ``(id, correlation_id, response_stream_id,
-        response_channel, secret_hash)`` each.  They are closed by the first election
-        this member leads (their clients do not know of this member)."""
+        response_channel, secret_hash)`` each: live sessions like any other, which
+        their clients may resume with their secret."""
         self.next_session_id = max(self.next_session_id, next_session_id)
         for session_id, correlation_id, stream_id, channel, hashed in sessions:
             session = ClusterSession(
@@ -418,7 +409,6 @@ class SessionManager(SessionAdmission):
             )
             session.state = State.OPEN
             session.secret_hash = hashed
-            session.restored_from_snapshot = True
             self.sessions[session_id] = session
 
     # ------------------------------------------------------------------ the log

@@ -18,8 +18,9 @@ Layout (seed 004)::
     ServiceState                         the service's own bytes
     SnapshotMarker(type 2, END)
 
-Sessions loaded from a snapshot are closed after the first election (their clients are
-not reconnected at start-up, and the services must learn of the close from the log).
+Sessions loaded from a snapshot are live like those replayed from the log: their
+clients may resume them with their secret after a restart, or they time out (unlike
+seed 004, which closes them after the first election: one policy for every session).
 """
 
 from __future__ import annotations

@@ -269,23 +269,52 @@ class SessionWatcher(KeyValueService):
         self.closed.append((session.id, close_reason))
 
 
-async def test_sessions_loaded_from_a_snapshot_are_closed_after_the_first_election(
-    tmp_path: Path,
-) -> None:
-    with trio.fail_after(40):
-        async with cluster(tmp_path, n=1, service=SessionWatcher) as c:
+async def test_every_session_survives_a_full_restart_alike(tmp_path: Path) -> None:
+    """One policy for sessions across a full restart (issue #20): a session in the
+    snapshot and one opened after it (in the log) are both live after the restart; a
+    client that comes back within the session timeout resumes its session, and one
+    that does not is closed (TIMEOUT).  (Aeron closes the snapshot's sessions at the
+    first election and keeps the log's: two policies, and a client left hanging.)"""
+    timeout = 3_000_000_000
+    with trio.fail_after(60):
+        async with cluster(tmp_path, n=1, service=SessionWatcher, session_timeout=timeout) as c:
             await c.start_all()
-            async with client.connect(c.endpoints) as cc:
-                sid = cc.cluster_session_id
-                response = await cc.request_snapshot()
+            endpoints = c.endpoints
+            async with (
+                client.connect(endpoints, connect_timeout=10) as in_snapshot,
+                KeyValueClient(in_snapshot, timeout=20) as kv_snapshot,
+            ):
+                release, finished = trio.Event(), trio.Event()
+
+                async def hold(task_status: trio.TaskStatus[int]) -> None:
+                    async with client.connect(endpoints) as gone:
+                        task_status.started(gone.cluster_session_id)
+                        await release.wait()
+                    finished.set()
+
+                gone_id = await c.nursery.start(hold)
+                response = await in_snapshot.request_snapshot()
                 assert response.response_code is AdminResponseCode.OK
                 await wait_for(lambda: c.nodes[0].snapshots_taken == 1)
-                c.crash(0)
-            await c.start(0)
-            await c.wait_for_leader()
-            node = c.nodes[0]
-            await wait_for(lambda: sid not in node.cm.sessions)
-            await wait_for(lambda: (sid, CloseReason.TIMEOUT) in node.service.closed)  # type: ignore[attr-defined]
+                async with (
+                    client.connect(endpoints, connect_timeout=10) as in_log,
+                    KeyValueClient(in_log, timeout=20) as kv_log,
+                ):
+                    await kv_log.put("log", b"1")
+                    c.crash(0)
+                    release.set()  # that client goes away while the node is down
+                    await finished.wait()
+                    await c.start(0)
+                    await c.wait_for_leader()
+                    node = c.nodes[0]
+                    assert {gone_id, in_snapshot.cluster_session_id} <= set(node.cm.sessions)
+                    assert in_log.cluster_session_id in node.cm.sessions
+                    await kv_snapshot.put("snapshot", b"2")  # both resume and go on
+                    await kv_log.put("log", b"3")
+                    await wait_for(lambda: gone_id not in node.cm.sessions, 10)
+                    closed = node.service.closed  # type: ignore[attr-defined]
+                    assert closed == [(gone_id, CloseReason.TIMEOUT)]
+                    assert await kv_snapshot.get("log") == b"3"
 
 
 @pytest.mark.parametrize("entries", [2_000, 20_000])
