@@ -87,6 +87,13 @@ def parse_size(text: str | int) -> int:
     return int(value) * _SIZE_MULT[(unit or "b").lower()]
 
 
+def add_version(parser: argparse.ArgumentParser) -> None:
+    """``--version``: prints the command's name and Triarch's version, then exits."""
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s (Triarch) {__version__}")
+
+
 class UsageParser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors print the usage line and exit with code 2."""
 
@@ -537,6 +544,7 @@ def build_parser(prog: str = "python -m cluster.node") -> argparse.ArgumentParse
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", metavar="FILE.toml", help="TOML file of settings")
+    add_version(parser)
     for s in SETTINGS:
         env = "CLUSTER_" + _attr(s.name).upper()
         flag = {"nargs": "?", "const": "true"} if s.parse is _flag else {}

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
+from .config import add_version
+
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """Ports the OS says are free right now (all bound at once, so distinct)."""
@@ -164,12 +166,18 @@ class LocalCluster:
         self.stop_all()
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cluster.local", description=__doc__)
+    add_version(parser)
     parser.add_argument("--nodes", type=int, default=1, help="number of members (default 1)")
     parser.add_argument("--service", default="cluster.examples.kv:KeyValueService")
     parser.add_argument("--dir", default="cluster-local", help="data directory")
     args, extra = parser.parse_known_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # stop the members as on Ctrl-C
     cluster = LocalCluster(args.nodes, args.service, args.dir, extra_args=extra)
     try:
         cluster.start_all()

@@ -41,7 +41,7 @@ import msgspec
 import trio
 
 from .certs import DEFAULT_DAYS, make_certs, planned_folders
-from .config import MemberEndpoints, UsageParser, duration_seconds
+from .config import MemberEndpoints, UsageParser, add_version, duration_seconds
 from .protocol.admin import AdminCommand, AdminReply, MemberStatus, decode_body, decode_status
 from .protocol.codec import ADMIN
 from .protocol.errors import ProtocolError
@@ -479,6 +479,7 @@ def build_parser() -> UsageParser:
             "Exit codes: 0 ok, 1 refused or failed, 2 usage."
         ),
     )
+    add_version(parser)
     parser.add_argument(
         "--members",
         default=os.environ.get("CLUSTER_MEMBERS", ""),

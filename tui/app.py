@@ -42,7 +42,7 @@ from textual.css.query import NoMatches
 from textual.widgets import DataTable, Footer, Header, Label, RichLog, Sparkline, Static
 
 from cluster.admin_client import use_certs
-from cluster.config import UsageParser, duration_seconds
+from cluster.config import UsageParser, add_version, duration_seconds
 from cluster.transport.tls import TlsError
 
 from .messages import ActionDone, ClusterPolled
@@ -542,6 +542,7 @@ def build_parser() -> UsageParser:
         description="Live operator console of a Triarch cluster (members' admin ports).",
         epilog="keys: s snapshot, p suspend, r resume (with a confirmation), q quit",
     )
+    add_version(parser)
     parser.add_argument(
         "--members",
         default=os.environ.get("CLUSTER_MEMBERS", ""),

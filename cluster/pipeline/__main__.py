@@ -24,6 +24,8 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from ..config import add_version
+
 EXIT_CONSISTENT = 0
 EXIT_INCONSISTENT = 1
 EXIT_ERROR = 2
@@ -42,6 +44,7 @@ def parser() -> argparse.ArgumentParser:
         description="Archive analytics and cross-member consistency audit on Apache Spark.",
         epilog="Exit status: 0 consistent, 1 divergences found, 2 the job could not run.",
     )
+    add_version(p)
     p.add_argument(
         "--archives",
         nargs="+",

@@ -1,0 +1,127 @@
+"""Packaging (issue #21): one version everywhere, and a wheel that carries what the
+commands need (the console's stylesheet: without it `cluster-tui` from a wheel crashed
+at start)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from cluster import __version__
+from cluster.local import members_string
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMANDS = ["cluster.node", "cluster.tool", "cluster.local", "cluster.pipeline", "tui.app"]
+
+
+@pytest.mark.parametrize("module", COMMANDS)
+def test_every_command_prints_the_one_version(module: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", module, "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.strip().endswith(f"(Triarch) {__version__}"), out.stdout
+
+
+def build_wheel(into: Path) -> Path:
+    """The wheel of the files the repository tracks, built in a copy of them (as from
+    a fresh clone: no egg-info or build folder of an editable install to borrow from)."""
+    source = into.parent / f"{into.name}-source"
+    tracked = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, check=True
+    ).stdout.split(b"\0")
+    for name in filter(None, tracked):
+        path = ROOT / name.decode()
+        if path.is_file():
+            (source / name.decode()).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, source / name.decode())
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(into), str(source)],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+    (wheel,) = into.glob("triarch-*.whl")
+    return wheel
+
+
+def test_the_wheel_carries_the_stylesheet_the_license_and_the_version(tmp_path: Path) -> None:
+    wheel = build_wheel(tmp_path)
+    assert wheel.name.startswith(f"triarch-{__version__}-")
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        assert "tui/app.tcss" in names
+        assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
+        metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        assert f"Version: {__version__}" in zf.read(metadata).decode()
+
+
+@pytest.mark.slow
+def test_installed_from_the_wheel_into_a_clean_virtualenv_the_commands_start(
+    tmp_path: Path,
+) -> None:
+    """A new user's install: the wheel (and its dependencies from the package index)
+    into a fresh virtualenv; then a node, `cluster-tool` and `cluster-tui` from there."""
+    wheel = build_wheel(tmp_path / "dist")
+    env = tmp_path / "venv"
+    venv.create(env, with_pip=True)
+    bin_dir = env / "bin"
+    subprocess.run(
+        [str(bin_dir / "python"), "-m", "pip", "install", "-q", str(wheel)],
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
+    for command in ("cluster-node", "cluster-tool", "cluster-tui", "cluster-local"):
+        out = subprocess.run(
+            [str(bin_dir / command), "--version"], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, (command, out.stderr)
+        assert __version__ in out.stdout
+    # the console's stylesheet is where Textual looks for it, beside tui/app.py
+    check = "import importlib.resources as r; print(r.files('tui').joinpath('app.tcss').is_file())"
+    out = subprocess.run(
+        [str(bin_dir / "python"), "-c", check], capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.strip() == "True", out.stderr
+    # a node from the installed package, and cluster-tool against it
+    members = members_string(1)
+    node = subprocess.Popen(
+        [
+            str(bin_dir / "cluster-node"),
+            "--members",
+            members,
+            "--dir",
+            str(tmp_path / "data"),
+            "--service",
+            "cluster.examples.echo:EchoService",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            out = subprocess.run(
+                [str(bin_dir / "cluster-tool"), "--members", members, "describe"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            if out.returncode == 0 and "LEADER" in out.stdout:
+                break
+            assert time.monotonic() < deadline, out.stdout + out.stderr
+            time.sleep(0.5)
+    finally:
+        node.terminate()
+        assert node.wait(timeout=20) == 0
