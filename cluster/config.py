@@ -149,6 +149,13 @@ def _int(text: Any) -> int:
     return int(text)
 
 
+def _port(text: Any) -> int:
+    value = _int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError(f"not a port: {text!r}")
+    return value
+
+
 def _retention(text: Any) -> int:
     value = _int(text)
     if value < 0:
@@ -397,6 +404,13 @@ SETTINGS: tuple[Setting, ...] = (
         "largest frame accepted on any connection (bytes)",
     ),
     Setting(
+        "metrics-port",
+        0,
+        _port,
+        "serve GET /metrics (Prometheus) and GET /health on this port of the member's "
+        "host (0: off)",
+    ),
+    Setting(
         "ingress-quantum",
         16 << 10,
         _positive(parse_size),
@@ -484,6 +498,7 @@ class NodeConfig:
     admin_idle_timeout: int = 60_000_000_000
     handshake_timeout: int = 5_000_000_000
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    metrics_port: int = 0
     ingress_quantum: int = 16 << 10
     ingress_window: int = 16 << 10
     max_ingress_backlog: int = 256 << 10

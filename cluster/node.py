@@ -36,6 +36,7 @@ from .agents.admin import AdminServer
 from .agents.catchup import CatchUp
 from .agents.consensus import PeerLinks
 from .agents.egress import EgressPublisher
+from .agents.exporter import MetricsServer, sees_quorum
 from .agents.inbox import IngressInbox
 from .agents.ingress import IngressAgent
 from .agents.log import ArchiveAgent, LogAgent, LogBuffer
@@ -240,7 +241,7 @@ class Node:
             self.archive,
             self.cm,
             self.log_buffer,
-            self._on_appended,
+            self._kick,
             self.run_log_write,
             lock=self.archive_lock,
             on_taken=self._on_log_taken,
@@ -352,9 +353,6 @@ class Node:
 
     def _on_source_closed(self, source: IngressSource) -> None:
         self.cm.session_manager.on_source_closed(source)
-        self._kick()
-
-    def _on_appended(self) -> None:
         self._kick()
 
     def _on_log_taken(self) -> None:
@@ -551,14 +549,6 @@ class Node:
             self.cm.on_leader_timeout(self.now_ns())
             self._kick()
 
-    async def _state_save_agent(self) -> None:
-        await save_node_state(
-            self.storage, lambda: self.log_agent.applied_position, self.run_blocking
-        )
-
-    async def _verify_archive_agent(self) -> None:
-        await self.verifier.run(self.archive.start_position, self._verified_from)
-
     async def _signal_agent(self) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
@@ -592,13 +582,21 @@ class Node:
                 await nursery.start(self.egress.run)
                 await nursery.start(self.links.run)
                 await nursery.start(AdminServer(self).run)
+                if self.config.metrics_port:
+                    quorum = lambda: sees_quorum(self.cm, self.now_ns())  # noqa: E731
+                    exporter = MetricsServer(
+                        self.member.host, self.config.metrics_port, self.status, quorum
+                    )
+                    self.metrics_port = await nursery.start(exporter.run)
                 self.cm.enter_election(self.now_ns(), "start-up", is_startup=True)
                 nursery.start_soon(self._consensus_agent, name="consensus")
                 nursery.start_soon(self.archive_agent.run, name="archive")
                 nursery.start_soon(self.log_agent.run, name="log")
                 nursery.start_soon(self._slow_tick_agent, name="slow_tick")
-                nursery.start_soon(self._state_save_agent, name="state_save")
-                nursery.start_soon(self._verify_archive_agent, name="verify_archive")
+                applied = lambda: self.log_agent.applied_position  # noqa: E731
+                nursery.start_soon(save_node_state, self.storage, applied, self.run_blocking)
+                start = self.archive.start_position
+                nursery.start_soon(self.verifier.run, start, self._verified_from)
                 nursery.start_soon(self.catchup.run, name="catchup")
                 nursery.start_soon(self._leader_watchdog, name="leader_watchdog")
                 if handle_signals:

@@ -49,7 +49,7 @@ from .protocol.framing import FrameDecoder, encode_frame
 from .transport.tcp import TcpNetwork
 from .transport.tls import TlsError, load_identity
 
-QUERIES = ("describe", "list-members", "recording-log", "errors")
+QUERIES = ("describe", "health", "list-members", "recording-log", "errors")
 ACTIONS = ("snapshot", "suspend", "resume", "shutdown", "abort")
 COMMANDS = (*QUERIES, *ACTIONS, "invalidate-latest-snapshot", "certs")
 MAX_REPLY_SIZE = 64 << 20
@@ -262,6 +262,41 @@ async def cmd_describe(opts: Options) -> int:
     return 0 if any(r.status is not None for r in described) else 1
 
 
+async def cmd_health(opts: Options) -> int:
+    """``health`` (etcdctl endpoint health): every member answers and one leads; exit 0,
+    else 1 with what is wrong."""
+    described = await describe_all(opts.members, opts.timeout)
+    leader = find_leader(described)
+    members: list[dict[str, Any]] = [
+        {
+            "member_id": r.member.member_id,
+            "healthy": r.status is not None,
+            "role": None if r.status is None else r.status.role,
+            "error": r.failure if r.status is None else "",
+        }
+        for r in described
+    ]
+    problems = [f"member {m['member_id']} down: {m['error']}" for m in members if not m["healthy"]]
+    if leader < 0:
+        problems.append("no leader")
+    healthy = not problems
+    if opts.json:
+        emit(
+            {
+                "healthy": healthy,
+                "leader_member_id": leader,
+                "members": members,
+                "problems": problems,
+            }
+        )
+    else:
+        for m in members:
+            state = f"healthy, {m['role']}" if m["healthy"] else f"unhealthy: {m['error']}"
+            print(f"{_tag(m['member_id'])}: {state}")
+        print("cluster: healthy" if healthy else "cluster: unhealthy: " + "; ".join(problems))
+    return 0 if healthy else 1
+
+
 async def cmd_list_members(opts: Options) -> int:
     described = await describe_all(opts.members, opts.timeout)
     leader = find_leader(described)
@@ -432,6 +467,8 @@ async def run(opts: Options, command: str) -> int:
         return await cmd_describe(opts)
     if command == "list-members":
         return await cmd_list_members(opts)
+    if command == "health":
+        return await cmd_health(opts)
     if command == "recording-log":
         return await cmd_recording_log(opts)
     if command == "errors":
@@ -472,7 +509,7 @@ def build_parser() -> UsageParser:
         prog="cluster-tool",
         description="Query and control a Triarch cluster through its members' admin ports.",
         epilog=(
-            "commands: describe, list-members, recording-log, errors (queries); snapshot, "
+            "commands: describe, health, list-members, recording-log, errors (queries); snapshot, "
             "suspend, resume, shutdown, abort (sent to the leader, or to --member); "
             "invalidate-latest-snapshot (--member N or every member); certs --out DIR "
             "[--client NAME ...] (makes the cluster's certificates, no cluster needed).  "

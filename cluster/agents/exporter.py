@@ -1,0 +1,224 @@
+"""``--metrics-port``: ``GET /metrics`` (Prometheus text format) and ``GET /health``.
+
+The metrics are read at scrape time from the member's status (what ``cluster-tool
+describe`` shows), through ``prometheus-client``'s collector interface, so nothing is
+counted twice and the hot path pays nothing.  Names follow Prometheus' conventions:
+``triarch_`` prefix, counters end in ``_total``, sizes in ``_bytes``.
+
+``/health`` answers 200 when this member sees a leader with a quorum (it leads and is
+ready, or it follows a leader it heard from within the heartbeat timeout), 503 otherwise,
+with a small JSON body saying why.  The server is deliberately small: one request per
+connection, a request line and headers of at most 8 KiB within 5 s, nothing else read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+
+import trio
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ..core.consensus import ConsensusModule
+from ..protocol.admin import MemberStatus
+from ..protocol.enums import Role
+
+log = logging.getLogger("cluster.metrics")
+
+MAX_REQUEST = 8 << 10
+REQUEST_TIMEOUT = 5.0
+ROLES = ("LEADER", "FOLLOWER", "CANDIDATE")
+
+
+class StatusCollector(Collector):
+    """Prometheus metrics from one member's :class:`MemberStatus`."""
+
+    def __init__(self, status: Callable[[], MemberStatus]) -> None:
+        self.status = status
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.status()
+        member = str(s.member_id)
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=["member"])
+            g.add_metric([member], value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=["member"])
+            c.add_metric([member], value)
+            return c
+
+        role = GaugeMetricFamily(
+            "triarch_role", "1 for this member's role", labels=["member", "role"]
+        )
+        for name in ROLES:
+            role.add_metric([member, name], 1.0 if s.role == name else 0.0)
+        yield role
+        yield gauge("triarch_is_leader", "1 if this member leads", s.role == "LEADER")
+        yield gauge(
+            "triarch_leader_member_id",
+            "the leader this member knows (-1: none)",
+            s.leader_member_id,
+        )
+        yield gauge("triarch_leadership_term", "the leadership term", s.leadership_term_id)
+        positions = GaugeMetricFamily(
+            "triarch_log_position_bytes", "log positions", labels=["member", "kind"]
+        )
+        for kind, value in (
+            ("published", s.published_position),
+            ("durable", s.append_position),
+            ("commit", s.commit_position),
+            ("applied", s.applied_position),
+        ):
+            positions.add_metric([member, kind], value)
+        yield positions
+        lag = GaugeMetricFamily(
+            "triarch_follower_lag_bytes",
+            "a leader's view: durable log a follower has not acknowledged",
+            labels=["member", "follower"],
+        )
+        for f in s.followers:
+            if f.lag_bytes is not None:
+                lag.add_metric([member, str(f.member_id)], f.lag_bytes)
+        yield lag
+        yield gauge("triarch_sessions", "open client sessions", len(s.sessions))
+        yield gauge("triarch_pending_sessions", "sessions connecting", s.pending_sessions)
+        yield counter(
+            "triarch_elections_total",
+            "elections this member entered",
+            s.counters.get("elections", 0),
+        )
+        yield counter("triarch_snapshots_total", "snapshots this member took", s.snapshots_taken)
+        yield counter(
+            "triarch_protocol_errors_total",
+            "connections closed for bad bytes (ingress and member links)",
+            s.ingress.protocol_errors + s.link_protocol_errors,
+        )
+        yield counter(
+            "triarch_ingress_connections_total",
+            "client connections accepted",
+            s.ingress.connections,
+        )
+        yield gauge(
+            "triarch_ingress_open_connections",
+            "client connections open",
+            s.ingress.open_connections,
+        )
+        yield gauge("triarch_disk_full", "1 while writes fail for want of space", s.disk.full)
+        yield gauge("triarch_disk_failing", "1 while any write fails", bool(s.disk.problem))
+        yield counter(
+            "triarch_disk_write_failures_total", "writes that failed", s.disk.write_failures
+        )
+        if s.disk.free_bytes >= 0:
+            yield gauge(
+                "triarch_disk_free_bytes", "free space of the data directory", s.disk.free_bytes
+            )
+        yield counter(
+            "triarch_archive_errors_total", "archive records found corrupt", s.archive_errors
+        )
+        yield gauge("triarch_uptime_seconds", "seconds since the node started", s.uptime_s)
+
+
+def sees_quorum(cm: ConsensusModule, now_ns: int) -> bool:
+    """A ready leader that heard from a quorum within the heartbeat timeout, or a
+    follower that heard from its leader within it."""
+    if cm.role is Role.LEADER:
+        return cm.is_ready_leader and cm.followers.quorum_active(
+            now_ns, cm.config.leader_heartbeat_timeout_ns
+        )
+    deadline = cm.leader_deadline_ns
+    return cm.leader_member_id >= 0 and deadline is not None and now_ns < deadline
+
+
+def health(status: MemberStatus, heard_within: bool) -> tuple[bool, str]:
+    """Whether this member sees a leader with a quorum, and why not."""
+    if status.role == "LEADER":
+        if status.module_state != "ACTIVE" and status.module_state != "SUSPENDED":
+            return False, f"leader in state {status.module_state}"
+        return heard_within, "leader" if heard_within else "leader without a quorum"
+    if status.leader_member_id < 0:
+        return False, f"no leader ({status.role.lower()})"
+    if not heard_within:
+        return False, f"leader {status.leader_member_id} not heard from lately"
+    return True, f"follows leader {status.leader_member_id}"
+
+
+class MetricsServer:
+    """Serves ``/metrics`` and ``/health`` on ``host:port``."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        status: Callable[[], MemberStatus],
+        healthy: Callable[[], bool],
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.status = status
+        self.healthy = healthy
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(StatusCollector(status))
+        self.requests = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        task_status.started(listeners[0].socket.getsockname()[1])
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        try:
+            with trio.move_on_after(REQUEST_TIMEOUT):
+                request = await self._read_request(stream)
+                if request is not None:
+                    await stream.send_all(self._answer(request))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    @staticmethod
+    async def _read_request(stream: trio.SocketStream) -> str | None:
+        data = b""
+        while b"\r\n\r\n" not in data and b"\n\n" not in data:
+            if len(data) > MAX_REQUEST:
+                return None
+            chunk = await stream.receive_some(4096)
+            if not chunk:
+                break
+            data += chunk
+        line = data.split(b"\n", 1)[0].decode("latin-1").strip()
+        return line or None
+
+    def _answer(self, request_line: str) -> bytes:
+        self.requests += 1
+        parts = request_line.split()
+        if len(parts) < 2 or parts[0] not in ("GET", "HEAD"):
+            return _response(405, "text/plain", b"only GET\n")
+        path = parts[1].split("?", 1)[0]
+        if path == "/metrics":
+            return _response(200, CONTENT_TYPE_LATEST, generate_latest(self.registry))
+        if path == "/health":
+            status = self.status()
+            ok, why = health(status, self.healthy())
+            body = json.dumps(
+                {"health": ok, "reason": why, "member": status.member_id, "role": status.role}
+            ).encode()
+            return _response(200 if ok else 503, "application/json", body + b"\n")
+        return _response(404, "text/plain", b"/metrics or /health\n")
+
+
+_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+
+
+def _response(code: int, content_type: str, body: bytes) -> bytes:
+    head = (
+        f"HTTP/1.1 {code} {_REASONS[code]}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
