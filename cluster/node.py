@@ -26,6 +26,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -594,9 +595,11 @@ class Node:
                 nursery.start_soon(self.log_agent.run, name="log")
                 nursery.start_soon(self._slow_tick_agent, name="slow_tick")
                 applied = lambda: self.log_agent.applied_position  # noqa: E731
-                nursery.start_soon(save_node_state, self.storage, applied, self.run_blocking)
+                saver = partial(save_node_state, self.storage, applied, self.run_blocking)
+                nursery.start_soon(saver, name="state_save")
                 start = self.archive.start_position
-                nursery.start_soon(self.verifier.run, start, self._verified_from)
+                verify = partial(self.verifier.run, start, self._verified_from)
+                nursery.start_soon(verify, name="verify_archive")
                 nursery.start_soon(self.catchup.run, name="catchup")
                 nursery.start_soon(self._leader_watchdog, name="leader_watchdog")
                 if handle_signals:
