@@ -31,6 +31,8 @@ log = logging.getLogger("cluster.metrics")
 MAX_REQUEST = 8 << 10
 REQUEST_TIMEOUT = 5.0
 ROLES = ("LEADER", "FOLLOWER", "CANDIDATE")
+STOPPING = ("QUITTING", "TERMINATING", "CLOSED")
+"""Module states of a leader on its way out (SUSPENDED and SNAPSHOT still lead)."""
 
 
 class StatusCollector(Collector):
@@ -138,8 +140,8 @@ def sees_quorum(cm: ConsensusModule, now_ns: int) -> bool:
 def health(status: MemberStatus, heard_within: bool) -> tuple[bool, str]:
     """Whether this member sees a leader with a quorum, and why not."""
     if status.role == "LEADER":
-        if status.module_state != "ACTIVE" and status.module_state != "SUSPENDED":
-            return False, f"leader in state {status.module_state}"
+        if status.module_state in STOPPING:
+            return False, f"leader {status.module_state.lower()}"
         return heard_within, "leader" if heard_within else "leader without a quorum"
     if status.leader_member_id < 0:
         return False, f"no leader ({status.role.lower()})"
