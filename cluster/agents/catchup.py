@@ -51,6 +51,7 @@ from ..core.install import ChunkWrite, Transfer
 from ..core.service_container import ServiceContainer
 from ..core.snapshot import LoadedSnapshot, SnapshotError, load_snapshot, parse_snapshot
 from ..core.timers import TimerService
+from ..fileio import fsync_directory
 from .consensus import PeerLink, PeerLinks
 from .log import ArchiveAgent, LogBuffer
 from .replication import MAX_LINK_BACKLOG, Replicator
@@ -366,11 +367,7 @@ def _check(path: Path, transfer: Transfer) -> LoadedSnapshot:
 def _install(path: Path, node: Host, transfer: Transfer, timestamp: int) -> None:
     final = snapshot_path(node.data_dir, transfer.log_position, transfer.snapshot_term_id)
     os.replace(path, final)
-    fd = os.open(final.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_directory(final.parent)
     install_snapshot(
         node.archive,
         node.recording_log,

@@ -10,21 +10,13 @@ import os
 import shutil
 from pathlib import Path
 
+from ..fileio import fsync_directory
 from .errors import ArchiveCorruptionError
 from .reader import SegmentInfo, segment_name
 
 logger = logging.getLogger("cluster.archive")
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
-
-def fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
 
 _RESET_SUFFIX = ".reset"
 _OLD_SUFFIX = ".old"

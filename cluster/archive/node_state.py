@@ -21,6 +21,7 @@ import os
 import threading
 from pathlib import Path
 
+from ..fileio import fsync_directory
 from .errors import ArchiveCorruptionError
 
 FILE_NAME = "node-state.json"
@@ -73,11 +74,7 @@ class NodeState:
             except OSError:
                 tmp.unlink(missing_ok=True)  # nothing half written is left (a full disk)
                 raise
-            dir_fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            fsync_directory(self.path.parent)
             self.candidate_term_id = candidate
             self.commit_position = commit
 

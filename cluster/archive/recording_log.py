@@ -45,6 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from ..fileio import fsync_directory
 from .errors import ArchiveCorruptionError
 
 __all__ = [
@@ -150,7 +151,7 @@ class RecordingLog:
         try:
             if created:
                 os.fsync(fd)
-                _fsync_directory(directory)
+                fsync_directory(directory)
             data = os.pread(fd, os.fstat(fd).st_size, 0)
             slots: list[Entry] = []
             count = len(data) // ENTRY_LENGTH
@@ -424,11 +425,3 @@ class RecordingLog:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

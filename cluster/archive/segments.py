@@ -60,9 +60,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from ..fileio import write_all
+from ..fileio import fsync_directory, write_all
 from .errors import ArchiveCorruptionError, ArchiveError, ArchiveWriteError
-from .layout import drop_below, finish_reset, fsync_directory, reset_directory
+from .layout import drop_below, finish_reset, reset_directory
 from .reader import SegmentInfo as SegmentInfo
 from .reader import check_torn_tail, drain_scan, pread_full, scan_records, segment_name
 from .reader import list_segments as list_segments

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..fileio import write_all
+from ..fileio import fsync_directory, write_all
 from ..protocol.codec import SNAPSHOT, encode
 from ..protocol.errors import ProtocolError
 from ..protocol.snapshot import SnapshotRecord
@@ -49,11 +49,7 @@ def write_snapshot(path: Path, data: bytes) -> None:
     except OSError:
         tmp.unlink(missing_ok=True)  # it would eat the space an operator frees
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_directory(path.parent)
 
 
 def remove_stale_temporaries(directory: str | os.PathLike[str]) -> list[Path]:
