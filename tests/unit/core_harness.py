@@ -35,6 +35,17 @@ class NullEgress:
         pass
 
 
+class Port:
+    """A ConsensusPort that records what it is given to send."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, Any]] = []
+
+    def send(self, member_id: int, message: Any) -> bool:
+        self.sent.append((member_id, message))
+        return True
+
+
 class Net:
     """Messages queue up as ``(sender, receiver, message)`` until the test delivers
     them; ``cut`` links drop what is sent on them."""

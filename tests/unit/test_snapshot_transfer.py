@@ -8,8 +8,8 @@ from __future__ import annotations
 import random
 import zlib
 from dataclasses import dataclass
-from typing import Any
 
+from core_harness import Port
 from msgspec.structs import replace
 
 from cluster.core.base import ConsensusConfig
@@ -35,15 +35,6 @@ class View:
     leader_member_id: int = 0
     is_ready_leader: bool = True
     in_election: bool = False
-
-
-class Port:
-    def __init__(self) -> None:
-        self.sent: list[tuple[int, Any]] = []
-
-    def send(self, member_id: int, message: Any) -> bool:
-        self.sent.append((member_id, message))
-        return True
 
 
 class Pair:

@@ -15,10 +15,9 @@ import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
-from core_harness import MS, SECOND, NullEgress
+from core_harness import MS, SECOND, NullEgress, Port
 
 from cluster.archive.disk import DiskHealth
 from cluster.archive.node_state import NodeState
@@ -160,15 +159,6 @@ def test_disk_health_clears_a_snapshot_failure_on_the_next_write_or_when_there_i
 
 
 # ---------------------------------------------------------------------- the core
-
-
-class Port:
-    def __init__(self) -> None:
-        self.sent: list[tuple[int, Any]] = []
-
-    def send(self, member_id: int, message: Any) -> bool:
-        self.sent.append((member_id, message))
-        return True
 
 
 class FullDisk:
