@@ -220,31 +220,6 @@ def _request_id_of(payload: bytes) -> int:
     return -1
 
 
-def _raise_leaf(group: BaseExceptionGroup[Any], own: BaseException | None) -> None:
-    """Raise the one exception a task group's group stands for: the caller's own, else
-    its only leaf that is not a cancellation; else the group itself."""
-    import anyio
-
-    leaves: list[BaseException] = []
-    stack: list[BaseException] = [group]
-    while stack:
-        exc = stack.pop()
-        if isinstance(exc, BaseExceptionGroup):
-            stack.extend(exc.exceptions)
-        else:
-            leaves.append(exc)
-    real = [leaf for leaf in leaves if not isinstance(leaf, anyio.get_cancelled_exc_class())]
-    if own is not None and any(leaf is own for leaf in leaves):
-        real = [own]
-    if len(real) != 1:
-        raise group
-    exc, context = real[0], real[0].__context__
-    try:
-        raise exc  # as itself, its cause and context kept
-    finally:
-        exc.__context__ = context
-
-
 class KeyValueClient:
     """Typed requests over a :class:`client.ClusterClient`, many in flight at once.
 
@@ -292,7 +267,9 @@ class KeyValueClient:
         try:
             await self._tg.__aexit__(exc_type, exc, tb)
         except BaseExceptionGroup as group:  # the caller's own error comes out as itself
-            _raise_leaf(group, exc)
+            from client._exception_groups import raise_unwrapped
+
+            raise_unwrapped(group, exc)
         finally:
             self._tg = None
             self._closed = True
