@@ -49,7 +49,6 @@ class IngressStats:
     frames: int = 0
     protocol_errors: int = 0
     last_error: str = ""
-    pushed_back: int = 0  # reads held back: the connection's queue (or all) full
 
 
 class IngressAgent:
@@ -206,7 +205,6 @@ class IngressAgent:
                 inbox.add(queue, messages, len(data))
                 await inbox.notify_soon()
                 if inbox.full(queue):
-                    stats.pushed_back += 1
                     await inbox.wait_for_room(queue)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
