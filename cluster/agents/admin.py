@@ -14,9 +14,14 @@ Queries (their ``body`` is JSON):
   election and module state, sessions, counters, ingress statistics, the leader's view
   of its followers, member links, snapshots).
 - ``recording-log``: every recording-log entry.
-- ``errors``: the most recent WARNING-or-worse log records of this process (a bounded
-  ring on the ``cluster`` logger, attached while the server runs); while the member's
-  writes fail (a full disk), the reply's ``message`` says so ("DISK FULL for 12 s: ...").
+- ``errors``: this process's distinct error log (:mod:`cluster.errorlog`): one record per
+  distinct WARNING-or-worse error with its count and first and last times, the one seen
+  most recently last; ``limit=N`` keeps the last N.  The node's ``main()`` installs the log
+  before anything logs; a node started in-process without it gets one of its own on the
+  ``cluster`` logger while the server runs.  The body is the list of records, or, with
+  ``summary=1``, ``{"entries": [...], "distinct": N, "evicted": N, "total": N}``.  While
+  the member's writes fail (a full disk), the reply's ``message`` says so ("DISK FULL for
+  12 s: ...").
 
 Commands that change the cluster (``snapshot``, ``suspend``, ``resume``, ``shutdown``,
 ``abort``, ``invalidate-latest-snapshot``) put a cluster action on the log (the request
@@ -30,7 +35,6 @@ who can reach the port: firewall it like the consensus port.
 
 from __future__ import annotations
 
-import collections
 import ipaddress
 import logging
 import math
@@ -48,6 +52,7 @@ from ..archive.recording_log import (
     RecordingLog,
 )
 from ..config import NodeConfig
+from ..errorlog import DistinctErrorLog, installed
 from ..protocol.admin import AdminCommand, AdminReply, MemberStatus, encode_body
 from ..protocol.codec import ADMIN
 from ..protocol.enums import ClusterAction
@@ -59,7 +64,6 @@ from .snapshot import SnapshotAgent
 
 log = logging.getLogger("cluster.admin")
 
-RECENT_ERRORS = 200
 DEFAULT_SNAPSHOT_TIMEOUT = 30.0
 MUTATING = frozenset(
     {"snapshot", "suspend", "resume", "shutdown", "abort", "invalidate-latest-snapshot"}
@@ -70,30 +74,6 @@ _ENTRY_TYPES = {
     ENTRY_TYPE_LOG_START: "LOG_START",
     ENTRY_TYPE_LOG_RESET: "LOG_RESET",
 }
-
-
-class RecentErrors(logging.Handler):
-    """The last ``capacity`` WARNING-or-worse records, for the ``errors`` command."""
-
-    def __init__(self, capacity: int = RECENT_ERRORS) -> None:
-        super().__init__(logging.WARNING)
-        self.records: collections.deque[dict[str, Any]] = collections.deque(maxlen=capacity)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            message = record.getMessage()
-            if record.exc_info:
-                message += "\n" + logging.Formatter().formatException(record.exc_info)
-            self.records.append(
-                {
-                    "time": record.created,
-                    "level": record.levelname,
-                    "logger": record.name,
-                    "message": message,
-                }
-            )
-        except Exception:
-            self.handleError(record)
 
 
 def peer_is_local(stream: trio.abc.Stream) -> bool:
@@ -167,7 +147,10 @@ class AdminServer:
 
     def __init__(self, node: AdminTarget) -> None:
         self.node = node
-        self.errors = RecentErrors()
+        process_log = installed()
+        self._own_log = process_log is None
+        """No process-wide log (an in-process node): one of its own while it runs."""
+        self.errors: DistinctErrorLog = process_log or DistinctErrorLog()
         self.connections = 0
         self.open_connections = 0
         self.refused_connections = 0  # over --max-admin-connections
@@ -187,12 +170,14 @@ class AdminServer:
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         node = self.node
         cluster_logger = logging.getLogger("cluster")
-        cluster_logger.addHandler(self.errors)
+        if self._own_log:
+            cluster_logger.addHandler(self.errors)
         host, port = node.admin_endpoint
         try:
             await node.network.serve(host, port, self._serve, task_status=task_status)
         finally:
-            cluster_logger.removeHandler(self.errors)
+            if self._own_log:
+                cluster_logger.removeHandler(self.errors)
 
     async def _serve(self, stream: trio.abc.Stream) -> None:
         self.connections += 1
@@ -292,16 +277,24 @@ class AdminServer:
         return AdminReply(command.correlation_id, True, "", encode_body(self.recording_log()))
 
     async def _errors(self, command: AdminCommand) -> AdminReply:
-        records = list(self.errors.records)
         limit = command.args.get("limit")
+        count: int | None = None
         if limit is not None:
             try:
                 count = int(limit)
             except ValueError:
                 return AdminReply(command.correlation_id, False, f"bad limit {limit!r}")
-            records = records[-count:] if count > 0 else []
+        records = self.errors.records(count)
         now = self.node.status().disk.summary()  # the state now, not only its history
-        return AdminReply(command.correlation_id, True, now, encode_body(records))
+        body: Any = records
+        if command.args.get("summary") == "1":
+            body = {
+                "entries": records,
+                "distinct": len(self.errors),
+                "evicted": self.errors.evicted,
+                "total": self.errors.total,
+            }
+        return AdminReply(command.correlation_id, True, now, encode_body(body))
 
     # ------------------------------------------------------------------ cluster actions
 
