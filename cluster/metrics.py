@@ -1,5 +1,7 @@
 """An HDR-style latency histogram: log-linear buckets, bounded relative error; and the
-CPU time a process has used (for the benchmarks).
+CPU time a process has used (for the benchmarks).  And :class:`LatencyHistogram`, the
+fixed-bucket kind a member keeps for its operators (Prometheus' shape), with
+:func:`bucket_quantile` to read one.
 
 Values (e.g. nanoseconds) are counted in buckets whose width doubles every
 ``2**(precision_bits-1)`` buckets, so every recorded value is known to within
@@ -10,7 +12,8 @@ magnitude, in constant memory.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 
@@ -162,3 +165,57 @@ def cpu_seconds(pid: int) -> float | None:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
+
+
+LATENCY_BOUNDS_S: tuple[float, ...] = tuple(round(1e-5 * 2**k, 8) for k in range(18))
+"""Bucket bounds of a member's latency histograms: 10 µs to 1.31 s, doubling."""
+
+
+class LatencyHistogram:
+    """Counts of durations in the buckets of :data:`LATENCY_BOUNDS_S` (plus one above the
+    last), their sum and count: what a Prometheus histogram exports.  One
+    :meth:`observe_ns` is a bisect and three additions; only one thread may record into
+    a histogram (any may read it)."""
+
+    __slots__ = ("_bounds_ns", "count", "counts", "sum_ns")
+
+    def __init__(self) -> None:
+        self._bounds_ns = [round(b * 1e9) for b in LATENCY_BOUNDS_S]
+        self.counts = [0] * (len(LATENCY_BOUNDS_S) + 1)
+        self.sum_ns = 0
+        self.count = 0
+
+    def observe_ns(self, duration_ns: int) -> None:
+        duration_ns = max(0, duration_ns)
+        self.counts[bisect_left(self._bounds_ns, duration_ns)] += 1
+        self.sum_ns += duration_ns
+        self.count += 1
+
+    @property
+    def bounds(self) -> list[float]:
+        return list(LATENCY_BOUNDS_S)
+
+
+def bucket_quantile(bounds: Sequence[float], counts: Sequence[int], q: float) -> float | None:
+    """The upper bound of the bucket holding quantile ``q`` (0-1) of ``counts`` (per bucket,
+    one more than ``bounds``; a value past the last bound reads as the last bound); None
+    when nothing was counted."""
+    total = sum(counts)
+    if total == 0 or not bounds:
+        return None
+    target = max(1, round(total * q))
+    seen = 0
+    for i, c in enumerate(counts):
+        seen += c
+        if seen >= target:
+            return bounds[min(i, len(bounds) - 1)]
+    return bounds[-1]
+
+
+def counts_since(now: Sequence[int], before: Sequence[int] | None) -> list[int]:
+    """Per-bucket counts between two readings of one histogram (all of ``now`` when there
+    is no earlier reading, or when the member restarted and its counts fell)."""
+    if before is None or len(before) != len(now):
+        return list(now)
+    since = [n - b for n, b in zip(now, before, strict=True)]
+    return list(now) if min(since, default=0) < 0 else since

@@ -43,6 +43,7 @@ from .agents.ingress import IngressAgent
 from .agents.log import ArchiveAgent, LogAgent, LogBuffer
 from .agents.replication import Replicator
 from .agents.snapshot import SnapshotAgent
+from .agents.timings import Timings
 from .agents.upkeep import ArchiveVerifier, save_node_state
 from .agents.worker import WorkerThread, run_in_thread, run_inline
 from .archive.compaction import reconcile
@@ -135,7 +136,8 @@ class Node:
         self._ready = trio.Event()
         self._stopping = False
         self._nursery: trio.Nursery | None = None
-        self._started_ns = self.now_ns()
+        self.started_ns = self.now_ns()
+        self.timings = Timings()
         self.archive_errors = 0
         """Records of this member's archive found corrupt (never shipped)."""
 
@@ -311,18 +313,8 @@ class Node:
     ) -> tuple[bool, str]:
         """Put a cluster action on the log: it runs in the consensus duty cycle, after
         the messages already in the inbox."""
-        done = trio.Event()
-        result = (False, "not handled")
-
-        def command(now_ns: int) -> None:
-            nonlocal result
-            result = self.cm.control.request(action, now_ns, terminate=terminate)
-            done.set()
-
-        self.inbox.commands.append(command)
-        self.inbox.notify()
-        await done.wait()
-        return result
+        control = self.cm.control
+        return await self.inbox.call(lambda now: control.request(action, now, terminate=terminate))
 
     def status(self) -> MemberStatus:
         """This member's :class:`MemberStatus` (``describe`` on the admin port)."""
@@ -335,11 +327,13 @@ class Node:
             links=self.links.statistics(),
             members=self.members,
             snapshots_taken=self.snapshots.taken,
-            uptime_s=round((now - self._started_ns) / 1e9, 3),
+            uptime_s=round((now - self.started_ns) / 1e9, 3),
             archive_verified=self.verifier.verified,
             archive_errors=self.archive_errors,
             link_protocol_errors=self.links.protocol_errors,
             disk=self.storage.disk.status(),
+            timings=self.timings,
+            archive=self.archive,
         )
 
     # ------------------------------------------------------------------ callbacks
@@ -383,7 +377,10 @@ class Node:
         agent's task, which kicks again once it is done."""
         if self._watchdog_scope is not None:
             self._watchdog_scope.deadline = self._leader_deadline()
-        drive(self.cm, self, self.now_ns())
+        now = self.now_ns()
+        self.timings.before_drive(self.cm, now)
+        drive(self.cm, self, now)
+        self.timings.after_drive(self.cm, now)
         self.inbox.resume()
 
     def _log_has_room(self) -> bool:
@@ -446,6 +443,7 @@ class Node:
             inbox.wake.set()
             return
         self._in_duty_cycle = True
+        began = self.timings.clock()
         try:
             batch = inbox.take()
             now = self.now_ns()
@@ -462,8 +460,10 @@ class Node:
             self._kick()
         finally:
             self._in_duty_cycle = False
+            self.timings.cycle(began)
 
     def _on_role_change(self, role: Role) -> None:
+        self.timings.reset()
         if self.config.archive_io == "auto":
             self.archive_agent.inline = role is not Role.LEADER
             self.archive_agent.inline_when_idle = role is Role.LEADER
@@ -528,6 +528,7 @@ class Node:
             await trio.sleep_until(deadline)
             now = self.now_ns()
             self.cm.on_slow_tick(now)
+            self.timings.sample(self.cm.followers, now)  # a leader's (else none)
             self._kick()
             if trio.current_time() > deadline + interval:
                 deadline = trio.current_time()  # overran: don't try to catch up
@@ -566,7 +567,7 @@ class Node:
         task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Recover, elect, run every agent until shut down."""
-        self._started_ns = self.now_ns()
+        self.started_ns = self.now_ns()
         await self.run_blocking(self._open_storage)
         try:
             self._build()
@@ -583,11 +584,9 @@ class Node:
                 await nursery.start(self.egress.run)
                 await nursery.start(self.links.run)
                 await nursery.start(AdminServer(self).run)
-                if self.config.metrics_port:
-                    quorum = lambda: sees_quorum(self.cm, self.now_ns())  # noqa: E731
-                    exporter = MetricsServer(
-                        self.member.host, self.config.metrics_port, self.status, quorum
-                    )
+                if port := self.config.metrics_port:
+                    quorum = partial(sees_quorum, self.cm, self.now_ns)
+                    exporter = MetricsServer(self.member.host, port, self.status, quorum)
                     self.metrics_port = await nursery.start(exporter.run)
                 self.cm.enter_election(self.now_ns(), "start-up", is_startup=True)
                 nursery.start_soon(self._consensus_agent, name="consensus")

@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
+from . import __version__
 from .config import MemberEndpoints
 from .core.consensus import ConsensusModule
 from .protocol.admin import (
@@ -22,6 +24,10 @@ from .protocol.admin import (
     SessionStatus,
 )
 from .protocol.enums import Role
+
+if TYPE_CHECKING:
+    from .agents.timings import Timings
+    from .archive.segments import Archive
 
 
 def _ms_ago(now_ns: int, then_ns: int) -> int | None:
@@ -37,7 +43,9 @@ def role_name(cm: ConsensusModule) -> str:
     return "FOLLOWER"
 
 
-def follower_statuses(cm: ConsensusModule, now_ns: int) -> list[FollowerStatus]:
+def follower_statuses(
+    cm: ConsensusModule, now_ns: int, timings: Timings | None = None
+) -> list[FollowerStatus]:
     """A leader's view of its followers (empty on any other member)."""
     if cm.role is not Role.LEADER:
         return []
@@ -49,6 +57,11 @@ def follower_statuses(cm: ConsensusModule, now_ns: int) -> list[FollowerStatus]:
             match_position=f.match_position,
             lag_bytes=max(0, durable - f.match_position) if f.match_position >= 0 else None,
             last_heard_ms_ago=_ms_ago(now_ns, f.last_heard_ns),
+            lag_s=(
+                round(timings.lag_ns(f.match_position, now_ns) / 1e9, 6)
+                if timings is not None and f.match_position >= 0
+                else None
+            ),
         )
         for f in sorted(cm.followers, key=lambda f: f.member_id)
     ]
@@ -81,6 +94,8 @@ def member_status(
     archive_errors: int = 0,
     link_protocol_errors: int = 0,
     disk: DiskStatus | None = None,
+    timings: Timings | None = None,
+    archive: Archive | None = None,
 ) -> MemberStatus:
     rlog = cm.log
     manager = cm.session_manager
@@ -102,7 +117,7 @@ def member_status(
         redirects=cm.counters.redirected_sessions,
         counters=dataclasses.asdict(cm.counters),
         ingress=ingress,
-        followers=follower_statuses(cm, now_ns),
+        followers=follower_statuses(cm, now_ns, timings),
         links=links,
         members=[
             MemberAddress(
@@ -121,4 +136,12 @@ def member_status(
         archive_errors=archive_errors,
         link_protocol_errors=link_protocol_errors,
         disk=disk or DiskStatus(),
+        version=__version__,
+        archive_bytes=archive.size if archive is not None else 0,
+        leader_changes=timings.leader_changes if timings is not None else 0,
+        histograms=(
+            timings.statuses(archive.sync_times)
+            if timings is not None and archive is not None
+            else []
+        ),
     )

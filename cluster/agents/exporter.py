@@ -19,7 +19,12 @@ from collections.abc import Callable, Iterator
 
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from ..core.consensus import ConsensusModule
@@ -31,6 +36,26 @@ log = logging.getLogger("cluster.metrics")
 MAX_REQUEST = 8 << 10
 REQUEST_TIMEOUT = 5.0
 ROLES = ("LEADER", "FOLLOWER", "CANDIDATE")
+HISTOGRAMS = {
+    "fsync": (
+        "triarch_fsync_duration_seconds",
+        "fdatasync of each archive append (group commit)",
+    ),
+    "duty_cycle": (
+        "triarch_duty_cycle_duration_seconds",
+        "one consensus duty cycle: the inbox taken, the log written or handed off, "
+        "committed entries applied, replies sent",
+    ),
+    "commit": (
+        "triarch_commit_latency_seconds",
+        "a leader's log from publication to commit (one value per duty cycle)",
+    ),
+    "replication": (
+        "triarch_replication_lag_seconds",
+        "a leader's view, sampled every slow tick: how long ago it published the oldest "
+        "log a follower has not confirmed",
+    ),
+}
 STOPPING = ("QUITTING", "TERMINATING", "CLOSED")
 """Module states of a leader on its way out (SUSPENDED and SNAPSHOT still lead)."""
 
@@ -124,11 +149,52 @@ class StatusCollector(Collector):
             "triarch_archive_errors_total", "archive records found corrupt", s.archive_errors
         )
         yield gauge("triarch_uptime_seconds", "seconds since the node started", s.uptime_s)
+        info = GaugeMetricFamily(
+            "triarch_build_info", "1, with the member's version", labels=["member", "version"]
+        )
+        info.add_metric([member, s.version], 1.0)
+        yield info
+        yield counter(
+            "triarch_leader_changes_total",
+            "times this member saw a new leader (itself included)",
+            s.leader_changes,
+        )
+        yield gauge("triarch_archive_bytes", "bytes of log in the archive", s.archive_bytes)
+        lag_s = GaugeMetricFamily(
+            "triarch_follower_lag_seconds",
+            "a leader's view: age of the oldest log a follower has not confirmed",
+            labels=["member", "follower"],
+        )
+        for f in s.followers:
+            if f.lag_s is not None:
+                lag_s.add_metric([member, str(f.member_id)], f.lag_s)
+        yield lag_s
+        yield from _histograms(s)
 
 
-def sees_quorum(cm: ConsensusModule, now_ns: int) -> bool:
+def _histograms(s: MemberStatus) -> Iterator[Metric]:
+    families: dict[str, HistogramMetricFamily] = {}
+    for h in s.histograms:
+        if h.name not in HISTOGRAMS or len(h.counts) != len(h.bounds) + 1:
+            continue
+        name, doc = HISTOGRAMS[h.name]
+        keys = sorted(h.labels)
+        family = families.get(h.name)
+        if family is None:
+            family = families[h.name] = HistogramMetricFamily(name, doc, labels=["member", *keys])
+        buckets = []
+        seen = 0
+        for bound, count in zip([*map(repr, h.bounds), "+Inf"], h.counts, strict=True):
+            seen += count
+            buckets.append((bound, float(seen)))
+        family.add_metric([str(s.member_id), *(h.labels[k] for k in keys)], buckets, h.sum)
+    yield from families.values()
+
+
+def sees_quorum(cm: ConsensusModule, clock_ns: Callable[[], int]) -> bool:
     """A ready leader that heard from a quorum within the heartbeat timeout, or a
     follower that heard from its leader within it."""
+    now_ns = clock_ns()
     if cm.role is Role.LEADER:
         return cm.is_ready_leader and cm.followers.quorum_active(
             now_ns, cm.config.leader_heartbeat_timeout_ns

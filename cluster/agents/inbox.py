@@ -31,13 +31,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
 from ..core.base import IngressSource
 from ..protocol.consensus import ConsensusMessage
 from ..protocol.ingress import IngressMessage
+
+T = TypeVar("T")
 
 Inbound = IngressMessage | ConsensusMessage | IngressSource
 
@@ -151,6 +153,23 @@ class IngressInbox:
             self.process()
         else:
             self.wake.set()
+
+    async def call(self, command: Callable[[int], T]) -> T:
+        """Run ``command`` (given the cycle's time) in a duty cycle, after the messages
+        already here, and return what it returns."""
+        done = trio.Event()
+        results: list[T] = []
+
+        def run(now_ns: int) -> None:
+            try:
+                results.append(command(now_ns))
+            finally:
+                done.set()
+
+        self.commands.append(run)
+        self.notify()
+        await done.wait()
+        return results[0]
 
     # ------------------------------------------------------------------ client queues
 

@@ -55,12 +55,14 @@ import errno
 import logging
 import os
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
 from ..fileio import fsync_directory, write_all
+from ..metrics import LatencyHistogram
 from .errors import ArchiveCorruptionError, ArchiveError, ArchiveWriteError
 from .layout import drop_below, finish_reset, reset_directory
 from .reader import SegmentInfo as SegmentInfo
@@ -149,6 +151,8 @@ class Archive:
         self._broken = False
         self.recovered_truncated_bytes = recovered_truncated_bytes
         """Bytes of torn tail that :meth:`open` cut off (0 after a clean shutdown)."""
+        self.sync_times = LatencyHistogram()
+        """How long each ``fdatasync`` of :meth:`append` took."""
 
     @classmethod
     def open(
@@ -251,6 +255,11 @@ class Archive:
         return self._fsync
 
     @property
+    def size(self) -> int:
+        """Bytes of log held in the segments."""
+        return self._position - self._bases[0] if self._bases else 0
+
+    @property
     def segments(self) -> list[SegmentInfo]:
         """The segment files in log order."""
         if not self._bases:
@@ -298,7 +307,9 @@ class Archive:
                 self._write_all(self._fd, view[begin:end])
                 self._position += end - begin
                 if self._fsync is FsyncPolicy.BATCH:
+                    began = time.perf_counter_ns()
                     os.fdatasync(self._fd)
+                    self.sync_times.observe_ns(time.perf_counter_ns() - began)
         except OSError as exc:
             self._rollback(*previous, created)
             failed = self._paths[-1] if self._paths else self._directory

@@ -55,6 +55,24 @@ class FollowerStatus(msgspec.Struct, kw_only=True):
     lag_bytes: int | None = None
     """How far the follower's confirmed log is behind the leader's durable log."""
     last_heard_ms_ago: int | None = None
+    lag_s: float | None = None
+    """Seconds since the leader published the oldest log the follower has not confirmed
+    (0 when it has everything; None when unknown)."""
+
+
+class HistogramStatus(msgspec.Struct, kw_only=True):
+    """A latency histogram since the member started, in Prometheus' shape: ``counts[i]``
+    values at or below ``bounds[i]`` seconds and above the bound before it, and one more
+    count for the values above the last bound (``+Inf``)."""
+
+    name: str
+    """``fsync``, ``duty_cycle``, ``commit`` or ``replication`` (see the exporter)."""
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    bounds: list[float] = msgspec.field(default_factory=list)
+    counts: list[int] = msgspec.field(default_factory=list)
+    sum: float = 0.0
+    """Seconds, all values together."""
+    count: int = 0
 
 
 class LinkStatus(msgspec.Struct, kw_only=True):
@@ -172,6 +190,14 @@ class MemberStatus(msgspec.Struct, kw_only=True):
     """Member links closed for a message that failed its checks."""
     disk: DiskStatus = msgspec.field(default_factory=DiskStatus)
     """Whether the member's writes succeed (a full disk)."""
+    version: str = ""
+    """The member's Triarch version (empty from a member before 0.2)."""
+    archive_bytes: int = 0
+    """Bytes of log in the member's archive segments (what compaction keeps)."""
+    leader_changes: int = 0
+    """Times this member saw a new leader (itself included)."""
+    histograms: list[HistogramStatus] = msgspec.field(default_factory=list)
+    """fsync, duty-cycle, commit and replication latencies since the member started."""
 
 
 _json_encoder = msgspec.json.Encoder()

@@ -12,8 +12,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+import client
+from cluster import __version__
 from cluster.local import LocalCluster, free_ports
 
 
@@ -41,6 +44,29 @@ def tool_health(members: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def echo(endpoints: str, count: int) -> None:
+    async def run() -> None:
+        async with client.connect(endpoints, connect_timeout=20) as c:
+            with trio.fail_after(30):
+                for i in range(count):
+                    await c.offer(b"m%d" % i)
+                    assert await c.receive() == b"m%d" % i
+
+    trio.run(run)
+
+
+def histogram_count(families: dict, name: str, **labels: str) -> float:  # type: ignore[type-arg]
+    """The ``_count`` sample of histogram ``name`` with ``labels``; its buckets are checked
+    to be cumulative and to end in ``+Inf`` equal to the count."""
+    samples = [s for s in families[name].samples if labels.items() <= s.labels.items()]
+    (count,) = [s.value for s in samples if s.name == name + "_count"]
+    buckets = [s for s in samples if s.name == name + "_bucket"]
+    assert buckets[-1].labels["le"] == "+Inf" and buckets[-1].value == count
+    values = [b.value for b in buckets]
+    assert values == sorted(values)
+    return count
+
+
 def healthy(port: int) -> bool:
     try:
         return get(port, "/health")[0] == 200
@@ -58,6 +84,8 @@ def test_metrics_and_health_through_a_lost_quorum(tmp_path: Path) -> None:
             cluster.extra_args = [*fast, "--metrics-port", str(port)]
             cluster.start(member)
         wait_for(lambda: all(healthy(p) for p in ports))
+        echo(cluster.ingress_endpoints, 200)
+        time.sleep(0.5)  # a few slow ticks: replication lag sampled
         leader = None
         for member, port in enumerate(ports):
             status, body = get(port, "/metrics")
@@ -73,6 +101,16 @@ def test_metrics_and_health_through_a_lost_quorum(tmp_path: Path) -> None:
                 "triarch_sessions",
             } <= set(families)
             assert families["triarch_elections"].type == "counter"
+            (info,) = families["triarch_build_info"].samples
+            assert info.labels["version"] == __version__
+            (changes,) = families["triarch_leader_changes"].samples
+            assert changes.value >= 1
+            (archived,) = families["triarch_archive_bytes"].samples
+            assert archived.value > 200 * 16
+            # every member syncs its archive and turns its duty cycle
+            assert families["triarch_fsync_duration_seconds"].type == "histogram"
+            assert histogram_count(families, "triarch_fsync_duration_seconds") > 0
+            assert histogram_count(families, "triarch_duty_cycle_duration_seconds") > 0
             (is_leader,) = families["triarch_is_leader"].samples
             assert is_leader.labels == {"member": str(member)}
             if is_leader.value == 1:
@@ -81,6 +119,12 @@ def test_metrics_and_health_through_a_lost_quorum(tmp_path: Path) -> None:
                 assert sorted(s.labels["follower"] for s in lags) == sorted(
                     str(m) for m in range(3) if m != member
                 )
+                # one value per duty cycle that published, at least one per round trip
+                assert histogram_count(families, "triarch_commit_latency_seconds") >= 100
+                for m in range(3):
+                    if m != member:
+                        name = "triarch_replication_lag_seconds"
+                        assert histogram_count(families, name, follower=str(m)) > 0
             health = json.loads(get(port, "/health")[1])
             assert health["health"] is True
         assert leader is not None
