@@ -6,8 +6,10 @@
     python3 scripts/dev.py bench    # scripts/bench.py with its arguments
     python3 scripts/dev.py floor    # scripts/floor_bench.py: the machine's latency floor
 
-The first run creates ``.venv`` and installs the project with its ``dev`` and ``spark``
-extras; later runs reinstall only when ``pyproject.toml`` changes.  ``test`` also makes
+The first run creates ``.venv`` and installs the project: ``demo`` and ``floor`` need
+nothing more, ``test`` adds the ``dev`` and ``spark`` extras (pytest, PySpark...), ``bench``
+the ``dev`` one; later runs install again only when ``pyproject.toml`` changes or a
+command needs an extra not yet there.  ``test`` also makes
 sure a Java runtime is there for the Spark pipeline tests (``python -m
 cluster.pipeline.java``: installs ``default-jre-headless`` with apt-get when run as root).
 Extra arguments after ``test`` go to pytest (e.g. ``-m "not slow"`` to skip the
@@ -28,23 +30,31 @@ BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / "python"
 
 
-def ensure_env(extras: str = "dev,spark") -> Path:
+def ensure_env(*extras: str) -> Path:
+    """The virtualenv with the project and ``extras`` installed (``demo`` needs none:
+    PySpark, 500 MB, comes only with ``test``'s ``spark`` extra).  The stamp file keeps
+    the extras installed for this ``pyproject.toml``: asking for fewer installs nothing,
+    asking for more installs them on top."""
     if sys.version_info < (3, 11):  # noqa: UP036 (run by any python3)
         sys.exit(f"Python 3.11 or newer is needed, this is {sys.version.split()[0]}")
     if not PY.exists():
         print(f"creating virtualenv {VENV}", flush=True)
         subprocess.check_call([sys.executable, "-m", "venv", str(VENV)])
-    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + extras.encode()).hexdigest()
+    project = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
     stamp = VENV / ".triarch-installed"
-    if not stamp.exists() or stamp.read_text() != want:
-        print(f"installing triarch[{extras}] into {VENV}", flush=True)
-        subprocess.check_call(
-            [str(PY), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
-        )
-        subprocess.check_call(
-            [str(PY), "-m", "pip", "install", "--quiet", "-e", f".[{extras}]"], cwd=ROOT
-        )
-        stamp.write_text(want)
+    have: set[str] = set()
+    if stamp.exists():
+        stamped, _, names = stamp.read_text().partition(" ")
+        if stamped == project:
+            have = set(filter(None, names.split(",")))
+            if set(extras) <= have:
+                return PY
+    want = sorted(have | set(extras))
+    target = f".[{','.join(want)}]" if want else "."
+    print(f"installing triarch{target[1:]} into {VENV}", flush=True)
+    subprocess.check_call([str(PY), "-m", "pip", "install", "--quiet", "--upgrade", "pip"])
+    subprocess.check_call([str(PY), "-m", "pip", "install", "--quiet", "-e", target], cwd=ROOT)
+    stamp.write_text(f"{project} {','.join(want)}")
     return PY
 
 
@@ -54,7 +64,7 @@ def run(*cmd: str) -> int:
 
 
 def cmd_test(args: list[str]) -> int:
-    py = str(ensure_env())
+    py = str(ensure_env("dev", "spark"))
     failed = []
     if run(py, "-m", "cluster.pipeline.java") != 0:
         failed.append("java (needed by the Spark pipeline tests)")
@@ -78,7 +88,7 @@ def cmd_demo(args: list[str]) -> int:
 
 
 def cmd_bench(args: list[str]) -> int:
-    py = str(ensure_env())
+    py = str(ensure_env("dev"))  # --vs-pysyncobj
     return run(py, str(ROOT / "scripts" / "bench.py"), *args)
 
 
