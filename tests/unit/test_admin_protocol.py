@@ -17,8 +17,9 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster.agents.admin import MUTATING, RecentErrors, peer_is_local
+from cluster.agents.admin import MUTATING, peer_is_local
 from cluster.config import parse_members
+from cluster.errorlog import DistinctErrorLog
 from cluster.protocol import ProtocolError, encode, encode_frame
 from cluster.protocol.admin import (
     AdminCommand,
@@ -114,22 +115,25 @@ def test_reply_body_is_json() -> None:
         decode_body(b"{not json")
 
 
-def test_recent_errors_keeps_the_last_warnings_only() -> None:
-    handler = RecentErrors(capacity=3)
+def test_the_errors_log_keeps_distinct_warnings_only() -> None:
+    handler = DistinctErrorLog(max_entries=3)
     logger = logging.getLogger("cluster.test-admin")
     logger.addHandler(handler)
     try:
         logger.info("not kept")
         for i in range(5):
-            logger.warning("warning %d", i)
+            logger.warning("warning %d", i)  # one distinct warning, 5 times
+            logger.warning("other warning %s", "abcdefghijkl"[i])  # 5 distinct ones
         try:
             raise ValueError("boom")
         except ValueError:
             logger.exception("failed")
     finally:
         logger.removeHandler(handler)
-    records = list(handler.records)
-    assert [r["message"].splitlines()[0] for r in records] == ["warning 3", "warning 4", "failed"]
+    records = handler.records()
+    lines = [r["message"].splitlines()[0] for r in records]
+    assert lines == ["warning 4", "other warning e", "failed"]
+    assert [r["count"] for r in records] == [5, 1, 1]
     assert records[-1]["level"] == "ERROR"
     assert records[-1]["logger"] == "cluster.test-admin"
     assert "ValueError: boom" in records[-1]["message"]
@@ -284,7 +288,10 @@ def test_tool_describe_document_and_table_from_decoded_statuses() -> None:
     assert document["members"][0] == {
         **decode_body(encode_body(leader_status())),
         "reachable": True,
+        "error": None,
     }
+    # a member without an answer has the same keys
+    assert document["members"][2].keys() == document["members"][0].keys()
     assert document["members"][1]["role"] == "FOLLOWER"
     bad = document["members"][2]
     assert bad["reachable"] is False
@@ -336,15 +343,15 @@ def test_tool_reports_a_bad_describe_body_as_that_members_error(
 ) -> None:
     with fake_member(encode_body(leader_status())) as good, fake_member(b"[1,2]") as bad:
         members = f"0=127.0.0.1:1:2:{good},1=127.0.0.1:1:2:{bad}"
-        assert main(["--members", members, "--timeout", "5s", "--json", "describe"]) == 0
+        assert main(["--members", members, "--timeout", "5s", "--json", "describe"]) == 1
         document = json.loads(capsys.readouterr().out)
         assert document["leader_member_id"] == 0
-        expected = {**msgspec.to_builtins(leader_status()), "reachable": True}
+        expected = {**msgspec.to_builtins(leader_status()), "reachable": True, "error": None}
         assert document["members"][0] == expected
         assert document["members"][1]["reachable"] is False
         assert "bad describe body" in document["members"][1]["error"]
 
-        assert main(["--members", members, "--timeout", "5s", "describe"]) == 0
+        assert main(["--members", members, "--timeout", "5s", "describe"]) == 1  # one down
         out, err = capsys.readouterr()
         assert "Traceback" not in err
         assert "down (bad describe body" in out.splitlines()[2]
@@ -353,4 +360,8 @@ def test_tool_reports_a_bad_describe_body_as_that_members_error(
         assert "Member [1]: bad describe body" in capsys.readouterr().err
         assert main(["--members", members, "list-members"]) == 0
         listed = capsys.readouterr().out
-        assert "leaderMemberId=0, memberId=0, activeMembers=[ClusterMember{id=0" in listed
+        assert listed.splitlines()[0].split() == [
+            "member", "host", "ingress", "consensus", "admin", "role", "status",
+        ]  # fmt: skip
+        assert listed.splitlines()[1].split() == ["0", "127.0.0.1", "1", "2", "3", "LEADER", "up"]
+        assert listed.splitlines()[-1] == "leader: 0 (as member 0 sees it)"

@@ -1,0 +1,213 @@
+"""``cluster-tool``'s command line: one subcommand each, with its own ``--help``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ..certs import DEFAULT_DAYS, make_certs, planned_folders
+from ..config import MemberEndpoints, UsageParser, add_version, duration_seconds
+from ..transport.tls import TlsError
+from . import render
+from .client import use_certs
+from .commands import ACTIONS, Options, emit, run
+
+QUERIES = ("describe", "health", "list-members", "recording-log", "errors")
+COMMANDS = (*QUERIES, *ACTIONS, "invalidate-latest-snapshot", "certs")
+
+_HELP = {
+    "describe": "every member's role, term, positions, sessions, lag, up/down "
+    "(exit 1 when a member is down)",
+    "health": "exit 0 when every member is up and there is a leader, else 1",
+    "list-members": "the members and their endpoints, as the leader sees them",
+    "recording-log": "each member's recording log (terms, snapshots), times in UTC",
+    "errors": "each member's distinct warnings and errors, with counts and first/last times",
+    "snapshot": "take a snapshot on every member; waits until it is taken",
+    "suspend": "stop applying client messages until resume",
+    "resume": "resume after suspend",
+    "shutdown": "snapshot, then every member stops",
+    "abort": "every member stops, no snapshot",
+    "invalidate-latest-snapshot": "mark the latest snapshot invalid in the recording log "
+    "(of --member N, or of every member)",
+    "certs": "make the cluster's certificates in --out DIR (no cluster needed)",
+}
+_MEMBER_HELP = {
+    "describe": "only this member",
+    "list-members": "the members as this member sees them (default: the leader)",
+    "recording-log": "only this member",
+    "errors": "only this member",
+    "invalidate-latest-snapshot": "only this member (default: every member)",
+}
+
+
+def _common(parser: argparse.ArgumentParser, *, top: bool, network: bool = True) -> None:
+    """The options every command takes, before or after its name: given after, they win;
+    the subcommands' copies default to nothing so that they never undo the first ones."""
+
+    def default(value: Any) -> Any:
+        return value if top else argparse.SUPPRESS
+
+    parser.add_argument(
+        "--members",
+        default=default(os.environ.get("CLUSTER_MEMBERS", "")),
+        help="0=host:ingress:consensus:admin,1=... (default: $CLUSTER_MEMBERS)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "json"),
+        default=default("table"),
+        help="table (for people, the default) or json (one document, see docs/cluster-tool.md)",
+    )
+    parser.add_argument(
+        "--json",
+        dest="output",
+        action="store_const",
+        const="json",
+        default=argparse.SUPPRESS,
+        help="the same as --output json",
+    )
+    if not network:
+        return
+    parser.add_argument(
+        "--timeout",
+        type=duration_seconds,
+        default=default(2.0),
+        help="per-member reply timeout (default 2s)",
+    )
+    parser.add_argument(
+        "--certs-dir",
+        default=default(os.environ.get("CLUSTER_CERTS_DIR")),
+        help="a client-<NAME> folder from `cluster-tool certs`, for a cluster with TLS; "
+        "control commands need an admin principal (default: $CLUSTER_CERTS_DIR)",
+    )
+
+
+def build_parser() -> UsageParser:
+    parser = UsageParser(
+        prog="cluster-tool",
+        allow_abbrev=False,  # `--member 1` is not `--members 1`
+        description="Query and control a Triarch cluster through its members' admin ports.",
+        epilog="`cluster-tool COMMAND --help` shows a command's options.  Cluster actions "
+        "(snapshot, suspend, resume, shutdown, abort) go to the leader, or to --member; "
+        "members accept them only from their own host (or, with TLS, an admin principal).  "
+        "Exit codes: 0 ok, 1 refused, failed or a member down, 2 usage.",
+    )
+    add_version(parser)
+    _common(parser, top=True)
+    # before the command, as before it had subcommands (hidden; checked in main)
+    parser.add_argument("--member", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--snapshot-timeout", type=duration_seconds, help=argparse.SUPPRESS)
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=UsageParser
+    )
+    for name in COMMANDS:
+        sub = commands.add_parser(
+            name, help=_HELP[name], description=_HELP[name], allow_abbrev=False
+        )
+        add_version(sub)
+        _common(sub, top=False, network=name != "certs")
+        if name in _MEMBER_HELP or name in ACTIONS:
+            sub.add_argument(
+                "--member",
+                type=int,
+                default=argparse.SUPPRESS,
+                metavar="N",
+                help=_MEMBER_HELP.get(name, "send it to this member (default: the leader)"),
+            )
+        if name == "snapshot":
+            sub.add_argument(
+                "--snapshot-timeout",
+                type=duration_seconds,
+                default=argparse.SUPPRESS,
+                help="how long to wait for the snapshot to be taken (default 30s)",
+            )
+        if name == "errors":
+            sub.add_argument(
+                "--limit",
+                type=int,
+                default=None,
+                metavar="N",
+                help="only the N distinct errors seen most recently, per member",
+            )
+        if name == "certs":
+            _certs_options(sub)
+    return parser
+
+
+def _certs_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--out", type=Path, required=True, help="the directory of the certificates")
+    sub.add_argument(
+        "--client",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a client principal besides admin and app (repeatable)",
+    )
+    sub.add_argument(
+        "--days",
+        type=int,
+        default=DEFAULT_DAYS,
+        help=f"how long the certificates are valid (default {DEFAULT_DAYS} days)",
+    )
+
+
+def cmd_certs(parser: UsageParser, members: Sequence[MemberEndpoints], args: Any) -> int:
+    """``certs``: make the cluster's certificates; one line per folder made or kept."""
+    if args.days <= 0:
+        parser.error(f"--days must be positive, not {args.days}")
+    pairs = [(m.member_id, m.host) for m in members]
+    try:
+        folders = planned_folders(args.out, pairs, args.client)
+        created = set(make_certs(args.out, pairs, args.client, args.days))
+    except ValueError as exc:
+        print(f"{parser.prog} certs: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        where = exc.filename or args.out
+        print(f"{parser.prog} certs: error: cannot write {where}: {exc.strerror or exc}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if args.output == "json":
+        emit(render.certs_document(str(args.out), folders, created))
+        return 0
+    for folder in folders:
+        print(f"{'created' if folder in created else 'kept':<8}{folder}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    members = parser.members(args.members)
+    if args.command == "certs":
+        return cmd_certs(parser, members, args)
+    member = args.member
+    if member is not None and args.command not in (*_MEMBER_HELP, *ACTIONS):
+        parser.error(f"{args.command} takes no --member")
+    if args.snapshot_timeout is not None and args.command != "snapshot":
+        parser.error(f"{args.command} takes no --snapshot-timeout")
+    if member is not None and member not in {m.member_id for m in members}:
+        parser.error(f"--member {member} is not in --members")
+    try:
+        use_certs(args.certs_dir)
+    except TlsError as exc:
+        parser.error(f"--certs-dir: {exc}")
+    opts = Options(
+        members,
+        output=args.output,
+        timeout=args.timeout,
+        snapshot_timeout=args.snapshot_timeout or 30.0,
+        member=member,
+        limit=getattr(args, "limit", None),
+    )
+    try:
+        return trio.run(run, opts, args.command)
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,140 @@
+"""How ``cluster-tool`` talks to members: one admin command to one member, or to every
+member at once, each answer or failure a :class:`Result`."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ..config import MemberEndpoints
+from ..protocol.admin import AdminCommand, AdminReply, MemberStatus, decode_body, decode_status
+from ..protocol.codec import ADMIN
+from ..protocol.errors import ProtocolError
+from ..protocol.framing import FrameDecoder, encode_frame
+from ..transport.tcp import TcpNetwork
+from ..transport.tls import load_identity
+
+MAX_REPLY_SIZE = 64 << 20
+
+_correlation_ids = itertools.count(1)
+
+
+class Unreachable(Exception):
+    """The member did not answer (refused, timed out, closed, bad bytes)."""
+
+
+@dataclass
+class Result:
+    member: MemberEndpoints
+    reply: AdminReply | None = None
+    error: str = ""
+    status: MemberStatus | None = None
+    """A ``describe`` answer, decoded (see :meth:`decode_describe`)."""
+
+    @property
+    def reachable(self) -> bool:
+        return self.reply is not None
+
+    @property
+    def ok(self) -> bool:
+        """It answered, and accepted the command."""
+        return self.reply is not None and self.reply.ok and not self.error
+
+    @property
+    def failure(self) -> str:
+        """Why there is no answer: the network error, the refusal, or a bad describe body."""
+        return self.error or (self.reply.message if self.reply is not None else "")
+
+    def decode_describe(self) -> None:
+        """Decode an accepted ``describe`` answer into ``status``; a body that is not a
+        :class:`MemberStatus` leaves ``status`` unset and becomes this member's ``error``."""
+        if self.reply is None or not self.reply.ok:
+            return
+        try:
+            self.status = decode_status(self.reply.body)
+        except ProtocolError as exc:
+            self.error = str(exc)
+
+    @property
+    def body(self) -> Any:
+        return decode_body(self.reply.body) if self.reply is not None else None
+
+
+_network = TcpNetwork()
+"""How the tool reaches admin ports (mutual TLS with ``--certs-dir``)."""
+
+
+def use_certs(folder: str | None) -> None:
+    """Talk TLS with the client identity in ``folder`` (a ``client-<NAME>`` folder), or
+    plain TCP with None."""
+    global _network
+    _network = TcpNetwork(tls=None if folder is None else load_identity(Path(folder)))
+
+
+async def request(
+    member: MemberEndpoints, command: str, args: dict[str, str], limit: float
+) -> AdminReply:
+    """Send one command to ``member``'s admin port and wait for its reply."""
+    correlation_id = next(_correlation_ids)
+    try:
+        with trio.fail_after(limit):
+            stream = await _network.open_stream(member.host, member.admin_port)
+            async with stream:
+                await stream.send_all(encode_frame(AdminCommand(correlation_id, command, args)))
+                decoder = FrameDecoder(MAX_REPLY_SIZE)
+                while True:
+                    data = await stream.receive_some(256 * 1024)
+                    if not data:
+                        raise Unreachable("connection closed before a reply")
+                    for body in decoder.feed(data):
+                        reply = ADMIN.decode(body)
+                        if isinstance(reply, AdminReply) and reply.correlation_id in (
+                            correlation_id,
+                            -1,
+                        ):
+                            return reply
+    except trio.TooSlowError:
+        raise Unreachable(f"no reply within {limit:g}s") from None
+    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        raise Unreachable(str(exc) or type(exc).__name__) from None
+    except ProtocolError as exc:
+        raise Unreachable(f"bad reply: {exc}") from None
+
+
+async def request_all(
+    members: Sequence[MemberEndpoints], command: str, args: dict[str, str], limit: float
+) -> list[Result]:
+    """``command`` to every member at once; unreachable members are results with an error."""
+    results = [Result(m) for m in members]
+
+    async def one(result: Result) -> None:
+        try:
+            result.reply = await request(result.member, command, args, limit)
+        except Unreachable as exc:
+            result.error = str(exc)
+
+    async with trio.open_nursery() as nursery:
+        for result in results:
+            nursery.start_soon(one, result)
+    return results
+
+
+async def describe_all(members: Sequence[MemberEndpoints], limit: float) -> list[Result]:
+    """``describe`` every member, each answer decoded (:meth:`Result.decode_describe`)."""
+    results = await request_all(members, "describe", {}, limit)
+    for r in results:
+        r.decode_describe()
+    return results
+
+
+def find_leader(described: Sequence[Result]) -> int:
+    """The leader's member id from ``describe`` results (-1 if there is none)."""
+    leaders = [r.status for r in described if r.status is not None and r.status.role == "LEADER"]
+    if leaders:
+        return max(leaders, key=lambda s: s.leadership_term_id).member_id
+    return -1
