@@ -61,7 +61,8 @@ def histogram_count(families: dict, name: str, **labels: str) -> float:  # type:
     samples = [s for s in families[name].samples if labels.items() <= s.labels.items()]
     (count,) = [s.value for s in samples if s.name == name + "_count"]
     buckets = [s for s in samples if s.name == name + "_bucket"]
-    assert buckets[-1].labels["le"] == "+Inf" and buckets[-1].value == count
+    assert buckets[-1].labels["le"] == "+Inf"
+    assert buckets[-1].value == count
     values = [b.value for b in buckets]
     assert values == sorted(values)
     return count
