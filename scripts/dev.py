@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -63,11 +64,29 @@ def run(*cmd: str) -> int:
     return subprocess.call(cmd, cwd=ROOT)
 
 
+def ensure_prometheus() -> None:
+    """Best effort: Prometheus from the system's packages (as root, with apt-get), for the
+    test that scrapes a cluster with it (tests/integration/test_prometheus.py, skipped
+    without it)."""
+    if shutil.which("prometheus") or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return
+    print("installing prometheus with apt-get (for tests/integration/test_prometheus.py)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+
+    def apt(*args: str) -> int:
+        return subprocess.call(["apt-get", *args], stdout=subprocess.DEVNULL, env=env)
+
+    install = ("install", "-y", "-q", "--no-install-recommends", "prometheus")
+    if apt(*install) != 0 and (apt("update", "-q") != 0 or apt(*install) != 0):
+        print("could not install prometheus: its test will be skipped", flush=True)
+
+
 def cmd_test(args: list[str]) -> int:
     py = str(ensure_env("dev", "spark"))
     failed = []
     if run(py, "-m", "cluster.pipeline.java") != 0:
         failed.append("java (needed by the Spark pipeline tests)")
+    ensure_prometheus()
     for name, cmd in (
         ("ruff check", (py, "-m", "ruff", "check", ".")),
         ("ruff format", (py, "-m", "ruff", "format", "--check", ".")),
