@@ -96,11 +96,11 @@ def _query_exit(opts: Options, results: list[Result]) -> int:
     return 1 if failed == len(results) else 0
 
 
-def _member_heading(item: dict[str, Any], what: str, count: int) -> str:
+def _member_heading(item: dict[str, Any], what: tuple[str, str], count: int) -> str:
     if item["error"] is not None:
         state = "unreachable" if not item["reachable"] else "refused"
         return f"{_tag(item['member_id'])}: {state} ({item['error']})"
-    return f"{_tag(item['member_id'])}: {count} {what}"
+    return f"{_tag(item['member_id'])}: {count} {what[0] if count == 1 else what[1]}"
 
 
 async def cmd_recording_log(opts: Options) -> int:
@@ -110,7 +110,10 @@ async def cmd_recording_log(opts: Options) -> int:
         emit({**render.now_fields(), "members": items})
     else:
         for i, item in enumerate(items):
-            print(("\n" if i else "") + _member_heading(item, "entries", len(item["entries"])))
+            print(
+                ("\n" if i else "")
+                + _member_heading(item, ("entry", "entries"), len(item["entries"]))
+            )
             if item["entries"]:
                 print(_indent(render.recording_log_table(item)))
     return _query_exit(opts, results)
@@ -118,6 +121,9 @@ async def cmd_recording_log(opts: Options) -> int:
 
 def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
+
+
+_ERRORS = ("distinct error", "distinct errors")
 
 
 async def cmd_errors(opts: Options) -> int:
@@ -131,7 +137,7 @@ async def cmd_errors(opts: Options) -> int:
     else:
         for i, item in enumerate(items):
             errors = item["errors"]
-            heading = _member_heading(item, "distinct errors", item["distinct"] or 0)
+            heading = _member_heading(item, _ERRORS, item["distinct"] or 0)
             if item["error"] is None and item["evicted"]:
                 heading += f" ({item['evicted']} older ones evicted)"
             print(("\n" if i else "") + heading)

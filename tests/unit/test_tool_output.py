@@ -1,0 +1,396 @@
+"""``cluster-tool``'s output: the JSON document of every command has fixed keys, the same
+with a member down (docs/cluster-tool.md lists them); tables and times are readable; each
+command has its own ``--help``.
+
+The members here are fake admin ports (a thread each) that answer every command the way
+a member does, and a port nobody listens on (a member that is down)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import socketserver
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import msgspec
+import pytest
+
+from cluster.protocol.admin import (
+    AdminCommand,
+    AdminReply,
+    MemberAddress,
+    MemberStatus,
+    encode_body,
+)
+from cluster.protocol.codec import ADMIN
+from cluster.protocol.framing import FrameDecoder, encode_frame
+from cluster.tool import main
+from cluster.tool.render import duration, iso, iso_ms, table
+
+STATUS_KEYS = {f.name for f in msgspec.structs.fields(MemberStatus)}
+T0 = 1_795_000_000.25  # 2026-11-18T11:06:40.250Z
+
+# the documented shapes (docs/cluster-tool.md): change them there and here together
+DESCRIBE = {"time", "time_iso", "leader_member_id", "members"}
+DESCRIBE_MEMBER = STATUS_KEYS | {"reachable", "error"}
+HEALTH = {"time", "time_iso", "healthy", "leader_member_id", "members", "problems"}
+HEALTH_MEMBER = {"member_id", "reachable", "healthy", "role", "error"}
+LIST = {"time", "time_iso", "leader_member_id", "view_member_id", "members"}
+LIST_MEMBER = {
+    "member_id", "host", "ingress_port", "consensus_port", "admin_port", "reachable", "role",
+    "error",
+}  # fmt: skip
+RECORDING_LOG = {"time", "time_iso", "members"}
+RECORDING_LOG_MEMBER = {"member_id", "reachable", "error", "entries"}
+ENTRY = {
+    "index", "recording_id", "leadership_term_id", "term_base_log_position", "log_position",
+    "timestamp", "timestamp_iso", "service_id", "entry_type", "type", "valid",
+}  # fmt: skip
+ERRORS = {"time", "time_iso", "members"}
+ERRORS_MEMBER = {
+    "member_id", "reachable", "error", "now", "distinct", "evicted", "total", "errors",
+}  # fmt: skip
+ERROR = {
+    "count", "first_time", "first_time_iso", "last_time", "last_time_iso", "level", "logger",
+    "message",
+}  # fmt: skip
+ACTION = {"command", "member_id", "ok", "message", "body"}
+INVALIDATE = {"members"}
+INVALIDATE_MEMBER = {"member_id", "reachable", "ok", "invalidated", "message", "error"}
+CERTS = {"out", "folders"}
+
+
+def status(member_id: int, ports: dict[int, int]) -> MemberStatus:
+    return MemberStatus(
+        member_id=member_id,
+        role="LEADER" if member_id == 0 else "FOLLOWER",
+        leadership_term_id=2,
+        leader_member_id=0,
+        election_state="CLOSED",
+        members=[
+            MemberAddress(
+                member_id=i, host="127.0.0.1", ingress_port=1, consensus_port=2, admin_port=port
+            )
+            for i, port in sorted(ports.items())
+        ],
+        uptime_s=75.0,
+    )
+
+
+ENTRIES = [
+    {"index": 0, "recording_id": 0, "leadership_term_id": 0, "term_base_log_position": 0,
+     "log_position": -1, "timestamp": int(T0 * 1000), "service_id": -1, "entry_type": 0,
+     "type": "TERM", "valid": True},
+    {"index": 1, "recording_id": 0, "leadership_term_id": 0, "term_base_log_position": 0,
+     "log_position": 640, "timestamp": int(T0 * 1000) + 5000, "service_id": -1,
+     "entry_type": 1, "type": "SNAPSHOT", "valid": False},
+]  # fmt: skip
+RECORDS = [
+    {"time": T0 + 60, "first_time": T0, "last_time": T0 + 60, "count": 9000,
+     "level": "WARNING", "logger": "cluster.ingress",
+     "message": "closing ingress connection after bad frame: bad length"},
+    {"time": T0 + 61, "first_time": T0 + 61, "last_time": T0 + 61, "count": 1,
+     "level": "ERROR", "logger": "cluster.node",
+     "message": "agent failed\nTraceback (most recent call last):\n  ...\nValueError: x"},
+]  # fmt: skip
+
+
+class _Member(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    member_id = 0
+    ports: dict[int, int] = {}
+
+
+class _Answer(socketserver.BaseRequestHandler):
+    server: _Member
+
+    def handle(self) -> None:
+        decoder = FrameDecoder()
+        while data := self.request.recv(65536):
+            for frame in decoder.feed(data):
+                command = ADMIN.decode(frame)
+                assert isinstance(command, AdminCommand)
+                self.request.sendall(encode_frame(self.answer(command)))
+
+    def answer(self, command: AdminCommand) -> AdminReply:
+        cid, name = command.correlation_id, command.command
+        me = self.server.member_id
+        if name == "describe":
+            return AdminReply(cid, True, "", encode_body(status(me, self.server.ports)))
+        if name == "recording-log":
+            return AdminReply(cid, True, "", encode_body(ENTRIES))
+        if name == "errors":
+            body: Any = RECORDS
+            if command.args.get("summary") == "1":
+                body = {"entries": RECORDS, "distinct": 2, "evicted": 3, "total": 9004}
+            return AdminReply(cid, True, "DISK FULL for 3 s: no space", encode_body(body))
+        if name == "invalidate-latest-snapshot":
+            body = {"invalidated": True}
+            return AdminReply(cid, True, "invalidate latest snapshot: true", encode_body(body))
+        if name == "snapshot":
+            body = {"log_position": 640, "leadership_term_id": 2}
+            return AdminReply(cid, True, "SNAPSHOT applied successfully", encode_body(body))
+        return AdminReply(cid, True, f"{name.upper()} applied successfully")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def cluster(up: int = 2, down: int = 1) -> Iterator[str]:
+    """``--members`` of ``up`` answering members (0 leads) and ``down`` dead ones."""
+    servers = [_Member(("127.0.0.1", 0), _Answer) for _ in range(up)]
+    ports = {i: s.server_address[1] for i, s in enumerate(servers)}
+    for i in range(up, up + down):
+        ports[i] = free_port()
+    threads = []
+    for i, server in enumerate(servers):
+        server.member_id, server.ports = i, ports
+        threads.append(threading.Thread(target=server.serve_forever, daemon=True))
+        threads[-1].start()
+    try:
+        yield ",".join(f"{i}=127.0.0.1:1:2:{p}" for i, p in sorted(ports.items()))
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
+    code = main(list(argv))
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+# ---------------------------------------------------------------------- JSON shapes
+
+
+def test_every_commands_json_has_fixed_keys_with_a_member_down(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with cluster() as members:
+        base = ["--members", members, "--timeout", "2s"]
+
+        code, doc = run_json(capsys, *base, "--output", "json", "describe")
+        assert code == 1  # a member is down
+        assert set(doc) == DESCRIBE
+        assert [set(m) for m in doc["members"]] == [DESCRIBE_MEMBER] * 3
+        down = doc["members"][2]
+        assert (down["member_id"], down["reachable"], down["role"]) == (2, False, None)
+        assert down["error"]
+        assert doc["members"][0]["error"] is None
+        assert doc["leader_member_id"] == 0
+
+        code, doc = run_json(capsys, *base, "health", "--json")
+        assert code == 1
+        assert set(doc) == HEALTH
+        assert [set(m) for m in doc["members"]] == [HEALTH_MEMBER] * 3
+        assert doc["healthy"] is False
+        assert doc["problems"] == [f"member 2 down: {doc['members'][2]['error']}"]
+
+        code, doc = run_json(capsys, *base, "--json", "list-members")
+        assert code == 0
+        assert set(doc) == LIST
+        assert [set(m) for m in doc["members"]] == [LIST_MEMBER] * 3
+        assert doc["view_member_id"] == 0
+        assert [m["reachable"] for m in doc["members"]] == [True, True, False]
+
+        code, doc = run_json(capsys, *base, "--json", "recording-log")
+        assert code == 0
+        assert set(doc) == RECORDING_LOG
+        assert [set(m) for m in doc["members"]] == [RECORDING_LOG_MEMBER] * 3
+        assert [set(e) for e in doc["members"][0]["entries"]] == [ENTRY] * 2
+        assert doc["members"][0]["entries"][0]["timestamp_iso"] == "2026-11-18T11:06:40.250Z"
+        assert doc["members"][2]["entries"] == []
+
+        code, doc = run_json(capsys, *base, "--json", "errors")
+        assert code == 0
+        assert set(doc) == ERRORS
+        assert [set(m) for m in doc["members"]] == [ERRORS_MEMBER] * 3
+        first = doc["members"][0]
+        assert [set(e) for e in first["errors"]] == [ERROR] * 2
+        assert (first["now"], first["distinct"], first["evicted"]) == (
+            "DISK FULL for 3 s: no space", 2, 3,
+        )  # fmt: skip
+        assert first["errors"][0]["count"] == 9000
+        assert first["errors"][0]["first_time_iso"] == "2026-11-18T11:06:40.250Z"
+        assert doc["members"][2]["errors"] == []
+        assert doc["members"][2]["now"] is None
+
+        for command in ("snapshot", "suspend", "resume", "shutdown", "abort"):
+            code, doc = run_json(capsys, *base, "--json", command)
+            assert code == 0, command
+            assert set(doc) == ACTION
+            assert (doc["command"], doc["member_id"], doc["ok"]) == (command, 0, True)
+            if command == "snapshot":
+                assert doc["body"] == {"log_position": 640, "leadership_term_id": 2}
+            else:
+                assert doc["body"] is None
+        code, doc = run_json(capsys, *base, "--json", "suspend", "--member", "2")
+        assert code == 1
+        assert set(doc) == ACTION
+        assert (doc["member_id"], doc["ok"]) == (2, False)
+        assert doc["message"].startswith("unreachable")
+
+        code, doc = run_json(capsys, *base, "--json", "invalidate-latest-snapshot")
+        assert code == 1  # member 2 could not
+        assert set(doc) == INVALIDATE
+        assert [set(m) for m in doc["members"]] == [INVALIDATE_MEMBER] * 3
+        assert [m["invalidated"] for m in doc["members"]] == [True, True, None]
+
+
+def test_with_no_leader_an_action_is_still_one_document(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with cluster(up=0, down=2) as members:
+        code, doc = run_json(capsys, "--members", members, "--json", "--timeout", "1s", "snapshot")
+        assert code == 1
+        assert set(doc) == ACTION
+        assert (doc["member_id"], doc["ok"]) == (None, False)
+        assert doc["message"].startswith("no leader found")
+        code, doc = run_json(capsys, "--members", members, "--json", "list-members")
+        assert code == 1
+        assert set(doc) == LIST
+        assert doc["view_member_id"] is None
+        assert [set(m) for m in doc["members"]] == [LIST_MEMBER] * 2
+
+
+def test_certs_json(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "certs"
+    argv = ["certs", "--members", "0=127.0.0.1:1:2:3", "--out", str(out), "--output", "json"]
+    code, doc = run_json(capsys, *argv)
+    assert code == 0
+    assert set(doc) == CERTS
+    assert doc["folders"][0] == {"path": str(out / "member-0"), "created": True}
+    assert {f["created"] for f in run_json(capsys, *argv)[1]["folders"]} == {False}
+
+
+# ---------------------------------------------------------------------- tables
+
+
+def test_tables_for_people(capsys: pytest.CaptureFixture[str]) -> None:
+    with cluster() as members:
+        base = ["--members", members, "--timeout", "2s"]
+        assert main([*base, "list-members"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0].split() == [
+            "member", "host", "ingress", "consensus", "admin", "role", "status",
+        ]  # fmt: skip
+        assert lines[1].split()[5:] == ["LEADER", "up"]
+        assert lines[3].split()[5:7] == ["-", "down"]
+        assert lines[-1] == "leader: 0 (as member 0 sees it)"
+
+        assert main([*base, "recording-log", "--member", "1"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0] == "Member [1]: 2 entries"
+        assert lines[1].split()[:2] == ["index", "type"]
+        assert lines[2].split() == [
+            "0", "TERM", "0", "0", "-1", "2026-11-18T11:06:40.250Z", "-1", "0", "yes",
+        ]  # fmt: skip
+        assert "2026-11-18T11:06:45.250Z" in lines[3]
+        assert lines[3].split()[-1] == "no"
+
+        assert main([*base, "errors"]) == 0
+        out = capsys.readouterr().out
+        assert "Member [0]: 2 distinct errors (3 older ones evicted)" in out
+        assert "  NOW: DISK FULL for 3 s: no space" in out
+        assert "Member [2]: unreachable (" in out
+        rows = [line.split(maxsplit=5) for line in out.splitlines() if "cluster.ingress" in line]
+        assert rows[0] == [
+            "9000", "2026-11-18T11:06:40Z", "2026-11-18T11:07:40Z", "WARNING", "cluster.ingress",
+            "closing ingress connection after bad frame: bad length",
+        ]  # fmt: skip
+        assert "agent failed (+3 lines)" in out  # the traceback is in --output json
+
+        assert main([*base, "health"]) == 1
+        out = capsys.readouterr().out
+        assert out.splitlines()[0].split() == ["member", "health", "role", "error"]
+        assert out.splitlines()[-1].startswith("cluster: unhealthy: member 2 down: ")
+
+
+def test_readable_times_and_durations() -> None:
+    assert iso(T0) == "2026-11-18T11:06:40.250Z"
+    assert iso_ms(int(T0 * 1000)) == "2026-11-18T11:06:40.250Z"
+    assert iso(None) is None
+    assert [duration(s) for s in (5, 75, 3 * 3600 + 420, 2 * 86400 + 4 * 3600)] == [
+        "5s", "1m15s", "3h07m", "2d04h",
+    ]  # fmt: skip
+    assert table(("a", "bb"), [("ccc", "d")]) == "a    bb\nccc  d"
+
+
+# ---------------------------------------------------------------------- the command line
+
+
+def help_of(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--help"])
+    assert info.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_each_command_has_its_own_help(capsys: pytest.CaptureFixture[str]) -> None:
+    describe = help_of(capsys, "describe")
+    assert "usage: cluster-tool describe" in describe
+    assert "--member N" in describe
+    for other in ("--snapshot-timeout", "--out OUT", "--days", "--client", "--limit"):
+        assert other not in describe
+    assert "--snapshot-timeout" in help_of(capsys, "snapshot")
+    assert "--limit" in help_of(capsys, "errors")
+    health = help_of(capsys, "health")
+    assert "--member N" not in health
+    assert "--output" in health
+    certs = help_of(capsys, "certs")
+    assert "--out OUT" in certs
+    assert "--timeout" not in certs
+    top = help_of(capsys)
+    for command in ("describe", "health", "list-members", "errors", "certs"):
+        assert command in top
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["health", "--member", "0"],  # health asks every member
+        ["--member", "0", "health"],
+        ["describe", "--snapshot-timeout", "5s"],
+        ["describe", "--out", "x"],
+        ["--output", "yaml", "describe"],
+        ["errors", "--limit", "many"],
+    ],
+)
+def test_options_of_other_commands_are_usage_errors(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--members", "0=127.0.0.1:1:2:3", *argv])
+    assert info.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_common_options_before_or_after_the_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with cluster(up=1, down=0) as members:
+        for argv in (
+            ["--members", members, "--json", "health"],
+            ["health", "--members", members, "--output", "json"],
+            ["--members", "0=127.0.0.1:1:2:3", "--timeout", "9s", "health", "--members", members,
+             "--json", "--timeout", "2s"],
+            ["--output", "json", "--members", members, "health", "--output", "json"],
+        ):  # fmt: skip
+            code, doc = run_json(capsys, *argv)
+            assert (code, doc["healthy"]) == (0, True), argv
+        assert main(["--json", "--members", members, "health", "--output", "table"]) == 0
+        assert capsys.readouterr().out.splitlines()[-1] == "cluster: healthy"
+        # the old spellings: --member and --snapshot-timeout before the command
+        code, doc = run_json(capsys, "--members", members, "--json", "--member", "0", "describe")
+        assert (code, len(doc["members"])) == (0, 1)
+        code, doc = run_json(
+            capsys, "--members", members, "--snapshot-timeout", "5s", "--json", "snapshot"
+        )
+        assert (code, doc["ok"]) == (0, True)
