@@ -6,8 +6,10 @@ and talks to every member's admin port.  Slow-marked: skip locally with ``-m "no
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -29,6 +31,8 @@ from cluster.local import LocalCluster
 pytestmark = pytest.mark.slow
 
 KV = "cluster.examples.kv:KeyValueService"
+BAD_CLIENTS = 25
+START_UP_WARNING = "no authenticator enforces client identity"
 NODE_ARGS = ["--leader-heartbeat-timeout", "1s", "--startup-canvass-timeout", "5s"]
 
 
@@ -62,15 +66,18 @@ def tool(
     )
 
 
-def tool_json(cluster: LocalCluster, *args: str) -> Any:
+def tool_json(cluster: LocalCluster, *args: str, code: int = 0) -> Any:
     result = tool(cluster, "--json", *args)
-    assert result.returncode == 0, (result.stdout, result.stderr)
+    assert result.returncode == code, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr
     return json.loads(result.stdout)
 
 
 def describe(cluster: LocalCluster) -> dict[str, Any]:
-    document: dict[str, Any] = tool_json(cluster, "describe")
+    result = tool(cluster, "--json", "describe")  # exit 1 while a member is down
+    assert result.returncode in (0, 1), (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    document: dict[str, Any] = json.loads(result.stdout)
     return document
 
 
@@ -110,6 +117,11 @@ def wait_until(predicate: Any, limit: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {limit}s waiting for {what}")
         time.sleep(0.1)
+
+
+def bad_frames(document: dict[str, Any]) -> int:
+    errors = document["members"][0]["errors"]
+    return sum(e["count"] for e in errors if "bad frame" in e["message"])
 
 
 def node_log(cluster: LocalCluster, member_id: int) -> str:
@@ -183,7 +195,14 @@ def test_describe_snapshot_recording_log_errors_and_invalidate(tmp_path: Path) -
 
         listed = tool(cluster, "list-members")
         assert listed.returncode == 0, listed.stderr
-        assert f"leaderMemberId={leader}, memberId={leader}, activeMembers=[" in listed.stdout
+        rows = listed.stdout.splitlines()
+        assert rows[0].split() == [
+            "member", "host", "ingress", "consensus", "admin", "role", "status",
+        ]  # fmt: skip
+        assert [row.split()[-1] for row in rows[1:4]] == ["up"] * 3
+        assert rows[1 + leader].split()[5] == "LEADER"
+        assert rows[-1] == f"leader: {leader} (as member {leader} sees it)"
+        print("\n" + listed.stdout)
 
         # a snapshot, taken on every member at the same log position
         snap = tool(cluster, "snapshot")
@@ -201,9 +220,18 @@ def test_describe_snapshot_recording_log_errors_and_invalidate(tmp_path: Path) -
             assert sorted(e["service_id"] for e in snapshots) == [-1, 0], member
             assert all(e["valid"] for e in snapshots)
             assert [e for e in member["entries"] if e["type"] == "TERM"]
+        for entry in logs[0]["entries"]:  # epoch milliseconds, and the same in UTC
+            stamp = dt.datetime.fromtimestamp(entry["timestamp"] / 1000, dt.UTC)
+            assert entry["timestamp_iso"] == stamp.isoformat(timespec="milliseconds")[:-6] + "Z"
+            assert abs(entry["timestamp"] / 1000 - time.time()) < 600
         text = tool(cluster, "recording-log", "--member", "1")
         assert text.returncode == 0
-        assert "type=SNAPSHOT, isValid=true" in text.stdout
+        snapshot_rows = [line.split() for line in text.stdout.splitlines() if "SNAPSHOT" in line]
+        assert len(snapshot_rows) == 2
+        assert all(row[-1] == "yes" for row in snapshot_rows)
+        assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", row[5])
+                   for row in snapshot_rows)  # fmt: skip
+        print("\n" + text.stdout)
 
         # refusals: a follower is not the leader
         follower = next(i for i in range(3) if i != leader)
@@ -214,25 +242,54 @@ def test_describe_snapshot_recording_log_errors_and_invalidate(tmp_path: Path) -
             in refused.stderr
         )
 
-        # errors: a bad frame on the leader's ingress port is logged as a warning
+        # errors: bad frames on the leader's ingress port are one warning with a count
         ingress = parse_members(cluster.members)[leader]
-        with socket.create_connection((ingress.host, ingress.ingress_port)) as sock:
-            sock.sendall(b"\xff\xff\xff\x7fnot a frame")
-            sock.settimeout(5)
-            with suppress(OSError):
-                sock.recv(10)
+        for _ in range(BAD_CLIENTS):
+            with socket.create_connection((ingress.host, ingress.ingress_port)) as sock:
+                sock.sendall(b"\xff\xff\xff\x7fnot a frame")
+                sock.settimeout(5)
+                with suppress(OSError):
+                    sock.recv(10)
+        wait_until(
+            lambda: (
+                bad_frames(tool_json(cluster, "errors", "--member", str(leader))) >= BAD_CLIENTS
+            ),
+            10,
+            "the bad frames in the leader's errors",
+        )
         errors = tool_json(cluster, "errors", "--member", str(leader))["members"][0]["errors"]
-        assert any("bad frame" in e["message"] and e["level"] == "WARNING" for e in errors)
+        [entry] = [e for e in errors if "bad frame" in e["message"]]
+        assert entry["level"] == "WARNING"
+        assert entry["logger"] == "cluster.ingress"
+        assert entry["count"] == BAD_CLIENTS
+        assert entry["first_time"] <= entry["last_time"]
+        assert entry["last_time_iso"].endswith("Z")
+        # the start-up warning, logged before the admin port was served, on every member
+        for member in tool_json(cluster, "errors")["members"]:
+            assert any(START_UP_WARNING in e["message"] for e in member["errors"]), member
         text = tool(cluster, "errors")
         assert text.returncode == 0
-        assert "WARNING cluster.ingress: closing ingress connection after bad frame" in text.stdout
+        [row] = [line for line in text.stdout.splitlines() if "bad frame" in line]
+        assert row.split()[0] == str(BAD_CLIENTS)
+        assert row.split()[3:5] == ["WARNING", "cluster.ingress"]
+        assert text.stdout.count(START_UP_WARNING) == 3
+        print("\n" + text.stdout)
 
         # invalidate the latest snapshot on every member
         result = tool(cluster, "invalidate-latest-snapshot")
         assert result.returncode == 0, result.stderr
         assert result.stdout.count("invalidate latest snapshot: true") == 3
         again = tool_json(cluster, "invalidate-latest-snapshot", "--member", "0")
-        assert again["members"] == [{"member_id": 0, "ok": True, "invalidated": False}]
+        assert again["members"] == [
+            {
+                "member_id": 0,
+                "reachable": True,
+                "ok": True,
+                "invalidated": False,
+                "message": "invalidate latest snapshot: false",
+                "error": None,
+            }
+        ]
         for member in tool_json(cluster, "recording-log")["members"]:
             snapshots = [e for e in member["entries"] if e["type"] == "SNAPSHOT"]
             assert snapshots
@@ -306,16 +363,31 @@ def test_killed_and_frozen_members_show_as_unreachable(tmp_path: Path) -> None:
         cluster.kill(follower)
 
         result = tool(cluster, "describe")
-        assert result.returncode == 0, result.stderr
+        assert result.returncode == 1, result.stderr  # a member is down
         assert "Traceback" not in result.stderr
         row = next(line for line in result.stdout.splitlines() if line.startswith(str(follower)))
         assert "down" in row
-        document = tool_json(cluster, "describe")
+        document = tool_json(cluster, "describe", code=1)
         members = {m["member_id"]: m for m in document["members"]}
         assert members[follower]["reachable"] is False
         assert members[follower]["error"]
+        assert members[follower]["role"] is None
+        assert members[follower].keys() == members[leader].keys()  # the same shape
         assert document["leader_member_id"] == leader
         assert all(members[i]["reachable"] for i in range(3) if i != follower)
+        health = tool_json(cluster, "health", code=1)
+        assert health["healthy"] is False
+        assert health["problems"] == [f"member {follower} down: {members[follower]['error']}"]
+        # the other queries: the down member has the same keys as the others, and an error
+        for command, key in (("recording-log", "entries"), ("errors", "errors")):
+            items = {m["member_id"]: m for m in tool_json(cluster, command)["members"]}
+            assert items[follower].keys() == items[leader].keys(), command
+            assert items[follower][key] == []
+            assert items[follower]["error"]
+            assert items[leader]["error"] is None
+        listed = {m["member_id"]: m for m in tool_json(cluster, "list-members")["members"]}
+        assert listed[follower]["reachable"] is False
+        assert listed[follower].keys() == listed[leader].keys()
 
         # the leader still commits with two of three
         snap = tool(cluster, "snapshot")
@@ -328,7 +400,7 @@ def test_killed_and_frozen_members_show_as_unreachable(tmp_path: Path) -> None:
             started = time.monotonic()
             frozen = tool(cluster, "--json", "--timeout", "1s", "describe")
             assert time.monotonic() - started < 10
-            assert frozen.returncode == 0, frozen.stderr
+            assert frozen.returncode == 1, frozen.stderr
             members = {m["member_id"]: m for m in json.loads(frozen.stdout)["members"]}
             assert members[other]["reachable"] is False
             assert "no reply within 1s" in members[other]["error"]
