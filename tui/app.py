@@ -29,8 +29,10 @@ import asyncio
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import suppress
+from pathlib import Path
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -39,92 +41,42 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
-from textual.widgets import DataTable, Footer, Header, Label, RichLog, Sparkline, Static
+from textual.widgets import DataTable, Footer, Header, Label, RichLog, Static
 
 from cluster.admin_client import use_certs
 from cluster.config import UsageParser, add_version, duration_seconds
 from cluster.transport.tls import TlsError
 
+from .events import FILTERS, Event, Severity
+from .graph import fmt_rate
 from .messages import ActionDone, ClusterPolled
-from .model import ClusterModel, Event, MemberRow, SessionRow, Severity
+from .model import ClusterModel
+from .render import (
+    HEALTH_COLUMNS,
+    MEMBER_COLUMNS,
+    REDIRECT_COLUMNS,
+    SESSION_COLUMNS,
+    Cell,
+    action_text,
+    banner_text,
+    cell_key,
+    clock_text,
+    event_line,
+    graph_text,
+    health_values,
+    member_values,
+    session_values,
+)
 from .screens import ConfirmScreen
+from .shots import save_screenshot
 from .source import ActionResult, ClusterSource, LiveSource, MemberPoll, SourceError
 
 __all__ = ["ClusterConsole", "main"]
 
 ERRORS_EVERY = 4  # rounds between two ``errors`` fetches
 ERRORS_LIMIT = 50
-
-MEMBER_COLUMNS = (
-    ("member", "id"),
-    ("admin", "admin port"),
-    ("status", "status"),
-    ("role", "role"),
-    ("term", "term"),
-    ("commit", "commit"),
-    ("append", "append"),
-    ("lag", "lag B"),
-    ("election", "election"),
-    ("module", "module"),
-    ("sessions", "sess"),
-    ("heartbeat", "heard / error"),
-)
-SESSION_COLUMNS = (
-    ("id", "session"),
-    ("state", "state"),
-    ("channel", "response channel"),
-    ("activity", "last activity"),
-    ("reason", "close reason"),
-)
-REDIRECT_COLUMNS = (("member", "member"), ("count", "redirects"))
-
-_SEVERITY_STYLE = {"information": "", "warning": "yellow", "error": "bold red"}
-_KIND_STYLE = {
-    "leader": "bold magenta",
-    "election": "magenta",
-    "member": "cyan",
-    "snapshot": "green",
-    "session": "blue",
-    "redirect": "bright_blue",
-    "error": "red",
-    "action": "bold green",
-    "console": "red",
-    "disk": "bold red",
-}
-
-
-def _fmt_int(value: int | None) -> str:
-    return "-" if value is None else f"{value:,}"
-
-
-def _fmt_rate(value: float | None, unit: str) -> str:
-    if value is None:
-        return "-"
-    for prefix in ("", "Ki", "Mi", "Gi"):
-        if value < 1024 or prefix == "Gi":
-            return f"{value:,.0f} {prefix}{unit}" if not prefix else f"{value:.1f} {prefix}{unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def _fmt_ms(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    return f"{ms} ms" if ms < 1000 else f"{ms / 1000:.1f} s"
-
-
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _cell_key(value: str | Text) -> object:
-    if isinstance(value, Text):
-        return (value.plain, str(value.style), tuple(value.spans))
-    return value
-
-
-def _clock_text(at: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(at))
+EVENTS_KEPT = 5000  # lines of the events log kept (and scrollable)
+OWN_SESSION_GRACE = 30.0  # seconds a redirect may still be the console's own session's
 
 
 class ClusterConsole(App[None]):
@@ -136,6 +88,8 @@ class ClusterConsole(App[None]):
         Binding("s", "snapshot", "Snapshot"),
         Binding("p", "suspend", "Suspend"),
         Binding("r", "resume", "Resume"),
+        Binding("f", "filter", "Filter events"),
+        Binding("c", "screenshot", "Screenshot"),
         Binding("q", "quit", "Quit"),
     ]
 
@@ -148,6 +102,7 @@ class ClusterConsole(App[None]):
         closed_retention: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        screenshot_dir: str | Path | None = None,
     ) -> None:
         super().__init__()
         self.source = source
@@ -159,7 +114,10 @@ class ClusterConsole(App[None]):
             source.members, closed_retention=closed_retention, wall_clock=wall_clock
         )
         self.rounds = 0
-        self.events: list[Event] = []
+        self.events: deque[Event] = deque(maxlen=EVENTS_KEPT)
+        self.event_filter = 0  # index into FILTERS
+        self.screenshot_dir = Path(screenshot_dir) if screenshot_dir is not None else Path.cwd()
+        self.screenshots: list[Path] = []
         self.action_results: list[ActionResult] = []
         self._cells: dict[tuple[str, str, str], object] = {}
         self._busy: str | None = None
@@ -170,32 +128,42 @@ class ClusterConsole(App[None]):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static(id="banner")
-        yield DataTable(id="members", cursor_type="none", zebra_stripes=True)
+        with Vertical(id="tables"):
+            yield DataTable(id="members", cursor_type="none", zebra_stripes=True)
+            yield DataTable(id="health", cursor_type="none", zebra_stripes=True)
         with Horizontal(id="middle"):
-            with Vertical(id="sessions-panel"):
-                yield Label("ClusterSessions (leader's view; closed ones stay dimmed)")
-                yield DataTable(id="sessions", cursor_type="none")
+            with Vertical(id="left"):
+                with Vertical(id="sessions-panel"):
+                    yield Label("ClusterSessions (leader's view; closed ones stay dimmed)")
+                    yield DataTable(id="sessions", cursor_type="none")
+                yield RichLog(id="events", max_lines=EVENTS_KEPT, wrap=False)
             with Vertical(id="side"):
                 yield Label("Committed bytes/s (leader)")
-                yield Sparkline([0.0], id="throughput")
+                yield Static(id="graph")
                 yield Static("waiting for samples", id="rates")
-                yield Label("Redirects")
+                yield Label("Redirects of clients")
                 yield DataTable(id="redirect-counts", cursor_type="none")
                 yield Static("none yet", id="recent-redirects")
-        yield RichLog(id="events", max_lines=2000, wrap=False)
         yield Footer()
 
     def on_mount(self) -> None:
         members = self.query_one("#members", DataTable)
         for key, label in MEMBER_COLUMNS:
             members.add_column(label, key=key)
+        members.border_title = "Members"
+        health = self.query_one("#health", DataTable)
+        for key, label in HEALTH_COLUMNS:
+            health.add_column(label, key=key)
+        health.border_title = "Health (times: p99 bucket bound and mean over the last 5 s)"
         sessions = self.query_one("#sessions", DataTable)
         for key, label in SESSION_COLUMNS:
             sessions.add_column(label, key=key)
         redirects = self.query_one("#redirect-counts", DataTable)
         for key, label in REDIRECT_COLUMNS:
             redirects.add_column(label, key=key)
+        self._title_events()
         self._render_all()
+        self.query_one("#events", RichLog).focus()
         self.poll_cluster()
 
     async def on_unmount(self) -> None:
@@ -260,9 +228,8 @@ class ClusterConsole(App[None]):
     @on(ClusterPolled)
     def _polled(self, message: ClusterPolled) -> None:
         try:
-            events: list[Event] = []
+            events = self.model.apply_round([poll for poll, _ in message.polls])
             for poll, records in message.polls:
-                events += self.model.apply(poll)
                 if records is not None:
                     events += self.model.apply_errors(poll.member_id, records)
             self.model.expire(self.clock())
@@ -281,28 +248,46 @@ class ClusterConsole(App[None]):
         if not events:
             return
         log = self.query_one("#events", RichLog)
+        keep = FILTERS[self.event_filter].keep
         for event in events:
             self.events.append(event)
-            line = Text()
-            line.append(_clock_text(event.at) + " ", style="dim")
-            line.append(f"{event.kind:<8} ", style=_KIND_STYLE.get(event.kind, ""))
-            line.append(event.text, style=_SEVERITY_STYLE[event.severity])
-            log.write(line)
+            if keep(event):
+                log.write(event_line(event))
+        self._title_events()
 
-    def _set_cell(self, table: DataTable[Any], row: str, column: str, value: str | Text) -> None:
+    def _title_events(self) -> None:
+        chosen = FILTERS[self.event_filter]
+        shown = sum(1 for e in self.events if chosen.keep(e))
+        self.query_one(
+            "#events", RichLog
+        ).border_title = (
+            f"Events: {chosen.name} ({shown} of {len(self.events)}) · f: filter · ↑↓ PgUp: scroll"
+        )
+
+    def action_filter(self) -> None:
+        """Show the next filter's events (all, warnings and errors, errors, cluster,
+        sessions and redirects, console actions)."""
+        self.event_filter = (self.event_filter + 1) % len(FILTERS)
+        chosen = FILTERS[self.event_filter]
+        log = self.query_one("#events", RichLog)
+        log.clear()
+        for event in self.events:
+            if chosen.keep(event):
+                log.write(event_line(event))
+        self._title_events()
+
+    def _set_cell(self, table: DataTable[Any], row: str, column: str, value: Cell) -> None:
         key = (str(table.id), row, column)
-        cached = _cell_key(value)
+        cached = cell_key(value)
         if self._cells.get(key) != cached:
             self._cells[key] = cached
             table.update_cell(row, column, value, update_width=True)
 
-    def _set_row(
-        self, table: DataTable[Any], row: str, values: Sequence[tuple[str, str | Text]]
-    ) -> None:
+    def _set_row(self, table: DataTable[Any], row: str, values: Sequence[tuple[str, Cell]]) -> None:
         if row not in table.rows:
             table.add_row(*(v for _, v in values), key=row)
             for column, value in values:
-                self._cells[(str(table.id), row, column)] = _cell_key(value)
+                self._cells[(str(table.id), row, column)] = cell_key(value)
             return
         for column, value in values:
             self._set_cell(table, row, column, value)
@@ -320,89 +305,15 @@ class ClusterConsole(App[None]):
         self._render_side()
 
     def _render_banner(self) -> None:
-        model = self.model
-        total = len(model.members)
-        text = Text()
-        if model.leader_id is not None:
-            text.append(f" LEADER member {model.leader_id} ", style="bold black on green")
-            text.append(f"  term {model.leader_term}")
-            text.append(f"  commit position {_fmt_int(model.leader_commit)}")
-        elif not any(m.known for m in model.members.values()):
-            text.append(" connecting to the admin ports... ", style="bold black on yellow")
-        else:
-            text.append(" NO LEADER ", style="bold white on red")
-            text.append("  election in progress or no quorum")
-        up = model.up_count
-        style = "green" if up == total else ("yellow" if up * 2 > total else "bold red")
-        text.append(f"  {up}/{total} members up", style=style)
-        for row in model.disk_trouble:
-            text.append("  ")
-            text.append(f" {row.disk.upper()}: member {row.member_id} ", style="bold white on red")
-        self._set_static("#banner", text)
-
-    def _member_values(self, row: MemberRow) -> list[tuple[str, str | Text]]:
-        now = self.clock()
-        if not row.known:
-            status = Text("...", style="dim")
-        elif row.up and row.disk:
-            status = Text(f"up, {row.disk.upper()}", style="bold red")
-        elif row.up:
-            status = Text("up", style="green")
-        elif row.last_up is None:
-            status = Text("UNREACHABLE", style="bold red")
-        else:
-            since = f" {now - row.changed_at:.0f}s" if row.changed_at is not None else ""
-            status = Text(f"DOWN{since}", style="bold red")
-        if row.role == "LEADER":
-            role = Text(" LEADER ", style="bold black on green")
-        elif row.role == "CANDIDATE":
-            role = Text("CANDIDATE", style="bold yellow")
-        else:
-            role = Text(row.role, style="" if row.up else "dim")
-        stale = "dim" if not row.up else ""
-        module = Text(row.module, style="yellow" if row.module not in ("ACTIVE", "-") else stale)
-        heartbeat = "self" if row.role == "LEADER" else _fmt_ms(row.heartbeat_ms)
-        return [
-            ("member", str(row.member_id)),
-            ("admin", row.endpoint),
-            ("status", status),
-            ("role", role),
-            ("term", Text(_fmt_int(row.term), style=stale)),
-            ("commit", Text(_fmt_int(row.commit), style=stale)),
-            ("append", Text(_fmt_int(row.append), style=stale)),
-            ("lag", _fmt_int(row.lag) if row.up else "-"),
-            ("election", Text(row.election, style=stale)),
-            ("module", module),
-            ("sessions", Text(_fmt_int(row.sessions), style=stale)),
-            ("heartbeat", heartbeat if row.up else Text(_clip(row.error, 20), style="red")),
-        ]
+        self._set_static("#banner", banner_text(self.model))
 
     def _render_members(self) -> None:
-        table = self.query_one("#members", DataTable)
-        for row in self.model.members.values():
-            self._set_row(table, str(row.member_id), self._member_values(row))
-
-    def _session_values(self, row: SessionRow) -> list[tuple[str, str | Text]]:
+        members = self.query_one("#members", DataTable)
+        health = self.query_one("#health", DataTable)
         now = self.clock()
-        if row.closed_at is not None:
-            style = "dim"
-            state = Text("CLOSED", style="dim red")
-            activity = Text(f"closed {now - row.closed_at:.0f}s ago", style=style)
-            reason_style = "dim yellow" if row.close_reason == "TIMEOUT" else style
-            reason = Text(row.close_reason or "-", style=reason_style)
-        else:
-            style = ""
-            state = Text(row.state, style="green" if row.state == "OPEN" else "yellow")
-            ms = row.last_activity_ms
-            activity = Text(f"{_fmt_ms(ms)} ago" if ms is not None else "-")
-            reason = Text(row.close_reason or "-")
-        return [
-            ("id", Text(str(row.session_id), style=style)),
-            ("state", state),
-            ("channel", Text(row.response_channel, style=style)),
-            ("activity", activity),
-            ("reason", reason),
-        ]
+        for row in self.model.members.values():
+            self._set_row(members, str(row.member_id), member_values(row, now))
+            self._set_row(health, str(row.member_id), health_values(row, self.model))
 
     def _render_sessions(self) -> None:
         table = self.query_one("#sessions", DataTable)
@@ -410,25 +321,20 @@ class ClusterConsole(App[None]):
         for key in [str(k.value) for k in table.rows if k.value not in shown]:
             self._remove_row(table, key)
         for sid in sorted(self.model.sessions):
-            self._set_row(table, str(sid), self._session_values(self.model.sessions[sid]))
+            self._set_row(table, str(sid), session_values(self.model.sessions[sid], self.clock()))
 
     def _render_side(self) -> None:
         model = self.model
-        sparkline = self.query_one("#throughput", Sparkline)
-        # a fixed window with zeros before the first sample; Sparkline scales from the
-        # smallest value, so a 0 keeps the bars proportional to the rate
+        graph = self.query_one("#graph", Static)
+        width = graph.size.width or 34
         samples = list(model.bytes_per_s)
-        data = [0.0] * (model.history - len(samples)) + samples
-        if min(data) > 0:
-            data.insert(0, 0.0)
-        if list(sparkline.data or []) != data:
-            sparkline.data = data
+        self._set_static("#graph", graph_text(samples, width))
         if model.bytes_per_s:
             msgs = f"{model.messages_rate:,.0f} msg/s" if model.messages_rate is not None else "-"
             peak = max(model.bytes_per_s)
             rates = (
-                f"now {_fmt_rate(model.bytes_rate, 'B/s')} · peak {_fmt_rate(peak, 'B/s')}\n"
-                f"leader ingress {msgs} · last {model.history} s"
+                f"now {fmt_rate(model.bytes_rate, 'B/s')} · peak {fmt_rate(peak, 'B/s')}\n"
+                f"leader ingress {msgs} · a bar a second"
             )
         else:
             rates = "waiting for a leader and two samples"
@@ -437,20 +343,20 @@ class ClusterConsole(App[None]):
         for row in model.members.values():
             self._set_row(
                 counts, str(row.member_id), [("member", str(row.member_id)),
-                                             ("count", _fmt_int(row.redirects))]
+                                             ("count", f"{row.client_redirects:,}")]
             )  # fmt: skip
         recent = Text()
         for r in list(model.redirects)[:3]:
             to = f"leader {r.leader_id}" if r.leader_id is not None else "no leader"
-            recent.append(f"{_clock_text(r.at)} member {r.member_id} -> {to} x{r.count}\n")
+            recent.append(f"{clock_text(r.at)} member {r.member_id} -> {to} x{r.count}\n")
         if not model.redirects:
             recent.append("none since the console started\n")
-        recent.append("(which client: not reported)", style="dim")
+        recent.append("(since each member started; which client: not reported)", style="dim")
         self._set_static("#recent-redirects", recent)
 
-    def _set_static(self, selector: str, content: str | Text) -> None:
+    def _set_static(self, selector: str, content: Cell) -> None:
         key = ("static", selector, "")
-        cached = _cell_key(content)
+        cached = cell_key(content)
         if self._cells.get(key) != cached:
             self._cells[key] = cached
             self.query_one(selector, Static).update(content)
@@ -465,9 +371,20 @@ class ClusterConsole(App[None]):
         if self._busy is not None:
             self._refuse("snapshot", f"{self._busy} still in progress")
             return
+        target, why = self.model.snapshot_target()
+        if target is None:
+            self._refuse("snapshot", why)
+            return
         self._busy = "snapshot"
-        self._record([self.model.event("action", "snapshot requested (AdminRequest SNAPSHOT)")])
-        self.send_action("snapshot", None)
+        self.model.expect_own_session(target, self.clock() + OWN_SESSION_GRACE)
+        self._record(
+            [
+                self.model.event(
+                    "action", f"snapshot requested (AdminRequest SNAPSHOT to leader {target})"
+                )
+            ]
+        )
+        self.send_action("snapshot", target)
 
     def action_suspend(self) -> None:
         self._confirm(
@@ -504,10 +421,12 @@ class ClusterConsole(App[None]):
     @work(group="action")
     async def send_action(self, action: str, member_id: int | None) -> None:
         try:
+            assert member_id is not None
             if action == "snapshot":
-                result = await self.source.snapshot()
+                result = await self.source.snapshot(member_id)
+                redirected = bool(result.details.get("redirected"))
+                self.model.own_session_done(member_id, redirected, self.clock())
             else:
-                assert member_id is not None
                 result = await self.source.admin_action(member_id, action)
         except Exception as exc:
             result = ActionResult(action, False, "FAILED", f"{type(exc).__name__}: {exc}")
@@ -521,16 +440,27 @@ class ClusterConsole(App[None]):
     def _report(self, result: ActionResult) -> None:
         self._busy = None
         self.action_results.append(result)
-        where = f" (member {result.member_id})" if result.member_id is not None else ""
-        if result.action == "snapshot":
-            text = f"snapshot: AdminResponse {result.code}{where}: {result.message}"
-        else:
-            text = f"{result.action}: {result.code}{where}: {result.message}"
-        if not result.ok and result.code == "REFUSED":
-            text = f"{result.action} refused{where}: {result.message}"
+        text = action_text(result)
         severity: Severity = "information" if result.ok else "error"
         self._record([self.model.event("action", text, severity)])
         self.notify(text, title=result.action, severity=severity)
+
+    def action_screenshot(self, filename: str | None = None, path: str | None = None) -> None:
+        """Save an SVG of the screen under ``--screenshot-dir`` (the command palette's
+        "Save screenshot" too), and say where, or why not."""
+        directory = Path(path) if path is not None else self.screenshot_dir
+        try:
+            saved = save_screenshot(self.export_screenshot(), directory, filename)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            where = exc.filename or directory
+            text = f"screenshot not saved: {where}: {why}"
+            self._record([self.model.event("action", text, "error")])
+            self.notify(text, title="screenshot", severity="error")
+            return
+        self.screenshots.append(saved)
+        self._record([self.model.event("action", f"screenshot saved to {saved}")])
+        self.notify(str(saved), title="screenshot saved")
 
 
 # ---------------------------------------------------------------------- CLI
@@ -540,7 +470,8 @@ def build_parser() -> UsageParser:
     parser = UsageParser(
         prog="cluster-tui",
         description="Live operator console of a Triarch cluster (members' admin ports).",
-        epilog="keys: s snapshot, p suspend, r resume (with a confirmation), q quit",
+        epilog="keys: s snapshot, p suspend, r resume (with a confirmation), f filter the "
+        "events, c save a screenshot, q quit",
     )
     add_version(parser)
     parser.add_argument(
@@ -575,6 +506,12 @@ def build_parser() -> UsageParser:
         help="a client-<NAME> folder from `cluster-tool certs`, for a cluster with TLS "
         "(default: $CLUSTER_CERTS_DIR)",
     )
+    parser.add_argument(
+        "--screenshot-dir",
+        default=os.environ.get("CLUSTER_TUI_SCREENSHOT_DIR", "."),
+        help="where `c` saves screenshots, created if missing (default: "
+        "$CLUSTER_TUI_SCREENSHOT_DIR, else the current directory)",
+    )
     return parser
 
 
@@ -590,7 +527,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     source = LiveSource(
         members, timeout=args.timeout, credentials=credentials, certs_dir=args.certs_dir
     )
-    app = ClusterConsole(source, interval=args.interval, closed_retention=args.closed_retention)
+    app = ClusterConsole(
+        source,
+        interval=args.interval,
+        closed_retention=args.closed_retention,
+        screenshot_dir=Path(args.screenshot_dir).expanduser().absolute(),
+    )
     try:
         app.run()
     except KeyboardInterrupt:

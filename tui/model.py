@@ -21,7 +21,18 @@ are derived across polls:
   leader's ingress messages/s (every ingress frame, keepalives included), over windows
   of at least ``rate_window`` seconds;
 - **disk**: a member whose writes fail (``MemberStatus.disk``: a full disk) is marked
-  on its row, and its disk filling up and having space again are events.
+  on its row, and its disk filling up and having space again are events;
+- **module state and shutdown**: the leader's module state (SUSPENDED, SNAPSHOT,
+  QUITTING, TERMINATING) is the cluster's (:attr:`ClusterModel.headline`).  A member
+  that stops answering after it reported a stopping state (QUITTING, TERMINATING,
+  CLOSED) has *shut down*; one that vanishes while ACTIVE is *down*.  When every member
+  stops within ``together`` seconds the cluster has *stopped* (a shutdown, or its host
+  went away): that is said once, not as a crash and an election;
+- **timings**: fsync, duty-cycle and commit times per member from the histograms in
+  ``describe`` over the last ``timing_window`` seconds (:mod:`tui.timings`);
+- **the console's own session**: ``s`` opens a session to the leader only; if that
+  member no longer leads it redirects the console, and that redirect is the console's,
+  not a client's (:meth:`ClusterModel.expect_own_session`).
 """
 
 from __future__ import annotations
@@ -30,28 +41,27 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from cluster.config import MemberEndpoints
 from cluster.protocol.admin import FollowerStatus, IngressStatus, MemberStatus, SessionStatus
 
+from .errorfeed import error_events
+from .events import Event, Severity
+from .headline import STOPPING, Headline, headline
 from .source import MemberPoll
+from .timings import HistogramWindow, Timing
 
-__all__ = ["ClusterModel", "Event", "MemberRow", "RedirectRow", "SessionRow", "Severity"]
-
-Severity = Literal["information", "warning", "error"]
-
-ERRORS_PER_FETCH = 5  # at most this many new error records per member and fetch become events
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One line of the events log."""
-
-    at: float  # wall-clock seconds
-    kind: str  # election, leader, member, snapshot, session, redirect, error, action
-    text: str
-    severity: Severity = "information"
+__all__ = [
+    "STOPPING",
+    "ClusterModel",
+    "Event",
+    "Headline",
+    "MemberRow",
+    "RedirectRow",
+    "SessionRow",
+    "Severity",
+]
 
 
 @dataclass(slots=True)
@@ -76,6 +86,21 @@ class MemberRow:
     pid: int | None = None
     disk: str = ""  # "disk full" (or "disk error") while the member's writes fail
     disk_problem: str = ""
+    version: str = ""
+    uptime_s: float | None = None
+    archive_bytes: int | None = None
+    leader_changes: int | None = None
+    lag_s: float | None = None  # the leader's view: seconds behind (followers only)
+    fsync: Timing | None = None
+    cycle: Timing | None = None
+    commit_time: Timing | None = None  # leader only
+    stopped: str = ""  # "shut down" (said so before it went) or "stopped" (all went together)
+    snapshot_at: float | None = None  # monotonic time its snapshot count last grew
+    own_redirects: int = 0  # redirects of the console's own session (this pid)
+
+    @property
+    def client_redirects(self) -> int:
+        return max(0, self.redirects - self.own_redirects)
 
 
 @dataclass(slots=True)
@@ -87,6 +112,7 @@ class SessionRow:
     close_reason: str | None = None
     closed_at: float | None = None  # monotonic
     seen_at: float = 0.0  # monotonic time of the last describe that listed it
+    existing: bool = False  # open when the console first listed sessions
 
     @property
     def closed(self) -> bool:
@@ -129,6 +155,8 @@ class ClusterModel:
     closed_retention: float = 60.0
     history: int = 60
     rate_window: float = 1.0
+    together: float = 3.0
+    timing_window: float = 5.0
     wall_clock: Callable[[], float] = time.time
     members: dict[int, MemberRow] = field(init=False)
     sessions: dict[int, SessionRow] = field(init=False, default_factory=dict)
@@ -153,6 +181,11 @@ class ClusterModel:
         self._timeouts_pending = 0
         self._window: _RateWindow | None = None
         self._error_marks: dict[int, tuple[int | None, float]] = {}
+        self._windows = {m.member_id: HistogramWindow(self.timing_window) for m in self.endpoints}
+        self._sessions_listed = False
+        self._own_pending: dict[int, float] = {}  # member dialled -> until when (monotonic)
+        self.stopped_at: float | None = None  # monotonic: when the whole cluster stopped
+        self.stopped_clean = False
 
     # ------------------------------------------------------------------ derived views
 
@@ -181,29 +214,44 @@ class ClusterModel:
 
     def apply(self, poll: MemberPoll) -> list[Event]:
         """Take one member's poll; return the events it reveals."""
-        row = self.members.get(poll.member_id)
-        if row is None:
-            return []
-        self.polls += 1
+        return self.apply_round([poll])
+
+    def apply_round(self, polls: Sequence[MemberPoll]) -> list[Event]:
+        """Take one round of polls (every member that answered or failed); return the
+        events they reveal.  The leader is judged once, after the whole round."""
         events: list[Event] = []
-        status = poll.describe
-        if status is None:
-            events += self._member_down(row, poll)
-        else:
-            events += self._member_up(row, poll, status)
-        events += self._elect(poll.at)
-        if status is not None and poll.member_id == self.leader_id:
-            events += self._sessions_from_leader(status.sessions, poll.at)
-            self._sample_rates(poll.member_id, status, poll.at)
+        polls = [p for p in polls if p.member_id in self.members]
+        if not polls:
+            return events
+        for poll in polls:
+            self.polls += 1
+            row = self.members[poll.member_id]
+            status = poll.describe
+            if status is None:
+                events += self._member_down(row, poll)
+            else:
+                events += self._member_up(row, poll, status)
+        now = max(p.at for p in polls)
+        events += self._cluster_stopped(now)
+        events += self._elect(now)
+        for poll in polls:
+            status = poll.describe
+            if status is not None and poll.member_id == self.leader_id:
+                events += self._sessions_from_leader(status.sessions, poll.at)
+                self._sample_rates(poll.member_id, status, poll.at)
+        self._timings()
         return events
 
     def _member_down(self, row: MemberRow, poll: MemberPoll) -> list[Event]:
         events: list[Event] = []
-        if row.up or not row.known:
+        mid = row.member_id
+        if row.up and row.module in STOPPING:
+            row.stopped = "shut down"
+            events.append(self.event("member", f"member {mid} shut down (was {row.module})"))
+            row.changed_at = poll.at
+        elif row.up or not row.known:
             verb = "down" if row.up else "unreachable"
-            events.append(
-                self.event("member", f"member {row.member_id} {verb}: {poll.error}", "warning")
-            )
+            events.append(self.event("member", f"member {mid} {verb}: {poll.error}", "warning"))
             row.changed_at = poll.at
         row.known = True
         row.up = False
@@ -211,8 +259,40 @@ class ClusterModel:
         row.role = "-"
         row.heartbeat_ms = None
         row.lag = None
+        row.lag_s = None
         self._describes.pop(row.member_id, None)
         return events
+
+    def _cluster_stopped(self, now: float) -> list[Event]:
+        """Every member gone within ``together`` seconds of each other: the cluster stopped."""
+        rows = list(self.members.values())
+        if self.stopped_at is not None or any(r.up for r in rows):
+            return []
+        if not all(r.last_up is not None and r.changed_at is not None for r in rows):
+            return []  # one was never seen up: not a cluster that was running
+        first = min(r.changed_at or now for r in rows)
+        if now - first > self.together:
+            return []
+        shut = [r.member_id for r in rows if r.stopped == "shut down"]
+        snapshotted = [
+            r.member_id
+            for r in rows
+            if r.snapshot_at is not None and (r.changed_at or now) - r.snapshot_at <= self.together
+        ]
+        self.stopped_at = now
+        self.stopped_clean = bool(shut or snapshotted)
+        for r in rows:
+            r.stopped = r.stopped or "stopped"
+        took = f"{now - first:.1f}s" if now > first else "one poll"
+        if shut:
+            how = "a clean shutdown (members said so before they went)"
+        elif snapshotted:
+            how = "right after a snapshot: a clean SHUTDOWN, as far as the console can tell"
+        else:
+            how = "a shutdown, or their host went away; no member reported why"
+        return [
+            self.event("member", f"cluster stopped: all {len(rows)} members within {took}, {how}")
+        ]
 
     def _member_up(self, row: MemberRow, poll: MemberPoll, status: MemberStatus) -> list[Event]:
         events: list[Event] = []
@@ -223,6 +303,9 @@ class ClusterModel:
             how = "back up" if row.known else "up"
             events.append(self.event("member", f"member {mid} {how}: {role}, term {term}"))
             row.changed_at = poll.at
+            row.stopped = ""
+            self.stopped_at = None
+            self.stopped_clean = False
         row.known = True
         row.up = True
         row.error = ""
@@ -234,11 +317,17 @@ class ClusterModel:
         row.election = status.election_state
         row.module = status.module_state
         row.sessions = len(status.sessions)
+        row.version = status.version
+        row.uptime_s = status.uptime_s
+        row.archive_bytes = status.archive_bytes
+        row.leader_changes = status.leader_changes
+        self._windows[mid].add(poll.at, status.pid, status.histograms)
         events += self._disk_events(row, status)
         if role != "LEADER" and self.leader_id == mid:
             row.lag = None
         if role == "LEADER":
             row.lag = 0
+            row.lag_s = None
             row.heartbeat_ms = None
             self._apply_followers(status.followers)
         self._describes[mid] = status
@@ -266,6 +355,7 @@ class ClusterModel:
             if follower is None:
                 continue
             follower.lag = f.lag_bytes
+            follower.lag_s = f.lag_s
             follower.heartbeat_ms = f.last_heard_ms_ago
 
     def _counter_events(self, row: MemberRow, status: MemberStatus) -> list[Event]:
@@ -278,6 +368,8 @@ class ClusterModel:
         previous = self._baselines.get(mid)
         self._baselines[mid] = _Baseline(pid, counters, ingress, snapshots, module, row.role)
         row.redirects = counters.get("redirected_sessions", 0)
+        if row.pid != pid:
+            row.own_redirects = 0
         row.pid = pid
         if previous is None:
             return []
@@ -293,6 +385,7 @@ class ClusterModel:
             state = status.election_state
             events.append(self.event("election", f"member {mid} started an election ({state})"))
         if snapshots > previous.snapshots:
+            row.snapshot_at = row.last_up
             events.append(
                 self.event(
                     "snapshot",
@@ -305,7 +398,17 @@ class ClusterModel:
             events.append(
                 self.event("member", f"member {mid} {previous.module} -> {module}", severity)
             )
-        if redirected := delta("redirected_sessions"):
+        redirected = delta("redirected_sessions")
+        if redirected and self._own_pending.pop(mid, None) is not None:
+            redirected -= 1
+            row.own_redirects += 1
+            events.append(
+                self.event(
+                    "redirect",
+                    f"member {mid} redirected the console's own session (not a client's)",
+                )
+            )
+        if redirected:
             leader = status.leader_member_id if status.leader_member_id >= 0 else None
             self.redirects.appendleft(RedirectRow(self.wall_clock(), mid, redirected, leader))
             to = f"leader {leader}" if leader is not None else "no known leader"
@@ -352,13 +455,7 @@ class ClusterModel:
         events: list[Event] = []
         if leader != self.leader_id:
             if leader is None:
-                events.append(
-                    self.event(
-                        "leader",
-                        f"no leader (member {self.leader_id} no longer leads): election",
-                        "warning",
-                    )
-                )
+                events += self._leader_lost()
             elif not self._leader_seen:
                 events.append(self.event("leader", f"leader is member {leader}, term {term}"))
             else:
@@ -382,11 +479,89 @@ class ClusterModel:
                     row.lag = None
         return events
 
+    def _leader_lost(self) -> list[Event]:
+        was = self.leader_id
+        assert was is not None
+        row = self.members[was]
+        if self.stopped_at is not None:
+            return []  # said once, by the cluster-stopped event
+        if row.stopped == "shut down":
+            return [self.event("leader", f"no leader: member {was} shut down")]
+        if row.up:
+            text = f"no leader: member {was} no longer leads ({row.role}): election"
+        elif any(m.up for m in self.members.values()):
+            text = f"no leader: member {was} is down; the others elect a new one"
+        else:
+            text = f"no leader: member {was} is down and no member answers"
+        return [self.event("leader", text, "warning")]
+
+    @property
+    def headline(self) -> Headline:
+        """What the banner says the cluster is doing (see the module docstring)."""
+        return headline(self.members, self.leader_id, self.stopped_at, self.stopped_clean)
+
+    # ------------------------------------------------------------------ actions
+
+    def snapshot_target(self) -> tuple[int | None, str]:
+        """Where ``s`` sends its session: the leader, or None and why not."""
+        if self.leader_id is None:
+            return None, "no leader: nothing sent, so there is no AdminResponse"
+        module = self.members[self.leader_id].module
+        if module != "ACTIVE":
+            return None, f"the leader (member {self.leader_id}) is {module}: nothing sent"
+        return self.leader_id, ""
+
+    def expect_own_session(self, member_id: int, until: float) -> None:
+        """The console opens a session at ``member_id``: a redirect counted there before
+        ``until`` (monotonic) is the console's own, not a client's."""
+        self._own_pending[member_id] = until
+
+    def own_session_done(self, member_id: int, redirected: bool, now: float) -> None:
+        """The console's session ended; unless it was redirected, no redirect is owed."""
+        if not redirected:
+            self._own_pending.pop(member_id, None)
+        for mid, until in list(self._own_pending.items()):
+            if until < now:
+                del self._own_pending[mid]
+
+    # ------------------------------------------------------------------ timings
+
+    def _timings(self) -> None:
+        leader = self.leader_id
+        for mid, row in self.members.items():
+            window = self._windows[mid]
+            if not row.up:
+                continue
+            row.fsync = window.timing("fsync")
+            row.cycle = window.timing("duty_cycle")
+            row.commit_time = window.timing("commit") if mid == leader else None
+
+    def replication_time(self, follower: int) -> Timing | None:
+        """The leader's replication-lag histogram for ``follower`` over the window."""
+        if self.leader_id is None:
+            return None
+        return self._windows[self.leader_id].timing("replication", follower=str(follower))
+
     # ------------------------------------------------------------------ sessions
 
     def _sessions_from_leader(self, listed: Sequence[SessionStatus], now: float) -> list[Event]:
         events: list[Event] = []
         current: dict[int, SessionStatus] = {s.cluster_session_id: s for s in listed}
+        if not self._sessions_listed:  # the first listing is the baseline: no "opened"
+            self._sessions_listed = True
+            for s in current.values():
+                self.sessions[s.cluster_session_id] = SessionRow(
+                    s.cluster_session_id, s.state, existing=True
+                )
+            if current:
+                n = len(current)
+                events.append(
+                    self.event(
+                        "session",
+                        f"{n} session{'s' if n > 1 else ''} open when the console started "
+                        f"(leader {self.leader_id})",
+                    )
+                )
         for sid, s in current.items():
             row = self.sessions.get(sid)
             state = s.state
@@ -472,38 +647,4 @@ class ClusterModel:
         row = self.members.get(member_id)
         if row is None:
             return []
-        items = [r for r in records if isinstance(r.get("time"), int | float)]
-        newest = max((float(r["time"]) for r in items), default=0.0)
-        mark = self._error_marks.get(member_id)
-        if mark is None or mark[0] != row.pid:
-            self._error_marks[member_id] = (row.pid, newest)
-            if mark is None and items:
-                return [
-                    self.event(
-                        "error",
-                        f"member {member_id} logged {len(items)} warning(s)/error(s) before "
-                        "the console started (cluster-tool errors shows them)",
-                    )
-                ]
-            if mark is None:
-                return []
-            since = 0.0  # restarted: everything it logged is new
-        else:
-            since = mark[1]
-        fresh = sorted((r for r in items if float(r["time"]) > since), key=lambda r: r["time"])
-        self._error_marks[member_id] = (row.pid, max(newest, since))
-        events: list[Event] = []
-        if len(fresh) > ERRORS_PER_FETCH:
-            skipped = len(fresh) - ERRORS_PER_FETCH
-            events.append(
-                self.event("error", f"member {member_id}: {skipped} more warning(s) not shown")
-            )
-            fresh = fresh[-ERRORS_PER_FETCH:]
-        for r in fresh:
-            level = str(r.get("level", "WARNING"))
-            message = str(r.get("message", "")).splitlines()[0] if r.get("message") else ""
-            severity: Severity = "warning" if level == "WARNING" else "error"
-            events.append(
-                Event(float(r["time"]), "error", f"member {member_id} {level}: {message}", severity)
-            )
-        return events
+        return error_events(self._error_marks, member_id, row.pid, records, self.wall_clock())

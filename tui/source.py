@@ -8,7 +8,11 @@
   loopback address, and say so otherwise);
 - ``snapshot`` is an ``AdminRequest`` SNAPSHOT sent through the client library
   (:func:`client.connect` + :meth:`~client.ClusterClient.request_snapshot`), so the
-  answer is the cluster's ``AdminResponse``.
+  answer is the cluster's ``AdminResponse``.  The session is opened at the leader's
+  ingress only: a client given every member takes the first connection that opens, and
+  a follower answers with a REDIRECT, which the follower counts as a redirected session.
+  Only when the member dialled no longer leads is the console redirected
+  (``details["redirected"]``).
 
 ``describe`` answers are decoded with their type,
 :class:`~cluster.protocol.admin.MemberStatus` (:func:`~cluster.protocol.admin.decode_status`).
@@ -30,7 +34,14 @@ from cluster.config import MemberEndpoints, format_ingress_endpoints
 from cluster.protocol.admin import AdminReply, MemberStatus, decode_status
 from cluster.protocol.errors import ProtocolError
 
-__all__ = ["ActionResult", "ClusterSource", "LiveSource", "MemberPoll", "SourceError"]
+__all__ = [
+    "ADMIN_RESPONSE_CODES",
+    "ActionResult",
+    "ClusterSource",
+    "LiveSource",
+    "MemberPoll",
+    "SourceError",
+]
 
 
 class SourceError(Exception):
@@ -51,10 +62,14 @@ class MemberPoll:
         return self.describe is not None
 
 
+ADMIN_RESPONSE_CODES = ("OK", "ERROR", "UNAUTHORISED_ACCESS")
+"""The codes of an ``AdminResponse``; the others (REFUSED, FAILED) mean there was none."""
+
+
 @dataclass(slots=True)
 class ActionResult:
-    """The outcome of ``s`` / ``p`` / ``r``: ``code`` is OK, ERROR, UNAUTHORISED_ACCESS,
-    REFUSED (the member said no) or FAILED (no answer)."""
+    """The outcome of ``s`` / ``p`` / ``r``: ``code`` is OK, ERROR, UNAUTHORISED_ACCESS
+    (for ``s``: the AdminResponse's), REFUSED (the member said no) or FAILED (no answer)."""
 
     action: str
     ok: bool
@@ -78,8 +93,9 @@ class ClusterSource(Protocol):
         """The member's recent warnings and errors; :class:`SourceError` on failure."""
         ...
 
-    async def snapshot(self) -> ActionResult:
-        """AdminRequest SNAPSHOT through the client library; never raises."""
+    async def snapshot(self, member_id: int) -> ActionResult:
+        """AdminRequest SNAPSHOT through the client library, in a session opened at
+        ``member_id`` (the leader); never raises."""
         ...
 
     async def admin_action(self, member_id: int, command: str) -> ActionResult:
@@ -141,8 +157,11 @@ class LiveSource:
         body = await self._query(member_id, "errors", {"limit": str(limit)})
         return [r for r in body if isinstance(r, dict)] if isinstance(body, list) else []
 
-    async def snapshot(self) -> ActionResult:
-        endpoints = format_ingress_endpoints(self._members)
+    async def snapshot(self, member_id: int) -> ActionResult:
+        member = self._by_id.get(member_id)
+        if member is None:
+            return ActionResult("snapshot", False, "FAILED", f"no member {member_id}")
+        endpoints = format_ingress_endpoints([member])
         started = time.monotonic()
         try:
             async with client.connect(
@@ -158,7 +177,9 @@ class LiveSource:
         except client.AuthenticationRejectedError as exc:
             return ActionResult("snapshot", False, "REFUSED", f"authentication rejected: {exc}")
         except client.ConnectTimeoutError as exc:
-            return ActionResult("snapshot", False, "FAILED", f"no session: {exc}")
+            return ActionResult(
+                "snapshot", False, "FAILED", f"no session: {exc}", member_id=member_id
+            )
         except TimeoutError:
             return ActionResult(
                 "snapshot",
@@ -177,7 +198,7 @@ class LiveSource:
             code,
             message,
             member_id=leader,
-            details={"elapsed_s": round(elapsed, 3)},
+            details={"elapsed_s": round(elapsed, 3), "redirected": leader != member_id},
         )
 
     async def admin_action(self, member_id: int, command: str) -> ActionResult:

@@ -147,7 +147,7 @@ def test_errors_after_the_first_fetch_are_events() -> None:
     poll_all(model, 0.0, {0: body(0, "LEADER")})
     old = [{"time": 1.0, "level": "WARNING", "logger": "cluster", "message": "old"}]
     assert texts(model.apply_errors(0, old)) == [
-        "member 0 logged 1 warning(s)/error(s) before the console started "
+        "member 0 logged 1 distinct warning(s)/error(s) before the console started "
         "(cluster-tool errors shows them)"
     ]
     new = [*old, {"time": 2.0, "level": "ERROR", "logger": "cluster", "message": "bad\ntrace"}]
@@ -178,3 +178,252 @@ def test_a_full_disk_marks_the_member_and_is_an_event_when_it_fills_and_clears()
     assert events == ["member 0: disk writes resumed (disk full before)"]
     assert model.members[0].disk == ""
     assert model.disk_trouble == []
+
+
+# ---------------------------------------------------------------------- issue #21: the truth
+
+
+def three(model: ClusterModel, at: float, leader: dict[str, Any] | None = None) -> list[str]:
+    return poll_all(model, at, {0: body(0, "LEADER", **(leader or {})), 1: body(1), 2: body(2)})
+
+
+def test_a_suspended_leader_is_the_headline_not_a_green_leader() -> None:
+    model = ClusterModel(MEMBERS, wall_clock=lambda: 0.0)
+    three(model, 0.0)
+    assert model.headline.state == "LEADER member 0"
+    assert model.headline.tone == "ok"
+    events = three(model, 0.5, {"module_state": "SUSPENDED"})
+    assert "member 0 ACTIVE -> SUSPENDED" in events
+    verdict = model.headline
+    assert (verdict.state, verdict.tone) == ("SUSPENDED", "warn")
+    assert "leader member 0" in verdict.detail
+    assert "resumed" in verdict.detail
+    three(model, 1.0, {"module_state": "SNAPSHOT"})
+    assert model.headline.state == "SNAPSHOT"
+    three(model, 1.5, {"module_state": "TERMINATING"})
+    assert model.headline.state == "SHUTTING DOWN"
+    assert "TERMINATING" in model.headline.detail
+    three(model, 2.0)
+    assert model.headline.state == "LEADER member 0"
+
+
+def test_a_clean_shutdown_is_a_shutdown_not_a_crash_and_an_election() -> None:
+    model = ClusterModel(MEMBERS, wall_clock=lambda: 0.0)
+    three(model, 0.0)
+    quitting = {"module_state": "TERMINATING"}
+    poll_all(
+        model,
+        0.5,
+        {0: body(0, "LEADER", **quitting), 1: body(1, **quitting), 2: body(2, **quitting)},
+    )
+    events = poll_all(model, 1.0, {i: "connection refused" for i in range(3)})
+    assert "member 0 shut down (was TERMINATING)" in events
+    assert not any("down:" in t or "election" in t for t in events), events
+    assert any(t.startswith("cluster stopped: all 3 members") for t in events)
+    assert all(m.stopped == "shut down" for m in model.members.values())
+    assert model.headline.state == "SHUT DOWN"
+
+
+def test_all_members_gone_together_after_a_snapshot_is_a_shutdown() -> None:
+    """The nodes' SHUTDOWN takes a snapshot and stops; the console may never see a
+    stopping module state, but it sees the snapshots and every member going at once."""
+    model = ClusterModel(MEMBERS, wall_clock=lambda: 0.0)
+    three(model, 0.0)
+    poll_all(
+        model,
+        0.5,
+        {
+            0: body(0, "LEADER", snapshots_taken=1),
+            1: body(1, snapshots_taken=1),
+            2: body(2, snapshots_taken=1),
+        },
+    )
+    events = poll_all(model, 0.75, {0: "connection refused", 1: "reset", 2: "refused"})
+    assert len([t for t in events if "election" in t]) == 0, events
+    assert any("a clean SHUTDOWN" in t for t in events), events
+    assert model.headline.state == "SHUT DOWN"
+    assert model.stopped_clean
+    assert [m.stopped for m in model.members.values()] == ["stopped"] * 3
+    # started again: the stop is over
+    three(model, 5.0)
+    assert model.stopped_at is None
+    assert model.headline.state == "LEADER member 0"
+
+
+def test_a_leader_crash_is_down_and_an_election() -> None:
+    model = ClusterModel(MEMBERS, wall_clock=lambda: 0.0)
+    three(model, 0.0)
+    events = poll_all(model, 0.5, {0: "connection refused", 1: body(1), 2: body(2)})
+    assert "member 0 down: connection refused" in events
+    assert "no leader: member 0 is down; the others elect a new one" in events
+    assert model.members[0].stopped == ""
+    assert model.headline.state == "NO LEADER"
+    poll_all(model, 1.0, {1: body(1, "CANDIDATE", election_state="CANVASS"), 2: body(2)})
+    assert "election in progress (member 1: CANVASS)" in model.headline.detail
+    # the others go much later: not a cluster stopping together
+    events = poll_all(model, 9.0, {1: "connection refused", 2: "connection refused"})
+    assert model.stopped_at is None
+    assert model.headline.detail == "no member answers"
+
+
+def test_sessions_before_the_console_are_a_baseline_not_opened() -> None:
+    model = ClusterModel(MEMBERS, wall_clock=lambda: 0.0)
+    leader = body(0, "LEADER", sessions=[session(1), session(2)])
+    events = poll_all(model, 0.0, {0: leader, 1: body(1)})
+    assert events.count("2 sessions open when the console started (leader 0)") == 1
+    assert not any("opened" in t for t in events)
+    assert all(row.existing for row in model.sessions.values())
+    events = poll_all(
+        model, 0.5, {0: body(0, "LEADER", sessions=[session(1), session(2), session(3)])}
+    )
+    assert events == ["session 3 opened (127.0.0.1:5003)"]
+    assert not model.sessions[3].existing
+
+
+def test_no_leader_no_snapshot_and_the_console_never_names_a_missing_response() -> None:
+    from tui.render import action_text
+    from tui.source import ActionResult
+
+    model = ClusterModel(MEMBERS, wall_clock=lambda: 0.0)
+    assert model.snapshot_target() == (
+        None,
+        "no leader: nothing sent, so there is no AdminResponse",
+    )
+    three(model, 0.0)
+    assert model.snapshot_target() == (0, "")
+    three(model, 0.5, {"module_state": "SUSPENDED"})
+    target, why = model.snapshot_target()
+    assert target is None
+    assert "SUSPENDED" in why
+    failed = ActionResult("snapshot", False, "FAILED", "no session: timed out", member_id=0)
+    assert action_text(failed) == (
+        "snapshot failed, no AdminResponse (member 0): no session: timed out"
+    )
+    ok = ActionResult("snapshot", True, "OK", "SNAPSHOT taken at log position 9", member_id=0)
+    assert action_text(ok).startswith("snapshot: AdminResponse OK (member 0)")
+
+
+def test_the_consoles_own_session_is_not_a_client_redirect() -> None:
+    model = ClusterModel(MEMBERS, wall_clock=lambda: 0.0)
+    three(model, 0.0)
+    # ``s``: the console dials member 0, which lost the lead meanwhile and redirects it
+    model.expect_own_session(0, until=30.0)
+    events = poll_all(
+        model,
+        0.5,
+        {
+            0: body(0, counters={"redirected_sessions": 1}),
+            1: body(1, "LEADER", leadership_term_id=1),
+        },
+    )
+    assert "member 0 redirected the console's own session (not a client's)" in events
+    assert not any("client" in t and "redirected 1" in t for t in events)
+    assert not model.redirects
+    assert model.members[0].client_redirects == 0
+    # a client's redirect afterwards is one
+    events = poll_all(model, 1.0, {0: body(0, counters={"redirected_sessions": 2})})
+    assert "member 0 redirected 1 client to leader 0" in events
+    assert model.members[0].client_redirects == 1
+    # a session that was not redirected owes nothing: a later redirect is a client's
+    model.expect_own_session(1, until=30.0)
+    model.own_session_done(1, redirected=False, now=2.0)
+    events = poll_all(
+        model,
+        2.5,
+        {1: body(1, "LEADER", leadership_term_id=1, counters={"redirected_sessions": 1})},
+    )
+    assert any(t.startswith("member 1 redirected 1 client") for t in events)
+
+
+def test_throughput_graph_has_a_scale_and_a_blip_stays_small() -> None:
+    from tui.graph import BLOCKS, bars, nice_scale
+    from tui.render import graph_text
+
+    assert nice_scale([63.0]) == 1024.0  # the floor: 1 KiB/s
+    assert nice_scale([1500.0]) == 2048.0
+    assert nice_scale([3000.0]) == 5120.0
+    assert nice_scale([9000.0]) == 10240.0
+    assert nice_scale([2.5 * 1024 * 1024]) == 5 * 1024 * 1024
+    rows = bars([0.0, 63.0, 0.0], 1024.0, height=5, width=3)
+    assert [r[1] for r in rows] == [" ", " ", " ", " ", BLOCKS[2]]  # a sliver, not the height
+    rows = bars([1024.0], 1024.0, height=2, width=1)
+    assert rows == [BLOCKS[8], BLOCKS[8]]
+    text = graph_text([63.0, 500.0], width=30).plain.splitlines()
+    assert text[0].strip().startswith("1 KiB/s")
+    assert text[-1].strip().startswith("0")
+    assert len(text) == 5
+
+
+def histogram(name: str, counts: list[int], total: float, **labels: str) -> dict[str, Any]:
+    from cluster.metrics import LATENCY_BOUNDS_S
+
+    full = counts + [0] * (len(LATENCY_BOUNDS_S) + 1 - len(counts))
+    return {
+        "name": name,
+        "labels": labels,
+        "bounds": list(LATENCY_BOUNDS_S),
+        "counts": full,
+        "sum": total,
+        "count": sum(full),
+    }
+
+
+def test_fsync_and_duty_cycle_times_from_histogram_deltas() -> None:
+    from tui.timings import timing_text
+
+    model = ClusterModel(MEMBERS, wall_clock=lambda: 0.0, timing_window=5.0)
+    info = {"version": "1.2.3", "uptime_s": 125.0, "archive_bytes": 5 * 1024 * 1024}
+    before = [
+        histogram("fsync", [0, 0, 0, 0, 0, 0, 0, 0, 1000], 1000 * 2e-3),  # old: 2.56 ms bucket
+        histogram("duty_cycle", [500], 500 * 5e-6),
+        histogram("replication", [10], 10 * 5e-6, follower="1"),
+    ]
+    three(model, 0.0, {"histograms": before, **info})
+    row = model.members[0]
+    assert (row.version, row.uptime_s, row.archive_bytes) == ("1.2.3", 125.0, 5 * 1024 * 1024)
+    assert row.fsync is None  # one reading: nothing to compare yet
+    after = [
+        # 99 fast fsyncs (<= 40 µs) and one of ~1 s since the last poll
+        histogram(
+            "fsync",
+            [0, 0, 99, 0, 0, 0, 0, 0, 1000, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+            1000 * 2e-3 + 99 * 30e-6 + 1.0,
+        ),
+        histogram("duty_cycle", [500, 100], 500 * 5e-6 + 100 * 15e-6),
+        histogram("replication", [10, 0, 0, 4], 10 * 5e-6 + 4 * 70e-6, follower="1"),
+    ]
+    three(model, 1.0, {"histograms": after, **info})
+    fsync = model.members[0].fsync
+    assert fsync is not None
+    assert fsync.count == 100
+    assert fsync.p99 == 4e-05  # 99 of 100 at or below the 40 µs bound
+    assert fsync.mean is not None
+    assert abs(fsync.mean - (99 * 30e-6 + 1.0) / 100) < 1e-9
+    cycle = model.members[0].cycle
+    assert cycle is not None
+    assert cycle.count == 100
+    assert cycle.p99 == 2e-5
+    assert timing_text(cycle) == "p99≤20µs x̄15µs"
+    repl = model.replication_time(1)
+    assert repl is not None
+    assert repl.count == 4
+    assert repl.p99 == 8e-5
+    # nothing new: idle, not the old values
+    three(model, 2.0, {"histograms": after, **info})
+    three(model, 7.5, {"histograms": after, **info})
+    assert timing_text(model.members[0].fsync) == "idle"
+    # a restart (another pid) starts over
+    three(model, 8.0, {"histograms": before, "pid": 555})
+    assert model.members[0].fsync is None
+
+
+def test_follower_lag_seconds_from_the_leader() -> None:
+    model = ClusterModel(MEMBERS, wall_clock=lambda: 0.0)
+    followers = [
+        {"member_id": 1, "lag_bytes": 64, "lag_s": 0.25, "last_heard_ms_ago": 3},
+        {"member_id": 2, "lag_bytes": 0, "lag_s": 0.0},
+    ]
+    three(model, 0.0, {"followers": followers})
+    assert model.members[1].lag_s == 0.25
+    assert model.members[2].lag_s == 0.0
+    assert model.members[0].lag_s is None
