@@ -8,11 +8,13 @@ a member does, and a port nobody listens on (a member that is down)."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import socketserver
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -394,3 +396,44 @@ def test_common_options_before_or_after_the_command(capsys: pytest.CaptureFixtur
             capsys, "--members", members, "--snapshot-timeout", "5s", "--json", "snapshot"
         )
         assert (code, doc["ok"]) == (0, True)
+
+
+# ---------------------------------------------------------------------- the documentation
+
+
+def documented_shapes() -> dict[str, Any]:
+    """The JSON example under each ``### `command` `` heading of docs/cluster-tool.md."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cluster-tool.md").read_text()
+    found: dict[str, Any] = {}
+    for section in text.split("\n### `")[1:]:
+        name = section.split("`", 1)[0]
+        block = re.search(r"```json\n(.*?)```", section, re.S)
+        assert block is not None, name
+        found[name] = json.loads(block[1])
+    return found
+
+
+def test_the_documented_shapes_are_the_pinned_ones() -> None:
+    docs = documented_shapes()
+    assert set(docs) == {
+        "describe", "health", "list-members", "recording-log", "errors", "snapshot",
+        "invalidate-latest-snapshot", "certs",
+    }  # fmt: skip
+    assert set(docs["describe"]) == DESCRIBE
+    for member in docs["describe"]["members"]:  # elided with "...": a subset
+        assert set(member) - {"..."} <= DESCRIBE_MEMBER
+        assert {"member_id", "role", "reachable", "error"} <= set(member)
+    for name, top, member in (
+        ("health", HEALTH, HEALTH_MEMBER),
+        ("list-members", LIST, LIST_MEMBER),
+        ("recording-log", RECORDING_LOG, RECORDING_LOG_MEMBER),
+        ("errors", ERRORS, ERRORS_MEMBER),
+        ("invalidate-latest-snapshot", INVALIDATE, INVALIDATE_MEMBER),
+    ):
+        assert set(docs[name]) == top, name
+        assert all(set(m) == member for m in docs[name]["members"]), name
+    assert all(set(e) == ENTRY for e in docs["recording-log"]["members"][0]["entries"])
+    assert all(set(e) == ERROR for e in docs["errors"]["members"][0]["errors"])
+    assert set(docs["snapshot"]) == ACTION
+    assert set(docs["certs"]) == CERTS
+    assert set(docs["certs"]["folders"][0]) == {"path", "created"}
