@@ -1,16 +1,21 @@
 """The distinct error log (``cluster.errorlog``): one entry per distinct error, with a
-count and first and last times, bounded in entries and bytes whatever is logged."""
+count and first and last times, bounded in entries and bytes whatever is logged; and the
+admin server's ``errors`` answering from it, with or without ``main()``'s process log."""
 
 from __future__ import annotations
 
 import logging
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import trio
 
 from cluster import errorlog
+from cluster.agents.admin import AdminServer
 from cluster.errorlog import DistinctErrorLog, normalise
+from cluster.protocol.admin import AdminCommand, MemberStatus, decode_body
 
 
 @pytest.fixture
@@ -144,3 +149,67 @@ def test_install_once_on_the_cluster_logger() -> None:
 def test_limits_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         DistinctErrorLog(max_entries=0)
+
+
+# ---------------------------------------------------------------------- the admin server
+
+
+class _Target:
+    """What AdminServer needs of a node for ``errors``: its status and a network."""
+
+    def __init__(self) -> None:
+        self.network = self
+        self.config = None
+        self.admin_endpoint = ("127.0.0.1", 0)
+
+    def status(self) -> MemberStatus:
+        return MemberStatus(member_id=0)
+
+    async def serve(
+        self, host: str, port: int, handler: object, *, task_status: trio.TaskStatus[int]
+    ) -> None:
+        task_status.started(0)
+        await trio.sleep_forever()
+
+
+async def errors_of(server: AdminServer, **args: str) -> Any:
+    reply = await server.execute(AdminCommand(1, "errors", args))
+    assert reply.ok, reply.message
+    return decode_body(reply.body)
+
+
+async def test_a_node_without_main_has_an_error_log_while_it_serves() -> None:
+    errorlog.uninstall()
+    server = AdminServer(_Target())  # type: ignore[arg-type]
+    assert errorlog.installed() is None
+    log = logging.getLogger("cluster.test_errorlog_admin")
+    log.warning("before the admin port: not seen by a log of its own")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        for i in range(3):
+            log.warning("client %d sent garbage", i)
+        records = await errors_of(server)
+        assert [(r["count"], r["message"]) for r in records] == [(3, "client 2 sent garbage")]
+        summary = await errors_of(server, summary="1", limit="5")
+        assert summary == {"entries": records, "distinct": 1, "evicted": 0, "total": 3}
+        nursery.cancel_scope.cancel()
+    assert server.errors not in logging.getLogger("cluster").handlers  # detached
+
+
+async def test_the_process_log_has_what_was_logged_before_the_admin_port() -> None:
+    errorlog.uninstall()
+    process_log = errorlog.install()
+    try:
+        logging.getLogger("cluster.security").warning("start-up warning")
+        server = AdminServer(_Target())  # type: ignore[arg-type]
+        assert server.errors is process_log
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            messages = [r["message"] for r in await errors_of(server)]
+            assert messages == ["start-up warning"]
+            nursery.cancel_scope.cancel()
+        assert process_log in logging.getLogger("cluster").handlers  # still installed
+        reply = await server.execute(AdminCommand(2, "errors", {"limit": "many"}))
+        assert (reply.ok, reply.message) == (False, "bad limit 'many'")
+    finally:
+        errorlog.uninstall()
