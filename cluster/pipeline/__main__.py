@@ -1,34 +1,43 @@
 """``cluster-pipeline``: archive analytics and cross-member audit on Apache Spark.
 
-    cluster-pipeline --archives DIR [DIR ...] --out DIR [--master URL] [--skip-corrupt]
+    cluster-pipeline --archives LOCATION [LOCATION ...] --out LOCATION [--master URL]
+                     [--skip-corrupt]
 
 Reads the archives of one or more members (member directories such as
 ``cluster-data/node-0``, their ``archive/`` directories, or a directory holding member
-directories), writes the Parquet tables ``log_entries``, ``sessions``, ``terms`` and
-``timers``, ``report.json`` and ``throughput.png`` to ``--out``, and prints a summary.
+directories; local paths or Hadoop URIs such as ``file:///data/run``,
+``hdfs://nn:8020/triarch``, ``s3a://bucket/run``), writes the Parquet tables
+``log_entries``, ``sessions``, ``terms``, ``timers`` and ``admin_actions`` (partitioned
+by ``date``), ``report.json`` and ``throughput.png`` to ``--out`` (a path or a URI too),
+and prints a summary.  See ``docs/pipeline.md``.
 
 Exit status: 0 when the members are consistent, 1 when they are not (the report lists
 the divergences), 2 when the job could not run (damaged archives without
-``--skip-corrupt``, unusable paths, no Java).
+``--skip-corrupt``, unusable paths, no Java, PySpark not installed).
 
-Through ``spark-submit`` (the master then comes from spark-submit)::
+Through ``spark-submit`` (the master then comes from spark-submit), with the Python of
+the virtualenv where ``triarch[spark]`` is installed (nothing needs to be activated)::
 
-    spark-submit "$(python -c 'import cluster.pipeline.__main__ as m; print(m.__file__)')" \\
+    PYSPARK_PYTHON=/opt/triarch/.venv/bin/python /opt/triarch/.venv/bin/spark-submit \\
+        --master 'local[4]' "$(/opt/triarch/.venv/bin/python -m cluster.pipeline --script)" \\
         --archives ... --out ...
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
 import traceback
 from collections.abc import Sequence
 
-from ..config import add_version
-
 EXIT_CONSISTENT = 0
 EXIT_INCONSISTENT = 1
 EXIT_ERROR = 2
+
+EXTRA = "pip install 'triarch[spark]'"
+"""How to install what the pipeline needs (the ``spark`` extra)."""
 
 
 def _conf(text: str) -> tuple[str, str]:
@@ -38,22 +47,40 @@ def _conf(text: str) -> tuple[str, str]:
     return key, value
 
 
+class _PrintScript(argparse.Action):
+    """``--script``: print the path of this file (what spark-submit runs) and exit."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=(
+            "print the path of the file to give spark-submit, and exit"))  # fmt: skip
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        print(os.path.abspath(__file__))
+        parser.exit()
+
+
 def parser() -> argparse.ArgumentParser:
+    from cluster.config import add_version
+
     p = argparse.ArgumentParser(
         prog="cluster-pipeline",
         description="Archive analytics and cross-member consistency audit on Apache Spark.",
-        epilog="Exit status: 0 consistent, 1 divergences found, 2 the job could not run.",
+        epilog="Locations are local paths or Hadoop URIs (file://, hdfs://, s3a://). "
+        "Exit status: 0 consistent, 1 divergences found, 2 the job could not run.",
     )
     add_version(p)
+    p.add_argument("--script", action=_PrintScript)
     p.add_argument(
         "--archives",
         nargs="+",
         required=True,
-        metavar="DIR",
+        metavar="LOCATION",
         help="member directories (with archive/), archive directories, or a cluster "
-        "directory holding member directories",
+        "directory holding member directories: paths or URIs",
     )
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument(
+        "--out", required=True, metavar="LOCATION", help="output directory: a path or a URI"
+    )
     p.add_argument(
         "--master",
         default=None,
@@ -84,19 +111,30 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def missing_dependency(plot: bool = True) -> str | None:
+    """A line saying what is not installed (PySpark, PyArrow, matplotlib), or None."""
+    needed = [("pyspark", "PySpark"), ("pyarrow", "PyArrow")]
+    if plot:
+        needed.append(("matplotlib", "matplotlib (for the plot; --no-plot goes without)"))
+    for module, name in needed:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            return f"{name} is not installed in {sys.executable}: {EXTRA}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    try:
-        from cluster.pipeline.java import JavaMissingError
-        from cluster.pipeline.job import CorruptArchiveError, Options, run
-        from cluster.pipeline.report import summary
-        from cluster.pipeline.source import PipelineInputError
-    except ImportError as exc:
-        print(
-            f"cluster-pipeline: {exc}; install the spark extra: pip install -e '.[spark]'",
-            file=sys.stderr,
-        )
+    missing = missing_dependency(plot=not args.no_plot)
+    if missing is not None:
+        print(f"cluster-pipeline: {missing}", file=sys.stderr)
         return EXIT_ERROR
+    from cluster.pipeline.java import JavaMissingError
+    from cluster.pipeline.job import CorruptArchiveError, Options, run
+    from cluster.pipeline.report import summary
+    from cluster.pipeline.source import PipelineInputError
+
     options = Options(
         archives=args.archives,
         out=args.out,
@@ -119,5 +157,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_CONSISTENT if result.consistent else EXIT_INCONSISTENT
 
 
+def _run_as_file() -> int:
+    """Run as a file (``spark-submit .../cluster/pipeline/__main__.py``): this directory
+    comes off ``sys.path`` (its ``java.py``, ``job.py``... would shadow other modules) and
+    the package is imported from where it is installed, or from the tree this file is in.
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    try:
+        import cluster  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, os.path.dirname(os.path.dirname(here)))
+    try:
+        from cluster.pipeline.__main__ import main as package_main
+    except ImportError as exc:
+        print(
+            f"cluster-pipeline: {sys.executable} cannot import {exc.name or exc}: run "
+            "spark-submit with the Python where triarch is installed, e.g. "
+            "PYSPARK_PYTHON=/path/to/venv/bin/python spark-submit ...",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    return package_main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main() if __package__ else _run_as_file())

@@ -2,29 +2,33 @@
 
 Steps (all data work on the executors; the driver handles file lists and small results):
 
-1. :func:`~cluster.pipeline.source.discover_members` lists each member's segment files,
-   its saved commit position (``node-state.json``) and its recording-log terms.
-2. One pass over the log: the ``triarch_archive`` data source decodes every segment (one
-   partition each) straight into ``<out>/log_entries`` (Parquet), with a ``committed``
-   flag per row.
+1. :func:`~cluster.pipeline.source.discover_members` lists each member's segment files
+   and reads its commit position (``node-state.json``, ``recording.log`` snapshots) and
+   its recording-log terms, through Spark's Hadoop file system (paths or URIs).
+2. One pass over the log: :func:`~cluster.pipeline.source.scan` decodes every segment
+   (one partition each) straight into ``<out>/log_entries`` (Parquet), with a
+   ``committed`` flag per row.
 3. Problem rows (damaged records, rare) fail the job with every problem listed (their
    reasons read again from the damaged segments only) and nothing written, or with
    ``skip_corrupt`` are dropped from ``log_entries`` and reported.
 4. From the *canonical log* (one entry per position, see :func:`canonical_log`):
-   ``sessions``, ``terms`` and ``timers``.
+   ``sessions``, ``terms``, ``timers`` and ``admin_actions``.
 5. :mod:`.report` aggregates the report, checks cross-member consistency and draws the plot.
+
+Every table is partitioned by ``date`` (the UTC calendar day of its time column) and
+its times are Parquet ``TIMESTAMP_MICROS`` adjusted to UTC (see :data:`RUNTIME_CONF`).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
-import shutil
 import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,20 +45,22 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from .fs import HadoopFS, display, local_path
 from .java import ensure_java
 from .source import (
-    FORMAT,
     PROBLEM,
-    ArchiveDataSource,
     MemberArchive,
     PipelineInputError,
     Problem,
     discover_members,
-    plan_partitions,
+    scan,
 )
 
 __all__ = [
     "DEFAULT_MASTER",
+    "PARTITION_COLUMN",
+    "RUNTIME_CONF",
+    "TABLES",
     "CorruptArchiveError",
     "Options",
     "Result",
@@ -65,13 +71,32 @@ __all__ = [
 
 DEFAULT_MASTER = "local[*]"
 LOOPBACK = "127.0.0.1"
-TABLES = ("log_entries", "sessions", "terms", "timers")
+TABLES = ("log_entries", "sessions", "terms", "timers", "admin_actions")
+PARTITION_COLUMN = "date"
+"""Every table is partitioned by the UTC calendar day (``date=2026-11-26``) of its time
+column: the entry's for ``log_entries``, ``timers`` and ``admin_actions``, the open (or
+first seen) time for ``sessions``, the start for ``terms``."""
+
+RUNTIME_CONF = {
+    # Parquet INT64 TIMESTAMP(isAdjustedToUTC=true, MICROS), not the legacy INT96.
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.session.timeZone": "UTC",
+    # One segment file per binaryFile partition (see source.scan), one per Arrow batch.
+    "spark.sql.files.openCostInBytes": "134217728",
+    "spark.sql.files.maxPartitionBytes": "134217728",
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "1",
+}
+"""Settings the job holds while it runs (and puts back after, in a session it was
+given); the ``--conf`` options cannot change them."""
+
+PYTHON_CONF = "spark.pyspark.python"
 
 MESSAGE = "SessionMessageHeader"
 OPEN = "SessionOpenEvent"
 CLOSE = "SessionCloseEvent"
 TIMER = "TimerEvent"
 NEW_TERM = "NewLeadershipTermEvent"
+ACTION = "ClusterActionRequest"
 
 
 class CorruptArchiveError(Exception):
@@ -90,7 +115,9 @@ class CorruptArchiveError(Exception):
 @dataclass
 class Options:
     archives: Sequence[str | os.PathLike[str]]
+    """Paths or Hadoop URIs (``file://``, ``hdfs://``, ``s3a://``)."""
     out: str | os.PathLike[str]
+    """A path or a Hadoop URI."""
     master: str | None = None
     skip_corrupt: bool = False
     conf: dict[str, str] = field(default_factory=dict)
@@ -102,11 +129,18 @@ class Options:
 @dataclass
 class Result:
     report: dict[str, Any]
-    out: Path
+    out: str
+    """The output directory as a qualified Hadoop path (``file:/...``, ``s3a://...``)."""
 
     @property
     def consistent(self) -> bool:
         return bool(self.report["consistent"])
+
+    @property
+    def path(self) -> Path | None:
+        """The output directory on this machine, when it is a local one."""
+        local = local_path(self.out)
+        return None if local is None else Path(local)
 
 
 # ---------------------------------------------------------------------- session
@@ -133,12 +167,30 @@ def _under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def python_for_workers(conf: dict[str, str] | None = None) -> str:
+    """The Python the executors run: ``PYSPARK_PYTHON`` or ``spark.pyspark.python`` when
+    the user set either (``--conf``, ``spark-submit --conf``), else this interpreter.
+
+    Sets both, so that the Python workers import the same packages as the driver even
+    when the virtualenv is not activated (``PATH`` then finds another ``python3``)."""
+    chosen = (conf or {}).get(PYTHON_CONF) or os.environ.get("PYSPARK_PYTHON")
+    if not chosen and _under_spark_submit():
+        from pyspark import SparkConf, SparkContext
+
+        SparkContext._ensure_initialized()  # attach to spark-submit's JVM
+        chosen = SparkConf().get(PYTHON_CONF)  # from spark-submit --conf
+    python = chosen or sys.executable
+    os.environ["PYSPARK_PYTHON"] = python
+    return python
+
+
 def build_session(master: str | None = None, conf: dict[str, str] | None = None) -> SparkSession:
     """A SparkSession for the job: local Spark on loopback unless ``master`` says otherwise.
 
     In local mode and with a master on loopback, ``SPARK_LOCAL_IP`` and the driver's
     address are 127.0.0.1 and the web UI is off, so nothing listens beyond loopback.
-    Executors run this Python (``PYSPARK_PYTHON``) unless it is set already.
+    Executors run this Python unless ``PYSPARK_PYTHON`` or ``spark.pyspark.python`` says
+    otherwise (:func:`python_for_workers`).
     """
     submitted = _under_spark_submit()
     if master is None and not submitted:
@@ -154,15 +206,15 @@ def build_session(master: str | None = None, conf: dict[str, str] | None = None)
             .config("spark.driver.bindAddress", LOOPBACK)
             .config("spark.ui.enabled", "false")
         )
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if not submitted:
         ensure_java()
     settings = {
         "spark.sql.shuffle.partitions": "16",
-        "spark.sql.session.timeZone": "UTC",
         "spark.log.level": "WARN",
         "spark.ui.showConsoleProgress": "false",
+        **RUNTIME_CONF,
         **(conf or {}),
+        PYTHON_CONF: python_for_workers(conf),
     }
     for key, value in settings.items():
         builder = builder.config(key, value)
@@ -183,21 +235,40 @@ def _ship_package(spark: SparkSession) -> None:
     spark.sparkContext.addPyFile(str(target))
 
 
-def _register(spark: SparkSession) -> None:
-    """Register the data source once per session (registering again logs a warning)."""
-    if not getattr(spark, "_triarch_source_registered", False):
-        spark.dataSource.register(ArchiveDataSource)
-        spark._triarch_source_registered = True  # type: ignore[attr-defined]
+@contextmanager
+def _runtime_conf(spark: SparkSession) -> Iterator[None]:
+    """Hold :data:`RUNTIME_CONF` while the job runs; put the session's values back."""
+    before = {key: spark.conf.get(key, None) for key in RUNTIME_CONF}
+    for key, value in RUNTIME_CONF.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, old in before.items():
+            if old is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, old)
 
 
 # ---------------------------------------------------------------------- tables
 
 
+def _day(millis: Column) -> Column:
+    """The UTC calendar day of an epoch-milliseconds column (whatever the session's time
+    zone)."""
+    return F.date_from_unix_date(F.floor(millis / F.lit(86_400_000)).cast("int"))
+
+
+def _time(millis: str) -> Column:
+    return F.timestamp_millis(F.col(millis))
+
+
 def canonical_log(entries: DataFrame, members: Sequence[MemberArchive]) -> DataFrame:
-    """One entry per log position: the member with the highest saved commit position
-    supplies its whole log; each next member (by commit position, then log length) only
-    the positions past the logs already taken. Up to the lowest commit position every
-    member holds the same entries (the consistency check verifies it)."""
+    """One entry per log position: the member with the highest commit position supplies
+    its whole log; each next member (by commit position, then log length) only the
+    positions past the logs already taken. Up to the lowest commit position every member
+    holds the same entries (the consistency check verifies it)."""
     order = sorted(
         (m for m in members if m.segments),
         key=lambda m: (-m.commit_position, -m.end_position, m.name),
@@ -218,7 +289,7 @@ def canonical_log(entries: DataFrame, members: Sequence[MemberArchive]) -> DataF
 
 
 def _committed_flag(members: Sequence[MemberArchive]) -> Column:
-    """``position`` is below the row's member's saved commit position."""
+    """``position`` is below the row's member's commit position."""
     expr: Column | None = None
     for member in members:
         test = F.col("position") < F.lit(member.commit_position)
@@ -238,6 +309,13 @@ def _sessions(canonical: DataFrame) -> DataFrame:
         canonical.filter(F.col("cluster_session_id") >= 0)
         .groupBy("cluster_session_id")
         .agg(
+            F.first(F.when(is_open, F.col("principal")), ignorenulls=True).alias("principal"),
+            F.first(F.when(is_open, F.col("response_channel")), ignorenulls=True).alias(
+                "response_channel"
+            ),
+            F.first(F.when(is_open, F.col("response_stream_id")), ignorenulls=True).alias(
+                "response_stream_id"
+            ),
             F.min(F.when(is_open, F.col("timestamp"))).alias("opened_timestamp"),
             F.min(F.when(is_open, F.col("term"))).alias("opened_term"),
             F.min(F.when(is_open, F.col("position"))).alias("open_position"),
@@ -248,11 +326,17 @@ def _sessions(canonical: DataFrame) -> DataFrame:
             F.sum(F.when(is_msg, F.col("payload_size"))).alias("payload_bytes"),
             F.min(F.when(is_msg, F.col("timestamp"))).alias("first_message_timestamp"),
             F.max(F.when(is_msg, F.col("timestamp"))).alias("last_message_timestamp"),
+            F.min("timestamp").alias("first_seen_timestamp"),
         )
-        .withColumn("opened", F.timestamp_millis("opened_timestamp"))
-        .withColumn("closed", F.timestamp_millis("closed_timestamp"))
+        .withColumn("opened", _time("opened_timestamp"))
+        .withColumn("closed", _time("closed_timestamp"))
         .withColumn("duration_ms", F.col("closed_timestamp") - F.col("opened_timestamp"))
         .withColumn("payload_bytes", F.coalesce(F.col("payload_bytes"), F.lit(0)))
+        .withColumn(
+            PARTITION_COLUMN,
+            _day(F.coalesce(F.col("opened_timestamp"), F.col("first_seen_timestamp"))),
+        )
+        .drop("first_seen_timestamp")
     )
 
 
@@ -328,18 +412,30 @@ def _terms(
         )
     for row, following in zip(rows, [*rows[1:], None], strict=True):
         row[3] = following[2] if following is not None else log_end
-    return spark.createDataFrame([tuple(r) for r in rows], _TERMS_SCHEMA).withColumn(
-        "start_time", F.timestamp_millis("start_timestamp")
+    return (
+        spark.createDataFrame([tuple(r) for r in rows], _TERMS_SCHEMA)
+        .withColumn("start_time", _time("start_timestamp"))
+        .withColumn(PARTITION_COLUMN, _day(F.col("start_timestamp")))
     )
 
 
 def _timers(canonical: DataFrame) -> DataFrame:
     return canonical.filter(F.col("type") == TIMER).select(
-        "correlation_id",
-        "timestamp",
-        F.timestamp_millis("timestamp").alias("time"),
-        "term",
+        "correlation_id", "timestamp", "time", "term", "position", PARTITION_COLUMN
+    )
+
+
+def _admin_actions(canonical: DataFrame) -> DataFrame:
+    """The cluster actions of the log (SUSPEND, RESUME, SNAPSHOT, SHUTDOWN, ABORT)."""
+    return canonical.filter(F.col("type") == ACTION).select(
         "position",
+        "term",
+        "action",
+        "flags",
+        "timestamp",
+        "time",
+        "committed",
+        PARTITION_COLUMN,
     )
 
 
@@ -362,20 +458,27 @@ def _problems(
     if not damaged:
         return problems
     by_name = {m.name: m for m in members}
+    locations = {
+        location
+        for m in members
+        for _, location, _ in m.segments
+        if (m.name, location.rsplit("/", 1)[-1]) in damaged
+    }
     for row in (
-        spark.read.format(FORMAT)
-        .option("plan", plan_partitions(members, only=damaged))
-        .load()
+        scan(spark, members, only=locations)
         .filter(F.col("type") == PROBLEM)
         .select("member", "position", "length", "segment", "detail")
         .orderBy("member", "position")
         .collect()
     ):
         member = by_name[row["member"]]
+        location = next(
+            loc for _, loc, _ in member.segments if loc.rsplit("/", 1)[-1] == row["segment"]
+        )
         problems.append(
             Problem(
                 member.name,
-                str(member.archive_dir / row["segment"]),
+                display(location),
                 int(row["position"]),
                 str(row["detail"]),
                 int(row["length"]),
@@ -385,29 +488,20 @@ def _problems(
     return problems
 
 
-def _drop_problem_rows(spark: SparkSession, entries_path: Path) -> None:
+def _write(table: DataFrame, location: str, *order: str) -> None:
+    """Parquet partitioned by :data:`PARTITION_COLUMN`; ``order`` (a small table): one
+    file per partition, sorted."""
+    if order:
+        table = table.coalesce(1).sortWithinPartitions(PARTITION_COLUMN, *order)
+    table.write.mode("overwrite").partitionBy(PARTITION_COLUMN).parquet(location)
+
+
+def _drop_problem_rows(spark: SparkSession, fs: HadoopFS, entries_path: str) -> None:
     """Rewrite log_entries without the problem rows (``--skip-corrupt``)."""
-    staging = entries_path.with_name(entries_path.name + ".tmp")
-    (
-        spark.read.parquet(str(entries_path))
-        .filter(F.col("type") != PROBLEM)
-        .write.mode("overwrite")
-        .parquet(str(staging))
-    )
-    _remove(entries_path)
-    staging.rename(entries_path)
-
-
-def _write_small(table: DataFrame, key: str, path: Path) -> None:
-    """One sorted Parquet file (a per-session or per-term table is small)."""
-    table.coalesce(1).sortWithinPartitions(key).write.mode("overwrite").parquet(str(path))
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
+    staging = entries_path + ".tmp"
+    _write(spark.read.parquet(entries_path).filter(F.col("type") != PROBLEM), staging)
+    fs.delete(entries_path)
+    fs.rename(staging, entries_path)
 
 
 def run(options: Options, spark: SparkSession | None = None) -> Result:
@@ -417,9 +511,16 @@ def run(options: Options, spark: SparkSession | None = None) -> Result:
         PipelineInputError: an archive directory cannot be used at all.
         CorruptArchiveError: damaged files and not ``options.skip_corrupt``.
     """
+    started = time.monotonic()
+    if spark is None:
+        spark = build_session(options.master, options.conf)
+    with _runtime_conf(spark):
+        return _run(spark, options, started)
+
+
+def _run(spark: SparkSession, options: Options, started: float) -> Result:
     from . import report as reporting
 
-    started = time.monotonic()
     timings: dict[str, float] = {}
     mark = started
 
@@ -429,52 +530,49 @@ def run(options: Options, spark: SparkSession | None = None) -> Result:
         timings[step] = round(now - mark, 3)
         mark = now
 
-    out = Path(options.out).resolve()
-    members = discover_members(options.archives)
+    lap("session")
+    fs = HadoopFS(spark)
+    members = discover_members(fs, [os.fspath(a) for a in options.archives])
     if not any(m.segments for m in members):
         raise PipelineInputError(
-            "no segment files in " + ", ".join(str(m.archive_dir) for m in members)
+            "no segment files in " + ", ".join(display(m.archive_dir) for m in members)
         )
-    if spark is None:
-        spark = build_session(options.master, options.conf)
-    _register(spark)
-    lap("session")
-    out.mkdir(parents=True, exist_ok=True)
+    out = fs.qualify(os.fspath(options.out))
+    lap("discover")
+    fs.mkdirs(out)
     for name in (*TABLES, "log_entries.tmp", "report.json", "throughput.png"):
-        _remove(out / name)  # never leave the tables of an earlier run next to a failure
+        fs.delete(fs.child(out, name))  # never leave the tables of an earlier run next to a failure
 
-    entries_path = out / "log_entries"
+    entries_path = fs.child(out, "log_entries")
     try:
         # The one pass over the logs: decode every segment straight into log_entries.
-        (
-            spark.read.format(FORMAT)
-            .option("plan", plan_partitions(members))
-            .load()
+        _write(
+            scan(spark, members)
             .drop("detail")
-            .withColumn("time", F.timestamp_millis("timestamp"))
+            .withColumn("time", _time("timestamp"))
             .withColumn("committed", _committed_flag(members))
-            .write.mode("overwrite")
-            .parquet(str(entries_path))
+            .withColumn(PARTITION_COLUMN, _day(F.col("timestamp"))),
+            entries_path,
         )
         lap("scan")
-        problems = _problems(spark, members, spark.read.parquet(str(entries_path)))
+        problems = _problems(spark, members, spark.read.parquet(entries_path))
         if problems and not options.skip_corrupt:
             raise CorruptArchiveError(problems)
         if any(p.from_segment_data for p in problems):
-            _drop_problem_rows(spark, entries_path)
+            _drop_problem_rows(spark, fs, entries_path)
         lap("problems")
     except BaseException:
-        _remove(entries_path)
+        fs.delete(entries_path)
         raise
 
-    entries = spark.read.parquet(str(entries_path))
+    entries = spark.read.parquet(entries_path)
     canonical = canonical_log(entries, members)
     log_end = max(m.end_position for m in members)
-    sessions = _sessions(canonical)
-    _write_small(sessions, "cluster_session_id", out / "sessions")
-    terms = _terms(spark, canonical, members, log_end)
-    _write_small(terms, "term", out / "terms")
-    _write_small(_timers(canonical), "position", out / "timers")
+    tables = {name: fs.child(out, name) for name in TABLES}
+    _write(_sessions(canonical), tables["sessions"], "cluster_session_id")
+    _write(_terms(spark, canonical, members, log_end), tables["terms"], "term")
+    _write(_timers(canonical), tables["timers"], "position")
+    _write(_admin_actions(canonical), tables["admin_actions"], "position")
     lap("tables")
 
     document = reporting.build(
@@ -482,20 +580,22 @@ def run(options: Options, spark: SparkSession | None = None) -> Result:
         members=members,
         entries=entries,
         canonical=canonical,
-        sessions=spark.read.parquet(str(out / "sessions")),
-        terms=spark.read.parquet(str(out / "terms")),
+        sessions=spark.read.parquet(tables["sessions"]),
+        terms=spark.read.parquet(tables["terms"]),
+        actions=spark.read.parquet(tables["admin_actions"]),
         problems=problems,
         max_divergences=options.max_divergences,
     )
     lap("report")
-    document["tables"] = {name: str(out / name) for name in TABLES}
+    document["tables"] = {name: display(location) for name, location in tables.items()}
+    document["partitioned_by"] = PARTITION_COLUMN
     if options.plot:
-        plot = out / "throughput.png"
-        reporting.plot_throughput(document, plot)
-        document["plot"] = str(plot)
+        plot = fs.child(out, "throughput.png")
+        fs.write_bytes(plot, reporting.plot_throughput(document))
+        document["plot"] = display(plot)
         lap("plot")
     document["master"] = spark.sparkContext.master
     document["elapsed_seconds"] = round(time.monotonic() - started, 3)
     document["timings"] = timings
-    reporting.write(document, out / "report.json")
+    fs.write_bytes(fs.child(out, "report.json"), reporting.encode(document))
     return Result(document, out)

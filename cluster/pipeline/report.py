@@ -12,12 +12,11 @@ the member with the highest commit position).
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
 import math
-import os
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -25,7 +24,7 @@ from pyspark.sql import functions as F
 
 from .source import MemberArchive, Problem
 
-__all__ = ["build", "check_consistency", "plot_throughput", "summary", "write"]
+__all__ = ["build", "check_consistency", "encode", "plot_throughput", "summary"]
 
 MESSAGE = "SessionMessageHeader"
 MAX_BUCKETS = 600
@@ -33,6 +32,9 @@ MAX_BUCKETS = 600
 minutes) that gives at most this many."""
 BUCKETS_MS = (100, 200, 500, 1000, 2000, 5000, 10_000, 15_000, 30_000, 60_000)
 MAX_LISTED_SESSIONS = 1000
+MAX_LISTED_ACTIONS = 1000
+ACTION_COLOURS = {"SUSPEND": "tab:orange", "RESUME": "tab:green", "SNAPSHOT": "tab:purple",
+                  "SHUTDOWN": "tab:red", "ABORT": "tab:red"}  # fmt: skip
 
 
 def _iso(timestamp_ms: int | None) -> str | None:
@@ -94,8 +96,10 @@ def check_consistency(
         "checked_to": end,
         "rule": (
             "entries at positions in [checked_from, checked_to) must have the same length "
-            "and CRC on every member; checked_to is the lowest commit position saved in the "
-            "members' node-state.json (each a lower bound of the cluster's commit position)"
+            "and CRC on every member; checked_to is the lowest of the members' commit "
+            "positions, each the highest of the one saved in its node-state.json and its "
+            "latest snapshot's position in recording.log (each a lower bound of the "
+            "cluster's commit position)"
         ),
         "positions_checked": 0,
         "divergent_positions": 0,
@@ -292,6 +296,8 @@ def _session_summary(sessions: DataFrame) -> dict[str, Any]:
                 "closed": _iso(r["closed_timestamp"]),
                 "duration_ms": r["duration_ms"],
                 "close_reason": r["close_reason"],
+                "principal": r["principal"],
+                "response_channel": r["response_channel"],
             }
             for r in listed
         ],
@@ -307,6 +313,7 @@ def build(
     canonical: DataFrame,
     sessions: DataFrame,
     terms: DataFrame,
+    actions: DataFrame,
     problems: Sequence[Problem],
     max_divergences: int,
 ) -> dict[str, Any]:
@@ -386,6 +393,17 @@ def build(
             for r in term_rows
         ],
         "sessions": _session_summary(sessions),
+        "admin_actions": [
+            {
+                "position": int(r["position"]),
+                "term": r["term"],
+                "action": r["action"],
+                "flags": r["flags"],
+                "time": _iso(r["timestamp"]),
+                "committed": bool(r["committed"]),
+            }
+            for r in actions.orderBy("position").limit(MAX_LISTED_ACTIONS).collect()
+        ],
         "throughput": _throughput(canonical, bounds),
     }
 
@@ -393,14 +411,18 @@ def build(
 # ---------------------------------------------------------------------- output
 
 
-def write(document: dict[str, Any], path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+def encode(document: dict[str, Any]) -> bytes:
+    """``report.json``'s bytes."""
+    return (json.dumps(document, indent=2, sort_keys=False) + "\n").encode()
 
 
-def plot_throughput(document: dict[str, Any], path: Path) -> None:
-    """PNG of committed messages (and all entries) per second, term starts marked."""
+def _seconds_since(origin: float, iso: str) -> float:
+    return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() - origin
+
+
+def plot_throughput(document: dict[str, Any]) -> bytes:
+    """PNG of committed messages (and all entries) per second, term starts and admin
+    actions marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -418,21 +440,28 @@ def plot_throughput(document: dict[str, Any], path: Path) -> None:
         )
         start = throughput.get("from")
         if start is not None:
-            origin = dt.datetime.fromisoformat(start.replace("Z", "+00:00")).timestamp()
-            for term in document["messages_per_term"]:
-                if term["start"] is None:
-                    continue
-                at = dt.datetime.fromisoformat(term["start"].replace("Z", "+00:00")).timestamp()
-                ax.axvline(at - origin, color="grey", linestyle=":", linewidth=1)
+            origin = _seconds_since(0.0, start)
+            marks = [
+                (term["start"], f"term {term['term']} (leader {term['leader']})", "grey", ":")
+                for term in document["messages_per_term"]
+                if term["start"] is not None
+            ] + [
+                (a["time"], a["action"], ACTION_COLOURS.get(a["action"], "black"), "--")
+                for a in document["admin_actions"]
+                if a["time"] is not None
+            ]
+            for when, label, colour, style in marks:
+                at = _seconds_since(origin, when)
+                ax.axvline(at, color=colour, linestyle=style, linewidth=1)
                 ax.annotate(
-                    f"term {term['term']} (leader {term['leader']})",
-                    (at - origin, 1),
+                    label,
+                    (at, 1),
                     xycoords=("data", "axes fraction"),
                     rotation=90,
                     va="top",
                     ha="right",
                     fontsize=7,
-                    color="grey",
+                    color=colour,
                 )
         ax.set_xlabel(f"seconds since {start or 'start'} (buckets of {seconds:g} s)")
         ax.set_ylabel("per second")
@@ -440,7 +469,9 @@ def plot_throughput(document: dict[str, Any], path: Path) -> None:
         ax.legend(loc="upper right")
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        fig.savefig(path)
+        png = io.BytesIO()
+        fig.savefig(png, format="png")
+        return png.getvalue()
     finally:
         plt.close(fig)
 
@@ -485,10 +516,23 @@ def summary(document: dict[str, Any]) -> str:
     for s in shown:
         lines.append(
             f"  session {s['cluster_session_id']}: {s['messages']} messages, "
-            f"{s['payload_bytes']} payload bytes, closed {s['close_reason'] or '-'}"
+            f"{s['payload_bytes']} payload bytes, closed {s['close_reason'] or '-'}, "
+            f"principal {s['principal'] or '-'}, response channel "
+            f"{s['response_channel'] or '(the ingress connection)'}"
         )
     if sessions["count"] > len(shown):
         lines.append(f"  ... {sessions['count'] - len(shown)} more in report.json / sessions")
+    actions = document["admin_actions"]
+    if actions:
+        lines.append(
+            "admin actions: "
+            + ", ".join(
+                f"{a['action']} at {a['position']} ({a['time']}"
+                + ("" if a["committed"] else ", not committed")
+                + ")"
+                for a in actions
+            )
+        )
     th = document["throughput"]
     if th["series"]:
         lines.append(
@@ -517,7 +561,10 @@ def summary(document: dict[str, Any]) -> str:
                 f"{p['skipped_bytes']} bytes: {p['reason']}"
             )
     if "tables" in document:
-        out = Path(next(iter(document["tables"].values()))).parent
-        lines.append(f"written: {out}/{{log_entries,sessions,terms,timers}} (Parquet), report.json"
+        first = next(iter(document["tables"].values()))
+        out = first.rsplit("/", 1)[0]
+        names = ",".join(document["tables"])
+        lines.append(f"written: {out}/{{{names}}} (Parquet, partitioned by "
+                     f"{document.get('partitioned_by')}), report.json"
                      + (", throughput.png" if "plot" in document else ""))  # fmt: skip
     return "\n".join(lines)

@@ -1,16 +1,18 @@
-"""Reading members' archives: discovery on the driver, a PySpark data source on executors.
+"""Reading members' archives: discovery on the driver, decoding on the executors.
 
-The driver only lists files: :func:`discover_members` finds each member's segment files
-(``archive/log-<base>.seg``), its saved commit position (``node-state.json``) and its
-recording log, and :func:`plan_partitions` turns the segments into one
-:class:`SegmentPartition` each.  The data source :class:`ArchiveDataSource`
-(``spark.read.format("triarch_archive")``) reads every partition on an executor with
-:func:`read_segment`: the project's record scanner (:mod:`cluster.archive.reader`,
-CRC-checked, chunked) and log codec (:data:`cluster.protocol.codec.LOG`), yielding Arrow
-record batches of :data:`BATCH_ROWS` rows.  No log bytes go through the driver.
+The driver only lists files, through the Spark session's Hadoop file system
+(:class:`~cluster.pipeline.fs.HadoopFS`, so an archive may be a local path or a
+``file://``, ``hdfs://`` or ``s3a://`` location): :func:`discover_members` finds each
+member's segment files (``archive/log-<base>.seg``) and reads its small files, its saved
+commit position (``node-state.json``) and its recording log, through Spark's
+``binaryFile`` data source.  :func:`scan` reads the segment files with ``binaryFile``
+too, one file per partition (largest first), and decodes them on the executors
+(``mapInArrow`` with :func:`segment_decoder`): the project's record checks
+(:mod:`cluster.archive.record`) and log codec (:data:`cluster.protocol.codec.LOG`), into
+Arrow record batches of :data:`BATCH_ROWS` rows.  No log bytes go through the driver.
 
 A record that fails its checks (bad length or CRC, an incomplete record where the file
-ends, a CRC-valid body that does not decode) does not raise on the executor: the reader
+ends, a CRC-valid body that does not decode) does not raise on the executor: the decoder
 emits a *problem row* (``type == PROBLEM``) naming the position and the reason and stops
 reading that segment (or skips the one undecodable record, whose framing is intact).
 The job collects those rows and either fails with all of them listed or, with
@@ -20,27 +22,23 @@ The job collects those rows and either fails with all of them listed or, with
 from __future__ import annotations
 
 import itertools
-import json
-import os
 import re
-import shutil
 import tempfile
 import zlib
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-
 from ..archive.errors import ArchiveCorruptionError
 from ..archive.node_state import FILE_NAME as NODE_STATE_FILE
 from ..archive.node_state import NodeState
-from ..archive.reader import BadRecord, scan_records
-from ..archive.record import RECORD_HEADER_LENGTH
-from ..archive.recording_log import ENTRY_TYPE_TERM, RecordingLog
+from ..archive.reader import BadRecord
+from ..archive.record import RECORD_HEADER, RECORD_HEADER_LENGTH, RecordError, iter_records
+from ..archive.recording_log import ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM, RecordingLog
 from ..archive.recording_log import FILE_NAME as RECORDING_LOG_FILE
 from ..protocol.codec import LOG
+from ..protocol.enums import CLUSTER_ACTION_FLAG_TERMINATE
 from ..protocol.errors import ProtocolError
 from ..protocol.ingress import SessionMessageHeader
 from ..protocol.log import (
@@ -51,42 +49,77 @@ from ..protocol.log import (
     SessionOpenEvent,
     TimerEvent,
 )
+from .fs import HadoopFS, display, glob_escape
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
     "BATCH_ROWS",
-    "FORMAT",
+    "COLUMNS",
     "PROBLEM",
     "SCHEMA",
-    "ArchiveDataSource",
     "MemberArchive",
     "PipelineInputError",
     "Problem",
-    "SegmentPartition",
     "TermRecord",
+    "action_name",
+    "decode_segment",
     "discover_members",
-    "plan_partitions",
-    "read_segment",
+    "scan",
+    "segment_decoder",
 ]
 
-FORMAT = "triarch_archive"
-"""The data source's short name: ``spark.read.format(FORMAT)``."""
 PROBLEM = "PROBLEM"
 """``type`` of a problem row: ``position`` = where, ``length`` = bytes skipped, ``detail``."""
 BATCH_ROWS = 65536
 """Rows per Arrow record batch."""
 
-SCHEMA = (
-    "member STRING, position BIGINT, length INT, crc BIGINT, term BIGINT, type STRING, "
-    "cluster_session_id BIGINT, timestamp BIGINT, payload_size INT, correlation_id BIGINT, "
-    "close_reason STRING, action STRING, leader_member_id INT, base_position BIGINT, "
-    "segment STRING, detail STRING"
+COLUMNS = (
+    ("member", "STRING"),
+    ("position", "BIGINT"),
+    ("length", "INT"),
+    ("crc", "BIGINT"),
+    ("term", "BIGINT"),
+    ("type", "STRING"),
+    ("cluster_session_id", "BIGINT"),
+    ("timestamp", "BIGINT"),
+    ("payload_size", "INT"),
+    ("correlation_id", "BIGINT"),
+    ("close_reason", "STRING"),
+    ("action", "STRING"),
+    ("flags", "INT"),
+    ("leader_member_id", "INT"),
+    ("base_position", "BIGINT"),
+    ("principal", "STRING"),
+    ("response_stream_id", "INT"),
+    ("response_channel", "STRING"),
+    ("segment", "STRING"),
+    ("detail", "STRING"),
 )
-"""Columns of the scan (Spark DDL); see the README for their meaning."""
+"""Columns of the scan (name, Spark SQL type); docs/pipeline.md says what they mean."""
+SCHEMA = ", ".join(f"{name} {kind}" for name, kind in COLUMNS)
+"""The same as a Spark DDL string."""
+_SPARSE = COLUMNS[9:18]
+"""The columns that only some log messages have (correlation_id ... response_channel)."""
 
 _SEGMENT_NAME = re.compile(r"log-(\d{20})\.seg")
+
+
+def action_name(action: ClusterActionRequest) -> str:
+    """SUSPEND, RESUME, SNAPSHOT, ABORT, or SHUTDOWN: any action with the terminate flag
+    (a SNAPSHOT that stops every member), as ``cluster-tool shutdown`` requests it."""
+    if action.flags & CLUSTER_ACTION_FLAG_TERMINATE:
+        return "SHUTDOWN"
+    return action.action.name
+
+
+def principal_text(encoded: bytes) -> str | None:
+    """The session's principal as text (UTF-8; other bytes as ``\\xNN``), None if empty."""
+    if not encoded:
+        return None
+    return encoded.decode("utf-8", errors="backslashreplace")
 
 
 class PipelineInputError(Exception):
@@ -122,17 +155,24 @@ class TermRecord:
 
 @dataclass(slots=True)
 class MemberArchive:
-    """One member's files, as found on the driver (no log bytes read)."""
+    """One member's files, as found on the driver (no log bytes read).  Locations are
+    qualified Hadoop paths (:mod:`.fs`)."""
 
     name: str
-    directory: Path
+    directory: str
     """The member's data directory (``node-state.json``, ``recording.log``)."""
-    archive_dir: Path
+    archive_dir: str
     """The directory of its segment files."""
-    segments: list[tuple[int, Path, int]] = field(default_factory=list)
-    """``(base position, path, size)`` in log order."""
+    segments: list[tuple[int, str, int]] = field(default_factory=list)
+    """``(base position, location, size)`` in log order."""
     commit_position: int = 0
-    """Saved in ``node-state.json``: a lower bound of the commit position (0 if absent)."""
+    """A lower bound of the commit position: the highest of the one saved in
+    ``node-state.json`` and the position of the latest snapshot in ``recording.log`` (a
+    snapshot is taken at a committed position); 0 if neither is there."""
+    saved_commit_position: int = 0
+    """As saved in ``node-state.json`` (0 if absent)."""
+    snapshot_position: int = 0
+    """The log position of the latest valid snapshot entry of ``recording.log`` (0 if none)."""
     has_node_state: bool = False
     terms: list[TermRecord] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
@@ -153,12 +193,14 @@ class MemberArchive:
     def describe(self) -> dict[str, Any]:
         return {
             "member": self.name,
-            "directory": str(self.directory),
-            "archive": str(self.archive_dir),
+            "directory": display(self.directory),
+            "archive": display(self.archive_dir),
             "segments": len(self.segments),
             "start_position": self.start_position,
             "end_position": self.end_position,
             "commit_position": self.commit_position,
+            "saved_commit_position": self.saved_commit_position,
+            "snapshot_position": self.snapshot_position,
             "node_state": self.has_node_state,
             "recording_log_terms": [asdict(t) for t in self.terms],
         }
@@ -167,100 +209,124 @@ class MemberArchive:
 # ---------------------------------------------------------------------- driver side
 
 
-def _is_member_dir(path: Path) -> bool:
-    return (path / "archive").is_dir()
-
-
-def _has_segments(path: Path) -> bool:
-    return any(_SEGMENT_NAME.fullmatch(p.name) for p in path.iterdir())
-
-
-def _resolve(path: Path) -> list[tuple[Path, Path]]:
+def _resolve(fs: HadoopFS, raw: str) -> list[tuple[str, str]]:
     """``(member dir, archive dir)`` pairs for one ``--archives`` argument."""
-    if not path.is_dir():
-        raise PipelineInputError(f"{path}: not a directory")
-    if _is_member_dir(path):
-        return [(path, path / "archive")]
-    if _has_segments(path):
-        parent = path.parent
-        owner = parent if (parent / NODE_STATE_FILE).exists() else path
-        return [(owner, path)]
-    members = sorted(p for p in path.iterdir() if p.is_dir() and _is_member_dir(p))
+    info = fs.status(raw)
+    if info is None:
+        raise PipelineInputError(f"{raw}: no such directory")
+    if not info.is_dir:
+        raise PipelineInputError(f"{raw}: not a directory")
+    entries = fs.listdir(info.location)
+    archive = next((e for e in entries if e.is_dir and e.name == "archive"), None)
+    if archive is not None:
+        return [(info.location, archive.location)]
+    if any(_SEGMENT_NAME.fullmatch(e.name) and not e.is_dir for e in entries):
+        parent = fs.parent(info.location)
+        has_state = parent is not None and fs.exists(fs.child(parent, NODE_STATE_FILE))
+        return [(parent if has_state and parent is not None else info.location, info.location)]
+    members = []
+    for entry in entries:
+        if entry.is_dir:
+            inner = fs.status(fs.child(entry.location, "archive"))
+            if inner is not None and inner.is_dir:
+                members.append((entry.location, inner.location))
     if members:
-        return [(m, m / "archive") for m in members]
+        return members
     raise PipelineInputError(
-        f"{path}: no archive found (expected a member directory with archive/log-*.seg, "
+        f"{raw}: no archive found (expected a member directory with archive/log-*.seg, "
         "a directory of log-*.seg files, or a directory of member directories)"
     )
 
 
-def _list_segments(member: MemberArchive) -> None:
+def _list_segments(fs: HadoopFS, member: MemberArchive) -> None:
     """Fill ``member.segments``; a segment that does not start where the previous one ends
     is a problem (a truncated or missing segment file)."""
     found = []
-    for entry in os.scandir(member.archive_dir):
+    for entry in fs.listdir(member.archive_dir):
         match = _SEGMENT_NAME.fullmatch(entry.name)
-        if match is not None and entry.is_file(follow_symlinks=False):
-            found.append((int(match.group(1)), Path(entry.path), entry.stat().st_size))
+        if match is not None and not entry.is_dir:
+            found.append((int(match.group(1)), entry.location, entry.size))
     found.sort()
     for previous, current in itertools.pairwise(found):
         end = previous[0] + previous[2]
         if end != current[0]:
+            first, second = fs.name(previous[1]), fs.name(current[1])
             why = (
-                f"segment {previous[1].name} ends at log position {end} but the next one, "
-                f"{current[1].name}, starts at {current[0]}"
+                f"segment {first} ends at log position {end} but the next one, "
+                f"{second}, starts at {current[0]}"
             )
             if end < current[0]:
                 why += ": the segment file is truncated or a segment is missing"
             else:
                 why += ": segments overlap"
             member.problems.append(
-                Problem(member.name, str(previous[1]), end, why, max(0, current[0] - end))
+                Problem(member.name, display(previous[1]), end, why, max(0, current[0] - end))
             )
     member.segments = found
 
 
-def _read_terms(member: MemberArchive) -> None:
-    """Valid TERM entries of ``recording.log``, read from a copy (opening a recording log
-    repairs a torn last entry in place, and the archives here are read-only)."""
-    source = member.directory / RECORDING_LOG_FILE
-    if not source.is_file():
-        return
+def _read_node_state(member: MemberArchive, location: str, data: bytes) -> None:
+    with tempfile.TemporaryDirectory(prefix="triarch-node-state-") as tmp:
+        (Path(tmp) / NODE_STATE_FILE).write_bytes(data)
+        try:
+            saved = NodeState(tmp).commit_position
+        except ArchiveCorruptionError as exc:
+            raise PipelineInputError(f"{display(location)}: {exc.reason}") from None
+    member.saved_commit_position = saved
+    member.has_node_state = True
+
+
+def _read_recording_log(member: MemberArchive, location: str, data: bytes) -> None:
+    """Valid TERM entries and the latest snapshot position of ``recording.log``, read
+    from a local copy (opening a recording log repairs a torn last entry in place, and
+    the archives here are read-only)."""
     with tempfile.TemporaryDirectory(prefix="triarch-recording-log-") as tmp:
-        shutil.copyfile(source, Path(tmp) / RECORDING_LOG_FILE)
+        (Path(tmp) / RECORDING_LOG_FILE).write_bytes(data)
         try:
             with RecordingLog.open(tmp) as recording_log:
                 entries = recording_log.entries
         except ArchiveCorruptionError as exc:
             member.problems.append(
-                Problem(member.name, str(source), exc.position, f"recording log: {exc.reason}", 0)
+                Problem(
+                    member.name,
+                    display(location),
+                    exc.position,
+                    f"recording log: {exc.reason}",
+                    0,
+                )
             )
             return
+    valid = [e for e in entries if e.is_valid]
     member.terms = [
         TermRecord(e.leadership_term_id, e.term_base_log_position, e.log_position, e.timestamp)
-        for e in entries
-        if e.is_valid and e.type == ENTRY_TYPE_TERM
+        for e in valid
+        if e.type == ENTRY_TYPE_TERM
     ]
+    member.snapshot_position = max(
+        (e.log_position for e in valid if e.type == ENTRY_TYPE_SNAPSHOT), default=0
+    )
 
 
-def discover_members(paths: Sequence[str | os.PathLike[str]]) -> list[MemberArchive]:
+def discover_members(fs: HadoopFS, paths: Sequence[str]) -> list[MemberArchive]:
     """The members whose archives are in ``paths`` (member directories, archive directories
-    or directories of member directories), named after their directories.
+    or directories of member directories; paths or URIs), named after their directories.
 
     Raises:
         PipelineInputError: a path holds no archive, or ``node-state.json`` is unreadable.
     """
-    pairs: list[tuple[Path, Path]] = []
+    pairs: list[tuple[str, str]] = []
     for raw in paths:
-        for pair in _resolve(Path(raw).resolve()):
+        for pair in _resolve(fs, str(raw)):
             if pair not in pairs:
                 pairs.append(pair)
     members: list[MemberArchive] = []
     names: set[str] = set()
+    small: dict[str, tuple[MemberArchive, str]] = {}
     for directory, archive_dir in pairs:
-        name = directory.name or str(directory)
+        name = fs.name(directory) or directory
         if name in names:
-            name = f"{directory.parent.name}/{name}"
+            parent = fs.parent(directory)
+            name = f"{fs.name(parent) if parent else ''}/{name}"
         suffix = 2
         base_name = name
         while name in names:
@@ -268,43 +334,43 @@ def discover_members(paths: Sequence[str | os.PathLike[str]]) -> list[MemberArch
             suffix += 1
         names.add(name)
         member = MemberArchive(name, directory, archive_dir)
-        _list_segments(member)
-        if (directory / NODE_STATE_FILE).is_file():
-            try:
-                member.commit_position = NodeState(directory).commit_position
-            except ArchiveCorruptionError as exc:
-                raise PipelineInputError(str(exc)) from None
-            member.has_node_state = True
-        _read_terms(member)
+        _list_segments(fs, member)
+        for entry in fs.listdir(directory):
+            if not entry.is_dir and entry.name in (NODE_STATE_FILE, RECORDING_LOG_FILE):
+                small[entry.location] = (member, entry.name)
         members.append(member)
+    for location, data in sorted(fs.read_files(list(small)).items()):
+        member, kind = small[location]
+        if kind == NODE_STATE_FILE:
+            _read_node_state(member, location, data)
+        else:
+            _read_recording_log(member, location, data)
+    for member in members:
+        member.commit_position = max(member.saved_commit_position, member.snapshot_position)
     return members
 
 
-@dataclass
-class SegmentPartition(InputPartition):
-    """One segment file of one member: log bytes ``[base, base + length)``."""
-
-    member: str
-    path: str
-    base: int
-    length: int
-
-
-def plan_partitions(
-    members: Sequence[MemberArchive], only: set[tuple[str, str]] | None = None
-) -> str:
-    """The partitions of every member's segments (or of the ``(member, segment file
-    name)`` pairs in ``only``), as the data source's ``plan`` option.
-
-    Largest segments first, so that the long tasks start early."""
-    parts = [
-        {"member": m.name, "path": str(path), "base": base, "length": size}
+def scan(
+    spark: SparkSession, members: Sequence[MemberArchive], only: set[str] | None = None
+) -> DataFrame:
+    """Every member's segments (or those whose locations are in ``only``) decoded into
+    rows of :data:`SCHEMA`, lazily: one ``binaryFile`` partition per segment file (the
+    job sets ``spark.sql.files.openCostInBytes`` to ``maxPartitionBytes``), largest first.
+    """
+    plan = {
+        location: (m.name, base, size)
         for m in members
-        for base, path, size in m.segments
-        if size > 0 and (only is None or (m.name, path.name) in only)
-    ]
-    parts.sort(key=lambda p: -int(str(p["length"])))
-    return json.dumps(parts)
+        for base, location, size in m.segments
+        if size > 0 and (only is None or location in only)
+    }
+    if not plan:
+        return spark.createDataFrame([], SCHEMA)
+    return (
+        spark.read.format("binaryFile")
+        .load([glob_escape(location) for location in plan])
+        .select("path", "content")
+        .mapInArrow(segment_decoder(plan), SCHEMA)
+    )
 
 
 # ---------------------------------------------------------------------- executor side
@@ -313,26 +379,8 @@ def plan_partitions(
 def _arrow_schema() -> pa.Schema:
     import pyarrow as pa
 
-    return pa.schema(
-        [
-            ("member", pa.string()),
-            ("position", pa.int64()),
-            ("length", pa.int32()),
-            ("crc", pa.int64()),
-            ("term", pa.int64()),
-            ("type", pa.string()),
-            ("cluster_session_id", pa.int64()),
-            ("timestamp", pa.int64()),
-            ("payload_size", pa.int32()),
-            ("correlation_id", pa.int64()),
-            ("close_reason", pa.string()),
-            ("action", pa.string()),
-            ("leader_member_id", pa.int32()),
-            ("base_position", pa.int64()),
-            ("segment", pa.string()),
-            ("detail", pa.string()),
-        ]
-    )
+    types = {"STRING": pa.string(), "BIGINT": pa.int64(), "INT": pa.int32()}
+    return pa.schema([(name, types[kind]) for name, kind in COLUMNS])
 
 
 class _Batch:
@@ -363,15 +411,14 @@ class _Batch:
         self.session: list[int | None] = []
         self.timestamp: list[int | None] = []
         self.payload_size: list[int | None] = []
-        self.extras: list[tuple[int, tuple[Any, ...]]] = []
-        """``(row, (correlation_id, close_reason, action, leader_member_id,
-        base_position, detail))``."""
+        self.extras: list[tuple[int, tuple[Any, ...], str | None]] = []
+        """``(row, values of the _SPARSE columns, detail)``."""
 
     def __len__(self) -> int:
         return len(self.position)
 
     def problem(self, position: int, skipped: int, reason: str) -> None:
-        self.extras.append((len(self.position), (None, None, None, None, None, reason)))
+        self.extras.append((len(self.position), (None,) * len(_SPARSE), reason))
         self.position.append(position)
         self.length.append(skipped)
         self.crc.append(0)
@@ -388,11 +435,17 @@ class _Batch:
         correlation: int | None = None
         close_reason: str | None = None
         action: str | None = None
+        flags: int | None = None
         leader: int | None = None
         base_position: int | None = None
+        principal: str | None = None
+        stream: int | None = None
+        channel: str | None = None
         if isinstance(message, SessionOpenEvent):
             session, correlation = message.cluster_session_id, message.correlation_id
             payload_size = len(message.encoded_principal)
+            principal = principal_text(message.encoded_principal)
+            stream, channel = message.response_stream_id, message.response_channel
         elif isinstance(message, SessionCloseEvent):
             session = message.cluster_session_id
             close_reason = message.close_reason.name
@@ -401,12 +454,14 @@ class _Batch:
         elif isinstance(message, NewLeadershipTermEvent):
             leader, base_position = message.leader_member_id, message.term_base_log_position
         elif isinstance(message, ClusterActionRequest):
-            action = message.action.name
+            action, flags = action_name(message), message.flags
         elif isinstance(message, MembershipChangeEvent):
             leader = message.leader_member_id
             action = message.change_type.name
         row = len(self.position)
-        self.extras.append((row, (correlation, close_reason, action, leader, base_position, None)))
+        values = (correlation, close_reason, action, flags, leader, base_position, principal,
+                  stream, channel)  # fmt: skip
+        self.extras.append((row, values, None))
         self.position.append(position)
         self.length.append(len(body))
         self.crc.append(zlib.crc32(body))
@@ -420,32 +475,54 @@ class _Batch:
         import pyarrow as pa
 
         n = len(self.position)
-        sparse: list[list[Any]] = [[None] * n for _ in range(6)]
-        for row, values in self.extras:
+        sparse: list[list[Any]] = [[None] * n for _ in _SPARSE]
+        detail: list[str | None] = [None] * n
+        for row, values, reason in self.extras:
             for column, value in zip(sparse, values, strict=True):
                 column[row] = value
-        correlation, close_reason, action, leader, base_position, detail = sparse
+            detail[row] = reason
+        dense = {
+            "member": [member] * n,
+            "position": self.position,
+            "length": self.length,
+            "crc": self.crc,
+            "term": self.term,
+            "type": self.type,
+            "cluster_session_id": self.session,
+            "timestamp": self.timestamp,
+            "payload_size": self.payload_size,
+            **{name: column for (name, _), column in zip(_SPARSE, sparse, strict=True)},
+            "segment": [segment] * n,
+            "detail": detail,
+        }
         return pa.RecordBatch.from_arrays(
-            [
-                pa.array([member] * n, pa.string()),
-                pa.array(self.position, pa.int64()),
-                pa.array(self.length, pa.int32()),
-                pa.array(self.crc, pa.int64()),
-                pa.array(self.term, pa.int64()),
-                pa.array(self.type, pa.string()),
-                pa.array(self.session, pa.int64()),
-                pa.array(self.timestamp, pa.int64()),
-                pa.array(self.payload_size, pa.int32()),
-                pa.array(correlation, pa.int64()),
-                pa.array(close_reason, pa.string()),
-                pa.array(action, pa.string()),
-                pa.array(leader, pa.int32()),
-                pa.array(base_position, pa.int64()),
-                pa.array([segment] * n, pa.string()),
-                pa.array(detail, pa.string()),
-            ],
-            schema=schema,
+            [pa.array(dense[f.name], f.type) for f in schema], schema=schema
         )
+
+
+def scan_bytes(
+    data: memoryview, base: int = 0
+) -> Generator[tuple[int, memoryview], None, BadRecord | None]:
+    """Yield ``(base + offset, body)`` for the records of a segment's bytes; return None
+    if they are whole valid records, else the first bad one (as
+    :func:`cluster.archive.reader.scan_records` does for a file)."""
+    consumed = 0
+    try:
+        for offset, body in iter_records(data):
+            if not body:
+                return BadRecord(offset, "empty record", 0)
+            yield base + offset, body
+            consumed = offset + RECORD_HEADER_LENGTH + len(body)
+    except RecordError as exc:
+        length, _ = RECORD_HEADER.unpack_from(data, exc.offset)
+        return BadRecord(exc.offset, exc.reason, length)
+    remaining = len(data) - consumed
+    if not remaining:
+        return None
+    header_length: int | None = None
+    if remaining >= RECORD_HEADER_LENGTH:
+        header_length = RECORD_HEADER.unpack_from(data, consumed)[0]
+    return BadRecord(consumed, "incomplete record", header_length)
 
 
 class _Records:
@@ -483,108 +560,92 @@ def _describe_bad(
     return f"{path}: corrupt record at log position {position} (file offset {offset}): {reason}"
 
 
-def read_segment(member: str, path: str, base: int, length: int) -> Iterator[pa.RecordBatch]:
-    """Decode the records of one segment file into Arrow batches (see :data:`SCHEMA`).
+def decode_segment(
+    member: str, location: str, base: int, length: int, data: Any
+) -> Iterator[pa.RecordBatch]:
+    """Decode the records of one segment file's bytes (``data``, any buffer) into Arrow
+    batches (see :data:`SCHEMA`).
 
     Reads ``length`` bytes (the size seen when planning; a node may still be appending).
     Damage gives a problem row instead of an exception; reading stops at it.
     """
     schema = _arrow_schema()
-    segment = os.path.basename(path)
+    path = display(location)
+    segment = location.rsplit("/", 1)[-1]
     decode = LOG.decode
     crc32 = zlib.crc32
     message_type = "SessionMessageHeader"
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        failed = _Batch()
-        failed.problem(base, length, f"{path}: cannot open: {exc.strerror or exc}")
-        yield failed.build(schema, member, segment)
-        return
-    try:
-        size = min(length, os.fstat(fd).st_size)
-        records = _Records(scan_records(fd, 0, size, base))
-        iterator = iter(records)
-        done = False
-        while not done:
-            batch = _Batch()
-            add_position = batch.position.append
-            add_length = batch.length.append
-            add_crc = batch.crc.append
-            add_term = batch.term.append
-            add_type = batch.type.append
-            add_session = batch.session.append
-            add_timestamp = batch.timestamp.append
-            add_payload = batch.payload_size.append
-            done = True
-            for position, body in iterator:
-                try:
-                    message = decode(body)
-                except ProtocolError as exc:
-                    batch.problem(
-                        position,
-                        RECORD_HEADER_LENGTH + len(body),
-                        f"{path}: undecodable log message at log position {position} "
-                        f"(file offset {position - base}): {exc}",
-                    )
+    view = memoryview(data).cast("B")
+    size = min(length, len(view))
+    records = _Records(scan_bytes(view[:size], base))
+    iterator = iter(records)
+    done = False
+    while not done:
+        batch = _Batch()
+        add_position = batch.position.append
+        add_length = batch.length.append
+        add_crc = batch.crc.append
+        add_term = batch.term.append
+        add_type = batch.type.append
+        add_session = batch.session.append
+        add_timestamp = batch.timestamp.append
+        add_payload = batch.payload_size.append
+        done = True
+        for position, body in iterator:
+            try:
+                message = decode(body)
+            except ProtocolError as exc:
+                batch.problem(
+                    position,
+                    RECORD_HEADER_LENGTH + len(body),
+                    f"{path}: undecodable log message at log position {position} "
+                    f"(file offset {position - base}): {exc}",
+                )
+            else:
+                if isinstance(message, SessionMessageHeader):
+                    add_position(position)
+                    add_length(len(body))
+                    add_crc(crc32(body))
+                    add_term(message.leadership_term_id)
+                    add_type(message_type)
+                    add_session(message.cluster_session_id)
+                    add_timestamp(message.timestamp)
+                    add_payload(len(message.payload))
                 else:
-                    if isinstance(message, SessionMessageHeader):
-                        add_position(position)
-                        add_length(len(body))
-                        add_crc(crc32(body))
-                        add_term(message.leadership_term_id)
-                        add_type(message_type)
-                        add_session(message.cluster_session_id)
-                        add_timestamp(message.timestamp)
-                        add_payload(len(message.payload))
-                    else:
-                        batch.event(position, body, message)
-                if len(batch.position) >= BATCH_ROWS:
-                    done = False
-                    break
-            if done:
-                bad = records.bad
-                if bad is not None:
-                    reason = _describe_bad(path, base, bad.offset, bad.reason, bad.length, size)
-                    batch.problem(base + bad.offset, size - bad.offset, reason)
-                elif size < length:
-                    batch.problem(
-                        base + size,
-                        length - size,
-                        f"{path}: the file shrank to {size} bytes while it was read "
-                        f"(it was {length})",
-                    )
-            if len(batch):
-                yield batch.build(schema, member, segment)
-    finally:
-        os.close(fd)
+                    batch.event(position, body, message)
+            if len(batch.position) >= BATCH_ROWS:
+                done = False
+                break
+        if done:
+            bad = records.bad
+            if bad is not None:
+                reason = _describe_bad(path, base, bad.offset, bad.reason, bad.length, size)
+                batch.problem(base + bad.offset, size - bad.offset, reason)
+            elif size < length:
+                batch.problem(
+                    base + size,
+                    length - size,
+                    f"{path}: the file shrank to {size} bytes while it was read (it was {length})",
+                )
+        if len(batch):
+            yield batch.build(schema, member, segment)
 
 
-class _ArchiveReader(DataSourceReader):
-    def __init__(self, plan: str) -> None:
-        self.plan = plan
+def segment_decoder(
+    plan: dict[str, tuple[str, int, int]],
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function over ``binaryFile`` rows (``path``, ``content``):
+    ``plan`` maps each segment's location to ``(member, base position, planned size)``."""
 
-    def partitions(self) -> Sequence[InputPartition]:
-        return [SegmentPartition(**p) for p in json.loads(self.plan)]
+    def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            paths = batch.column("path")
+            contents = batch.column("content")
+            for row in range(batch.num_rows):
+                location = str(paths[row].as_py())
+                if location not in plan:
+                    raise KeyError(f"binaryFile returned {location}, which was not planned")
+                member, base, length = plan[location]
+                yield from decode_segment(member, location, base, length, contents[row].as_buffer())
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, SegmentPartition)
-        return read_segment(partition.member, partition.path, partition.base, partition.length)
-
-
-class ArchiveDataSource(DataSource):
-    """``spark.read.format("triarch_archive").option("plan", plan_partitions(...)).load()``:
-    one partition per segment file, read lazily on the executors."""
-
-    @classmethod
-    def name(cls) -> str:
-        return FORMAT
-
-    def schema(self) -> str:
-        return SCHEMA
-
-    def reader(self, schema: Any) -> DataSourceReader:
-        plan = self.options.get("plan")
-        if plan is None:
-            raise ValueError(f"the {FORMAT} data source needs the 'plan' option")
-        return _ArchiveReader(str(plan))
+    return decode

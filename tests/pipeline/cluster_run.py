@@ -1,5 +1,12 @@
 """Produce real archives: a 3-member cluster, KV load, a leader SIGKILL failover.
 
+The members run with TLS (certificates from :func:`cluster.certs.make_certs`), so every
+client session has a principal (``app``, the name on its certificate); the last session
+has its egress dialled back (``egress_host``), so its response channel is ``host:port``.
+Admin actions go to the leader's admin port with the ``admin`` certificate: SUSPEND,
+RESUME and SNAPSHOT between the first two sessions, SHUTDOWN at the end (the members
+stop themselves).
+
 Used by the session-scoped fixture of ``test_pipeline.py``; runnable on its own
 (``python tests/pipeline/cluster_run.py DIR``) to get archives to play with.
 """
@@ -18,6 +25,9 @@ from pathlib import Path
 import trio
 
 import client
+from cluster import admin_client
+from cluster.certs import make_certs
+from cluster.config import parse_members
 from cluster.examples.kv import KeyValueClient
 from cluster.local import LocalCluster
 
@@ -35,6 +45,9 @@ NODE_ARGS = [
     "16KiB",  # several segment files per member: several partitions each
 ]
 CONNECT_TIMEOUT = 24.0
+PRINCIPAL = "app"
+"""The client certificate the sessions use: their principal."""
+EGRESS_HOST = "127.0.0.1"
 
 
 @dataclass
@@ -47,6 +60,7 @@ class SessionRecord:
     requests: int = 0
     acked: int = 0
     closed_by_client: bool = False
+    response_channel: str = ""
 
 
 @dataclass
@@ -59,6 +73,9 @@ class RunRecord:
     new_leader: int = -1
     term_before: int = -1
     term_after: int = -1
+    certs: str = ""
+    actions: list[str] = field(default_factory=list)
+    """The admin actions requested, in order (SUSPEND, RESUME, SNAPSHOT, SHUTDOWN)."""
 
     def to_json(self) -> str:
         return json.dumps(
@@ -68,6 +85,8 @@ class RunRecord:
                 "new_leader": self.new_leader,
                 "term_before": self.term_before,
                 "term_after": self.term_after,
+                "certs": self.certs,
+                "actions": self.actions,
                 "sessions": [vars(s) for s in self.sessions],
             },
             indent=2,
@@ -77,21 +96,30 @@ class RunRecord:
 class CountingSession:
     """A client session with a KV client whose offers are counted."""
 
-    def __init__(self, endpoints: str, phase: str, record: RunRecord) -> None:
+    def __init__(
+        self, endpoints: str, phase: str, record: RunRecord, egress_host: str | None = None
+    ) -> None:
         self.endpoints = endpoints
         self.phase = phase
         self.run_record = record
+        self.egress_host = egress_host
 
     async def __aenter__(self) -> tuple[KeyValueClient, SessionRecord]:
         for attempt in itertools.count(1):
             try:
-                self._cm = client.connect(self.endpoints, connect_timeout=CONNECT_TIMEOUT / 3)
+                self._cm = client.connect(
+                    self.endpoints,
+                    connect_timeout=CONNECT_TIMEOUT / 3,
+                    certs_dir=Path(self.run_record.certs) / f"client-{PRINCIPAL}",
+                    egress_host=self.egress_host,
+                )
                 self.client = await self._cm.__aenter__()
                 break
             except client.ConnectTimeoutError:
                 if attempt >= 3:
                     raise
         self.record = SessionRecord(self.client.cluster_session_id, self.phase)
+        self.record.response_channel = self.client._response_channel
         self.run_record.sessions.append(self.record)
         original = self.client.offer
         record = self.record
@@ -135,14 +163,26 @@ async def put_many(
             nursery.start_soon(one, i)
 
 
+async def admin(cluster: LocalCluster, record: RunRecord, leader: int, command: str) -> None:
+    """``command`` on ``leader``'s admin port (with the ``admin`` certificate)."""
+    member = parse_members(cluster.members)[leader]
+    reply = await admin_client.request(member, command, timeout=30.0)
+    assert reply.ok, f"{command} on member {leader}: {reply.message}"
+    record.actions.append(command.upper())
+
+
 async def drive(cluster: LocalCluster, record: RunRecord, per_phase: int) -> None:
     endpoints = cluster.ingress_endpoints
+    admin_client.use_certs(Path(record.certs) / "client-admin")
     with trio.fail_after(120):
         # Phase 1: a session that writes and closes before the failover.
         async with CountingSession(endpoints, "before", record) as (kv, s):
             await put_many(kv, s, "before", per_phase)
             record.term_before = kv.client.leadership_term_id
             leader = kv.client.leader_member_id
+        # Admin actions on the leader: they go into the log as ClusterActionRequests.
+        for command in ("suspend", "resume", "snapshot"):
+            await admin(cluster, record, leader, command)
         # Phase 2: a session open across the failover, writing while the leader dies.
         async with CountingSession(endpoints, "across", record) as (kv, s):
             third = trio.Event()
@@ -158,23 +198,33 @@ async def drive(cluster: LocalCluster, record: RunRecord, per_phase: int) -> Non
         cluster.start(leader)
         await trio.to_thread.run_sync(lambda: cluster.wait_ready(20, member_ids=[leader]))
         # Phase 3: a session after the failover, with a key that expires (a timer).
-        async with CountingSession(endpoints, "after", record) as (kv, s):
+        async with CountingSession(endpoints, "after", record, EGRESS_HOST) as (kv, s):
             await put_many(kv, s, "after", per_phase)
             s.requests += 1
             await kv.put("expiring", b"soon", ttl=0.2)
             s.acked += 1
             await trio.sleep(0.5)
+            leader = kv.client.leader_member_id
         # Let every member apply everything and save its commit position (once a second).
         await trio.sleep(2.5)
+        # SHUTDOWN: every member takes a snapshot and stops.
+        await admin(cluster, record, leader, "shutdown")
+        deadline = trio.current_time() + 20
+        while any(p.poll() is None for p in cluster.processes.values()):
+            assert trio.current_time() < deadline, "the members did not stop after SHUTDOWN"
+            await trio.sleep(0.1)
 
 
 def produce(directory: Path, per_phase: int = 300) -> RunRecord:
-    record = RunRecord(str(directory))
-    cluster = LocalCluster(3, KV, directory, extra_args=NODE_ARGS)
+    certs = directory.with_name(directory.name + "-certs")
+    make_certs(certs, [(i, "127.0.0.1") for i in range(3)])
+    record = RunRecord(str(directory), certs=str(certs))
+    cluster = LocalCluster(3, KV, directory, extra_args=NODE_ARGS, certs=certs)
     try:
         cluster.start_all(timeout=20)
         trio.run(drive, cluster, record, per_phase)
     finally:
+        admin_client.use_certs(None)
         for proc in cluster.processes.values():
             if proc.poll() is None:
                 with suppress(ProcessLookupError):

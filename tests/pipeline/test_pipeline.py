@@ -1,16 +1,20 @@
 """``cluster-pipeline`` on the archives of a real 3-member run (KV load, a leader SIGKILL).
 
-The archives are produced once per session (:mod:`cluster_run`: three client sessions,
-the leader killed while the second one writes, the killed member restarted, a key with a
-TTL so that a timer fires), then the job runs in local Spark (``local[2]``) on them, on
-a copy where one record of one member was altered (CRC kept valid), and on a copy with a
-truncated segment and a corrupt record.  One slow test runs the job on a standalone Spark
-master and worker started on 127.0.0.1 with the scripts shipped inside pyspark.
+The archives are produced once per session (:mod:`cluster_run`: three client sessions
+over TLS, admin actions, the leader killed while the second one writes, the killed
+member restarted, a key with a TTL so that a timer fires, a SHUTDOWN at the end), then
+the job runs in local Spark (``local[2]``) on them, on ``file://`` URIs of a copy in a
+directory with a space in its name, on a copy where one record of one member was altered
+(CRC kept valid), and on a copy with a truncated segment and a corrupt record.  Slow
+tests run the job through the virtualenv's ``spark-submit`` and ``python -m`` with a
+clean environment (no virtualenv on ``PATH``), and on a standalone Spark master and
+worker started on 127.0.0.1 with the scripts shipped inside pyspark.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import shutil
@@ -29,15 +33,17 @@ pytest.importorskip("pyarrow")
 
 import itertools
 
+import pyarrow as pa
 import pyarrow.parquet as pq
-from cluster_run import RunRecord, produce
+from cluster_run import PRINCIPAL, RunRecord, produce
 
 from cluster.archive import encode_record, iter_records, read_log
 from cluster.local import free_ports, wait_for_port
 from cluster.pipeline.__main__ import main as pipeline_main
 from cluster.pipeline.java import ensure_java
-from cluster.pipeline.job import CorruptArchiveError, Options, Result, build_session, run
-from cluster.pipeline.source import PROBLEM, read_segment
+from cluster.pipeline.job import TABLES, CorruptArchiveError, Options, Result, build_session, run
+from cluster.pipeline.report import summary
+from cluster.pipeline.source import PROBLEM, decode_segment
 from cluster.protocol import codec
 from cluster.protocol.ingress import SessionMessageHeader
 
@@ -89,8 +95,15 @@ def segments(directory: Path, member: str) -> list[Path]:
     return sorted((directory / member / "archive").glob("log-*.seg"))
 
 
-def table(out: Path, name: str) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = pq.read_table(out / name).to_pylist()
+def out_dir(result: Result) -> Path:
+    assert result.path is not None
+    return result.path
+
+
+def table(out: Path | Result, name: str) -> list[dict[str, Any]]:
+    """The rows of a table (its ``date`` partition column as a string)."""
+    directory = out_dir(out) if isinstance(out, Result) else out
+    rows: list[dict[str, Any]] = pq.read_table(directory / name).to_pylist()
     return rows
 
 
@@ -111,7 +124,7 @@ def test_row_counts_match_what_the_clients_sent(
     good: Result, cluster_run: RunRecord, archives: Path
 ) -> None:
     report = good.report
-    entries = table(good.out, "log_entries")
+    entries = table(good, "log_entries")
     per_member = Counter(row["member"] for row in entries)
     expected_entries = {m: sum(1 for _ in read_log(archives / m / "archive")) for m in MEMBERS}
     assert dict(per_member) == expected_entries
@@ -120,7 +133,7 @@ def test_row_counts_match_what_the_clients_sent(
 
     sent = {s.cluster_session_id: s for s in cluster_run.sessions}
     assert len(sent) == 3
-    sessions = {row["cluster_session_id"]: row for row in table(good.out, "sessions")}
+    sessions = {row["cluster_session_id"]: row for row in table(good, "sessions")}
     assert set(sessions) == set(sent)
     for session_id, client in sent.items():
         row = sessions[session_id]
@@ -130,6 +143,10 @@ def test_row_counts_match_what_the_clients_sent(
         else:
             assert row["message_count"] == client.offers == client.requests == client.acked
         assert row["close_reason"] == "CLIENT_ACTION"
+        # carried by the SessionOpenEvent: the name on the client's certificate, and the
+        # dial-back endpoint of the session that asked for one ("" = the ingress link)
+        assert row["principal"] == PRINCIPAL
+        assert row["response_channel"] == client.response_channel
         assert row["opened"] is not None
         assert row["closed"] is not None
         assert row["duration_ms"] >= 0
@@ -142,10 +159,12 @@ def test_row_counts_match_what_the_clients_sent(
     }
     assert listed == {k: row["message_count"] for k, row in sessions.items()}
     assert report["sessions"]["close_reasons"] == {"CLIENT_ACTION": 3}
+    assert any(c.response_channel for c in sent.values())  # one session had a dial-back
+    assert {s["principal"] for s in report["sessions"]["messages_per_session"]} == {PRINCIPAL}
 
 
 def test_terms_timers_and_throughput(good: Result, cluster_run: RunRecord) -> None:
-    terms = {row["term"]: row for row in table(good.out, "terms")}
+    terms = {row["term"]: row for row in table(good, "terms")}
     assert terms[cluster_run.term_before]["leader"] == cluster_run.killed_leader
     assert terms[cluster_run.term_after]["leader"] == cluster_run.new_leader
     assert cluster_run.new_leader != cluster_run.killed_leader
@@ -158,7 +177,7 @@ def test_terms_timers_and_throughput(good: Result, cluster_run: RunRecord) -> No
     assert sum(t["messages"] for t in by_term.values()) == good.report["log"]["messages"]
     assert by_term[cluster_run.term_after]["messages"] > 0
 
-    timers = table(good.out, "timers")
+    timers = table(good, "timers")
     assert len(timers) >= 1  # the key put with a TTL expired through a cluster timer
     assert all(t["time"] is not None for t in timers)
 
@@ -167,7 +186,7 @@ def test_terms_timers_and_throughput(good: Result, cluster_run: RunRecord) -> No
     assert sum(s["messages"] for s in throughput["series"]) == good.report["log"]["messages"]
     plot = Path(good.report["plot"])
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert plot.parent == good.out
+    assert plot.parent == good.path
 
 
 def test_good_archives_are_consistent(good: Result) -> None:
@@ -179,10 +198,118 @@ def test_good_archives_are_consistent(good: Result) -> None:
     assert consistency["checked_to"] == min(a["commit_position"] for a in report["archives"])
     assert consistency["checked_to"] > 0
     assert consistency["positions_checked"] == report["archives"][0]["entries"]
-    on_disk = json.loads((good.out / "report.json").read_text())
+    on_disk = json.loads((out_dir(good) / "report.json").read_text())
     assert on_disk["consistent"] is True
     assert on_disk["log"] == report["log"]
     assert all(a["segments"] >= 2 for a in report["archives"])  # several partitions each
+
+
+def test_admin_actions_are_a_table_and_marked(good: Result, cluster_run: RunRecord) -> None:
+    actions = table(good, "admin_actions")
+    assert [a["action"] for a in actions] == cluster_run.actions
+    assert cluster_run.actions == ["SUSPEND", "RESUME", "SNAPSHOT", "SHUTDOWN"]
+    assert [a["position"] for a in actions] == sorted(a["position"] for a in actions)
+    shutdown = actions[-1]
+    assert shutdown["flags"] & 0x100  # a SNAPSHOT with the terminate flag, named SHUTDOWN
+    # committed: the members' shutdown snapshots in recording.log are past it
+    assert all(a["committed"] for a in actions)
+    assert all(a["time"] is not None and a["term"] is not None for a in actions)
+    by_position = {r["position"]: r for r in table(good, "log_entries")}
+    assert by_position[shutdown["position"]]["action"] == "SHUTDOWN"
+    listed = good.report["admin_actions"]
+    assert [a["action"] for a in listed] == cluster_run.actions
+    assert all(a["time"].endswith("Z") for a in listed)
+    assert "SHUTDOWN at" in summary(good.report)
+
+
+TIME_COLUMNS = {
+    "log_entries": {"time"},
+    "sessions": {"opened", "closed"},
+    "terms": {"start_time"},
+    "timers": {"time"},
+    "admin_actions": {"time"},
+}
+
+
+def test_timestamps_are_utc_micros_and_tables_partitioned_by_date(good: Result) -> None:
+    """Read with pyarrow: the footer's physical and logical types, the partition folders."""
+    out = out_dir(good)
+    assert set(TIME_COLUMNS) == set(TABLES)
+    for name, expected in TIME_COLUMNS.items():
+        folders = sorted(p.name for p in (out / name).iterdir() if p.is_dir())
+        assert folders, name
+        assert all(f.startswith("date=") for f in folders), (name, folders)
+        files = sorted((out / name).glob("date=*/*.parquet"))
+        assert files, name
+        schema = pq.ParquetFile(files[0]).schema
+        columns = [schema.column(i) for i in range(len(schema.names))]
+        assert not [c.name for c in columns if c.physical_type == "INT96"], name
+        timestamps = {
+            c.name: json.loads(c.logical_type.to_json())
+            for c in columns
+            if c.logical_type.type == "TIMESTAMP"
+        }
+        assert set(timestamps) == expected, name
+        for column, logical in timestamps.items():
+            assert schema.column(schema.names.index(column)).physical_type == "INT64"
+            assert logical["isAdjustedToUTC"] is True, (name, column, logical)
+            assert logical["timeUnit"] == "microseconds", (name, column, logical)
+        arrow = pq.read_table(out / name)
+        for column in expected:
+            assert arrow.schema.field(column).type == pa.timestamp("us", tz="UTC")
+    # The partition of each entry is the UTC day of its cluster timestamp.
+    for row in table(good, "log_entries"):
+        moment = row["time"]
+        assert moment.utcoffset() == dt.timedelta(0)
+        assert moment == dt.datetime.fromtimestamp(row["timestamp"] / 1000, tz=dt.UTC)
+        assert row["date"] == moment.date().isoformat()
+    assert good.report["partitioned_by"] == "date"
+
+
+def test_uri_locations_with_a_space(
+    archives: Path, good: Result, spark: Any, tmp_path: Path
+) -> None:
+    """``file://`` URIs (written unescaped, as Hadoop paths are) for the archives and the
+    output, in directories whose names hold a space."""
+    copy = copy_archives(archives, tmp_path / "archive copy" / "cluster")
+    out = tmp_path / "audit out"
+    result = run(Options([f"file://{copy}"], f"file://{out}", master=MASTER), spark)
+    assert result.out == f"file:{out}"
+    assert result.path == out
+    assert result.report["consistent"] is True
+    assert result.report["log"] == good.report["log"]
+    assert [a["directory"] for a in result.report["archives"]] == [str(copy / m) for m in MEMBERS]
+    for name in TABLES:
+        assert table(result, name) == table(good, name), name
+    assert json.loads((out / "report.json").read_text())["consistent"] is True
+    assert (out / "throughput.png").read_bytes()[:4] == b"\x89PNG"
+    assert not list(out.glob(".*.crc"))  # written on the raw local file system
+
+
+HIDE_PYSPARK = """
+import importlib.abc, sys
+class Hide(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "pyspark" or name.startswith("pyspark."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, Hide())
+from cluster.pipeline.__main__ import main
+sys.exit(main())
+"""
+
+
+def test_without_pyspark_a_clear_message(tmp_path: Path) -> None:
+    """What ``cluster-pipeline`` does where PySpark is not installed (an import hook hides
+    it): one line naming the extra, exit status 2, no traceback."""
+    command = [sys.executable, "-c", HIDE_PYSPARK, "--archives", str(tmp_path), "--out",
+               str(tmp_path / "out")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2, result.stderr
+    assert "PySpark is not installed" in result.stderr
+    assert "pip install 'triarch[spark]'" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------------- an altered copy
@@ -307,11 +434,17 @@ def test_skip_corrupt_skips_and_lists(
     assert all(d["what"].startswith("unreadable") for d in report["divergences"])
     # node-0 is intact and supplies the cluster-level tables
     assert report["log"] == good.report["log"]
-    assert table(result.out, "sessions") == table(good.out, "sessions")
-    entries = Counter(row["member"] for row in table(result.out, "log_entries"))
+    assert table(result, "sessions") == table(good, "sessions")
+    entries = Counter(row["member"] for row in table(result, "log_entries"))
     assert entries["node-0"] > entries["node-1"]
     assert entries["node-0"] > entries["node-2"]
-    assert PROBLEM not in {row["type"] for row in table(result.out, "log_entries")}
+    assert PROBLEM not in {row["type"] for row in table(result, "log_entries")}
+
+
+def segment_rows(path: Path) -> list[dict[str, Any]]:
+    data = path.read_bytes()
+    batches = decode_segment("m", f"file:{path}", 0, len(data), pa.py_buffer(data))
+    return [row for batch in batches for row in batch.to_pylist()]
 
 
 def test_reader_flags_zero_fill_and_undecodable_records(tmp_path: Path) -> None:
@@ -319,12 +452,12 @@ def test_reader_flags_zero_fill_and_undecodable_records(tmp_path: Path) -> None:
     good_body = codec.encode(SessionMessageHeader(0, 1, 5, b"x"))
     path = tmp_path / "log-00000000000000000000.seg"
     path.write_bytes(encode_record(good_body) + encode_record(b"\xc1") + encode_record(good_body))
-    rows = [r for b in read_segment("m", str(path), 0, path.stat().st_size) for r in b.to_pylist()]
+    rows = segment_rows(path)
     assert [r["type"] for r in rows] == ["SessionMessageHeader", PROBLEM, "SessionMessageHeader"]
     assert "undecodable log message" in rows[1]["detail"]
 
     path.write_bytes(encode_record(good_body) + b"\0" * 64)  # a crash after extending the file
-    rows = [r for b in read_segment("m", str(path), 0, path.stat().st_size) for r in b.to_pylist()]
+    rows = segment_rows(path)
     assert [r["type"] for r in rows] == ["SessionMessageHeader", PROBLEM]
     assert rows[1]["position"] == len(encode_record(good_body))
     assert rows[1]["length"] == 64
@@ -406,7 +539,7 @@ def test_standalone_master_and_worker(archives: Path, good: Result, tmp_path: Pa
         assert report["master"] == master
         assert report["consistent"] is True
         assert report["log"] == good.report["log"]
-        assert table(out, "sessions") == table(good.out, "sessions")
+        assert table(out, "sessions") == table(good, "sessions")
         print(
             f"\n[pipeline] standalone: master+worker up in {daemons:.1f}s, job "
             f"{time.monotonic() - begin - daemons:.1f}s (in the job: {report['timings']})"
