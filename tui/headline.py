@@ -72,7 +72,9 @@ def headline(
     if stopped_at is not None:
         if stopped_clean:
             return Headline("SHUT DOWN", "every member stopped after a shutdown", "info")
-        return Headline("STOPPED", "every member stopped together; none said why", "bad")
+        return Headline(
+            "STOPPED", "every member stopped at once (a shutdown?); none said why", "warn"
+        )
     stopping = [m for m in rows if m.up and m.module in STOPPING]
     if stopping:
         m = stopping[0]

@@ -183,6 +183,7 @@ class ClusterModel:
         self._error_marks: dict[int, tuple[int | None, float]] = {}
         self._windows = {m.member_id: HistogramWindow(self.timing_window) for m in self.endpoints}
         self._sessions_listed = False
+        self._held: list[Event] = []  # told a round later (see apply_round)
         self._own_pending: dict[int, float] = {}  # member dialled -> until when (monotonic)
         self.stopped_at: float | None = None  # monotonic: when the whole cluster stopped
         self.stopped_clean = False
@@ -218,11 +219,16 @@ class ClusterModel:
 
     def apply_round(self, polls: Sequence[MemberPoll]) -> list[Event]:
         """Take one round of polls (every member that answered or failed); return the
-        events they reveal.  The leader is judged once, after the whole round."""
+        events they reveal.  The leader is judged once, after the whole round.
+
+        A member that went away, and the leader lost with it, are told a round later
+        (:attr:`_held`): if the others follow within that round the cluster stopped, and
+        one line says so instead of a member "down" and an election."""
         events: list[Event] = []
         polls = [p for p in polls if p.member_id in self.members]
         if not polls:
             return events
+        held, self._held = self._held, []
         for poll in polls:
             self.polls += 1
             row = self.members[poll.member_id]
@@ -232,8 +238,16 @@ class ClusterModel:
             else:
                 events += self._member_up(row, poll, status)
         now = max(p.at for p in polls)
-        events += self._cluster_stopped(now)
+        stopped = self._cluster_stopped(now)
         events += self._elect(now)
+        if stopped:  # what was held, or went this round, is told by the one line
+            events = stopped + events
+            self._held = []
+        elif any(m.up for m in self.members.values()):
+            events = held + events
+        else:  # nobody left to follow: nothing to wait for
+            events = held + self._held + events
+            self._held = []
         for poll in polls:
             status = poll.describe
             if status is not None and poll.member_id == self.leader_id:
@@ -247,11 +261,14 @@ class ClusterModel:
         mid = row.member_id
         if row.up and row.module in STOPPING:
             row.stopped = "shut down"
-            events.append(self.event("member", f"member {mid} shut down (was {row.module})"))
+            self._held.append(self.event("member", f"member {mid} shut down (was {row.module})"))
             row.changed_at = poll.at
-        elif row.up or not row.known:
-            verb = "down" if row.up else "unreachable"
-            events.append(self.event("member", f"member {mid} {verb}: {poll.error}", "warning"))
+        elif row.up:
+            self._held.append(self.event("member", f"member {mid} down: {poll.error}", "warning"))
+            row.changed_at = poll.at
+        elif not row.known:
+            text = f"member {mid} unreachable: {poll.error}"
+            events.append(self.event("member", text, "warning"))
             row.changed_at = poll.at
         row.known = True
         row.up = False
@@ -289,7 +306,7 @@ class ClusterModel:
         elif snapshotted:
             how = "right after a snapshot: a clean SHUTDOWN, as far as the console can tell"
         else:
-            how = "a shutdown, or their host went away; no member reported why"
+            how = "a shutdown (cluster-tool shutdown, Ctrl-C), or their host went away"
         return [
             self.event("member", f"cluster stopped: all {len(rows)} members within {took}, {how}")
         ]
@@ -455,7 +472,7 @@ class ClusterModel:
         events: list[Event] = []
         if leader != self.leader_id:
             if leader is None:
-                events += self._leader_lost()
+                self._held += self._leader_lost()
             elif not self._leader_seen:
                 events.append(self.event("leader", f"leader is member {leader}, term {term}"))
             else:
