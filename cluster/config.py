@@ -411,6 +411,14 @@ SETTINGS: tuple[Setting, ...] = (
         "host (0: off)",
     ),
     Setting(
+        "stall-threshold",
+        5_000_000,
+        parse_duration_ns,
+        "record every event-loop pass that runs, and every wake-up that comes, this much "
+        "later than it should, with what ran (cluster-tool stalls; 0: off)",
+        format_duration,
+    ),
+    Setting(
         "ingress-quantum",
         16 << 10,
         _positive(parse_size),
@@ -499,6 +507,7 @@ class NodeConfig:
     handshake_timeout: int = 5_000_000_000
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     metrics_port: int = 0
+    stall_threshold: int = 5_000_000
     ingress_quantum: int = 16 << 10
     ingress_window: int = 16 << 10
     max_ingress_backlog: int = 256 << 10

@@ -18,7 +18,6 @@ any agent cancels the nursery, so the node never runs half alive.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 import secrets
@@ -43,8 +42,9 @@ from .agents.ingress import IngressAgent
 from .agents.log import ArchiveAgent, LogAgent, LogBuffer
 from .agents.replication import Replicator
 from .agents.snapshot import SnapshotAgent
+from .agents.stalls import StallWatch
 from .agents.timings import Timings
-from .agents.upkeep import ArchiveVerifier, save_node_state
+from .agents.upkeep import ArchiveVerifier, LeaderWatchdog, save_node_state
 from .agents.worker import WorkerThread, run_in_thread, run_inline
 from .archive.compaction import reconcile
 from .archive.errors import ArchiveCorruptionError, ArchiveError
@@ -138,6 +138,7 @@ class Node:
         self._nursery: trio.Nursery | None = None
         self.started_ns = self.now_ns()
         self.timings = Timings()
+        self.stalls = StallWatch(config.stall_threshold, self.epoch_offset_ns)
         self.archive_errors = 0
         """Records of this member's archive found corrupt (never shipped)."""
 
@@ -271,7 +272,7 @@ class Node:
         self.replicators: dict[int, Replicator] = {}
         self._in_duty_cycle = False
         self.inbox.process = self._process_inbox
-        self._watchdog_scope: trio.CancelScope | None = None
+        self.watchdog = LeaderWatchdog(self.cm, self.now_ns, self._kick)
 
     def _recover(self) -> int:
         position = recover(
@@ -334,6 +335,7 @@ class Node:
             disk=self.storage.disk.status(),
             timings=self.timings,
             archive=self.archive,
+            stalls=self.stalls,
         )
 
     # ------------------------------------------------------------------ callbacks
@@ -375,8 +377,7 @@ class Node:
         a task switch per hop costs more than the work.  Only what has to wait (a write
         behind another, a truncation, a retry after a failed write) goes to the archive
         agent's task, which kicks again once it is done."""
-        if self._watchdog_scope is not None:
-            self._watchdog_scope.deadline = self._leader_deadline()
+        self.watchdog.push()
         now = self.now_ns()
         self.timings.before_drive(self.cm, now)
         drive(self.cm, self, now)
@@ -533,24 +534,6 @@ class Node:
             if trio.current_time() > deadline + interval:
                 deadline = trio.current_time()  # overran: don't try to catch up
 
-    def _leader_deadline(self) -> float:
-        """The follower's leader deadline on Trio's clock (inf when not following)."""
-        deadline_ns = self.cm.leader_deadline_ns
-        if deadline_ns is None:
-            return math.inf
-        return trio.current_time() + (deadline_ns - self.now_ns()) / 1e9
-
-    async def _leader_watchdog(self) -> None:
-        """A follower's wait for its leader: a cancel scope whose deadline every message
-        from the leader pushes back (see :meth:`_kick`); when it expires, an election."""
-        while True:
-            with trio.CancelScope(deadline=self._leader_deadline()) as scope:
-                self._watchdog_scope = scope
-                await trio.sleep_forever()
-            self._watchdog_scope = None
-            self.cm.on_leader_timeout(self.now_ns())
-            self._kick()
-
     async def _signal_agent(self) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
@@ -569,6 +552,7 @@ class Node:
         """Recover, elect, run every agent until shut down."""
         self.started_ns = self.now_ns()
         await self.run_blocking(self._open_storage)
+        self.stalls.start()
         try:
             self._build()
             if (
@@ -600,7 +584,7 @@ class Node:
                 verify = partial(self.verifier.run, start, self._verified_from)
                 nursery.start_soon(verify, name="verify_archive")
                 nursery.start_soon(self.catchup.run, name="catchup")
-                nursery.start_soon(self._leader_watchdog, name="leader_watchdog")
+                nursery.start_soon(self.watchdog.run, name="leader_watchdog")
                 if handle_signals:
                     nursery.start_soon(self._signal_agent, name="signals")
                 self.archive_agent.kick()
@@ -614,6 +598,7 @@ class Node:
                 self._ready.set()
                 task_status.started(self)
         finally:
+            self.stalls.stop()
             try:
                 self.service.on_terminate(self.container)
             finally:

@@ -22,10 +22,12 @@ from .protocol.admin import (
     MemberAddress,
     MemberStatus,
     SessionStatus,
+    StallsStatus,
 )
 from .protocol.enums import Role
 
 if TYPE_CHECKING:
+    from .agents.stalls import StallWatch
     from .agents.timings import Timings
     from .archive.segments import Archive
 
@@ -96,6 +98,7 @@ def member_status(
     disk: DiskStatus | None = None,
     timings: Timings | None = None,
     archive: Archive | None = None,
+    stalls: StallWatch | None = None,
 ) -> MemberStatus:
     rlog = cm.log
     manager = cm.session_manager
@@ -140,8 +143,9 @@ def member_status(
         archive_bytes=archive.size if archive is not None else 0,
         leader_changes=timings.leader_changes if timings is not None else 0,
         histograms=(
-            timings.statuses(archive.sync_times)
+            timings.statuses(archive.sync_times, stalls.stalls if stalls is not None else None)
             if timings is not None and archive is not None
             else []
         ),
+        stalls=stalls.status() if stalls is not None else StallsStatus(),
     )

@@ -55,6 +55,11 @@ HISTOGRAMS = {
         "a leader's view, sampled every slow tick: how long ago it published the oldest "
         "log a follower has not confirmed",
     ),
+    "stall": (
+        "triarch_loop_stall_seconds",
+        "event-loop stalls over --stall-threshold: a pass of the loop that ran this long, "
+        "or a wake-up this late",
+    ),
 }
 STOPPING = ("QUITTING", "TERMINATING", "CLOSED")
 """Module states of a leader on its way out (SUSPENDED and SNAPSHOT still lead)."""
@@ -169,6 +174,14 @@ class StatusCollector(Collector):
             if f.lag_s is not None:
                 lag_s.add_metric([member, str(f.member_id)], f.lag_s)
         yield lag_s
+        stalls = CounterMetricFamily(
+            "triarch_loop_stalls",
+            "event-loop stalls over --stall-threshold, by kind (cluster-tool stalls)",
+            labels=["member", "kind"],
+        )
+        stalls.add_metric([member, "busy"], s.stalls.busy)
+        stalls.add_metric([member, "late"], s.stalls.late)
+        yield stalls
         yield from _histograms(s)
 
 

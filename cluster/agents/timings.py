@@ -123,7 +123,9 @@ class Timings:
         del self._times[:count]
         self._committed = max(0, self._committed - count)
 
-    def statuses(self, sync_times: LatencyHistogram) -> list[HistogramStatus]:
+    def statuses(
+        self, sync_times: LatencyHistogram, stalls: LatencyHistogram | None = None
+    ) -> list[HistogramStatus]:
         def status(name: str, h: LatencyHistogram, **labels: str) -> HistogramStatus:
             return HistogramStatus(
                 name=name,
@@ -142,4 +144,5 @@ class Timings:
                 status("replication", h, follower=str(member))
                 for member, h in sorted(self.replication.items())
             ),
+            *([status("stall", stalls)] if stalls is not None else []),
         ]

@@ -1,9 +1,10 @@
-"""The node's upkeep agents: saving its state now and then, and checking its archive
-once in the background."""
+"""The node's upkeep agents: a follower's wait for its leader, saving its state now and
+then, and checking its archive once in the background."""
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -15,6 +16,7 @@ from ..archive.errors import ArchiveCorruptionError
 from ..archive.record import RECORD_HEADER_LENGTH
 from ..archive.segments import Archive
 from ..archive.storage import NodeStorage
+from ..core.consensus import ConsensusModule
 
 log = logging.getLogger("cluster.node")
 
@@ -23,6 +25,40 @@ STATE_SAVE_INTERVAL = 1.0
 
 VERIFY_PROGRESS_BYTES = 256 << 20
 """How often (in bytes checked) the background archive check logs its progress."""
+
+
+class LeaderWatchdog:
+    """A follower's wait for its leader: a cancel scope whose deadline every message from
+    the leader pushes back (:meth:`push`, after each drive of the consensus module); when
+    it expires, an election."""
+
+    def __init__(
+        self, cm: ConsensusModule, now_ns: Callable[[], int], kick: Callable[[], None]
+    ) -> None:
+        self.cm = cm
+        self.now_ns = now_ns
+        self.kick = kick
+        self.scope: trio.CancelScope | None = None
+
+    def deadline(self) -> float:
+        """The follower's leader deadline on Trio's clock (inf when not following)."""
+        deadline_ns = self.cm.leader_deadline_ns
+        if deadline_ns is None:
+            return math.inf
+        return trio.current_time() + (deadline_ns - self.now_ns()) / 1e9
+
+    def push(self) -> None:
+        if self.scope is not None:
+            self.scope.deadline = self.deadline()
+
+    async def run(self) -> None:
+        while True:
+            with trio.CancelScope(deadline=self.deadline()) as scope:
+                self.scope = scope
+                await trio.sleep_forever()
+            self.scope = None
+            self.cm.on_leader_timeout(self.now_ns())
+            self.kick()
 
 
 async def save_node_state(

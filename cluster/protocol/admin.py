@@ -66,13 +66,40 @@ class HistogramStatus(msgspec.Struct, kw_only=True):
     count for the values above the last bound (``+Inf``)."""
 
     name: str
-    """``fsync``, ``duty_cycle``, ``commit`` or ``replication`` (see the exporter)."""
+    """``fsync``, ``duty_cycle``, ``commit``, ``replication`` or ``stall`` (see the
+    exporter)."""
     labels: dict[str, str] = msgspec.field(default_factory=dict)
     bounds: list[float] = msgspec.field(default_factory=list)
     counts: list[int] = msgspec.field(default_factory=list)
     sum: float = 0.0
     """Seconds, all values together."""
     count: int = 0
+
+
+class StallStatus(msgspec.Struct, kw_only=True):
+    """One event-loop stall (``cluster.agents.stalls``)."""
+
+    at: float
+    """When it began (epoch seconds)."""
+    kind: str
+    """``busy``: a pass of the loop ran this long; ``late``: a wait ended this long after
+    the time the loop asked to be woken."""
+    duration_s: float
+    cpu_s: float = 0.0
+    """The loop thread's CPU time in a busy pass (much less than the duration: the thread
+    was not running, descheduled or waiting for the GIL)."""
+    gc_s: float = 0.0
+    """The garbage collector's time in a busy pass."""
+    where: str = ""
+    """Where the loop was once the pass had run for the threshold (innermost first)."""
+
+
+class StallsStatus(msgspec.Struct, kw_only=True):
+    threshold_s: float = 0.0
+    """0: the stall finder is off."""
+    busy: int = 0
+    late: int = 0
+    recent: list[StallStatus] = msgspec.field(default_factory=list)
 
 
 class LinkStatus(msgspec.Struct, kw_only=True):
@@ -198,6 +225,8 @@ class MemberStatus(msgspec.Struct, kw_only=True):
     """Times this member saw a new leader (itself included)."""
     histograms: list[HistogramStatus] = msgspec.field(default_factory=list)
     """fsync, duty-cycle, commit and replication latencies since the member started."""
+    stalls: StallsStatus = msgspec.field(default_factory=StallsStatus)
+    """Event-loop stalls over ``--stall-threshold`` (the most recent of them)."""
 
 
 _json_encoder = msgspec.json.Encoder()

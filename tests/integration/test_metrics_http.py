@@ -112,6 +112,9 @@ def test_metrics_and_health_through_a_lost_quorum(tmp_path: Path) -> None:
             assert families["triarch_fsync_duration_seconds"].type == "histogram"
             assert histogram_count(families, "triarch_fsync_duration_seconds") > 0
             assert histogram_count(families, "triarch_duty_cycle_duration_seconds") > 0
+            histogram_count(families, "triarch_loop_stall_seconds")  # the stall finder's
+            kinds = {s.labels["kind"] for s in families["triarch_loop_stalls"].samples}
+            assert kinds == {"busy", "late"}
             (is_leader,) = families["triarch_is_leader"].samples
             assert is_leader.labels == {"member": str(member)}
             if is_leader.value == 1:

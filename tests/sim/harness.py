@@ -696,7 +696,7 @@ class SimCluster:
             members=self.members,
             dir=str(self.nodes[i].dir),
             segment_size=self.config.segment_size,
-            **self.config.node,
+            **{"stall_threshold": 0, **self.config.node},  # real time means nothing here
         )
 
     async def _run_blocking(self, sn: SimNode, fn: Callable[..., Any], *args: Any) -> Any:

@@ -316,6 +316,7 @@ def test_every_setting_settable_from_each_layer(tmp_path: Path) -> None:
         "max-egress-backlog": ("1MiB", 1 << 20),
         "ingress-quantum": ("4KiB", 4 << 10),
         "metrics-port": ("9100", 9100),
+        "stall-threshold": ("10ms", 10_000_000),
         "ingress-window": ("32KiB", 32 << 10),
         "max-ingress-backlog": ("128KiB", 128 << 10),
         "max-log-inflight": ("2MiB", 2 << 20),

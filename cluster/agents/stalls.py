@@ -1,0 +1,169 @@
+"""The stall finder: every time the node's event loop stops turning for longer than
+``--stall-threshold``, a record of how long and what it can tell about why.
+
+A Trio loop turns in passes: it waits for I/O (``epoll``), then runs every task that is
+ready, then waits again.  A pass that runs longer than the threshold before waiting
+again delays every message that arrived meanwhile, and so does a wait that ends later
+than the loop asked (the process was not given a CPU, or the thread waited for the GIL).
+So two kinds of stall are recorded:
+
+- ``busy``: a pass ran for ``duration`` before the loop waited again.  With it: the loop
+  thread's own CPU time in the pass (``cpu_s``; much less than the duration means the
+  thread was not running: the host descheduled it, or another thread, the archive
+  writer, held the GIL), the garbage collector's time in it (``gc_s``), and where the
+  loop was when the pass had run for the threshold (``where``: the innermost frames, from
+  a sampling thread).
+- ``late``: a wait for I/O that ended ``duration`` after the time the loop had asked to
+  be woken (a timer due: a heartbeat, the slow tick).  Nothing ran in the loop meanwhile:
+  the machine (or the GIL) did not let it.
+
+The sampling thread wakes every threshold; it reads two numbers and takes a stack only
+when a pass has gone on for the threshold, so the loop pays two clock reads per pass.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+import trio
+
+from ..metrics import LatencyHistogram
+from ..protocol.admin import StallsStatus, StallStatus
+
+RECENT = 32
+"""Stalls kept for ``describe``/``cluster-tool stalls`` (the histogram counts them all)."""
+
+
+class StallWatch(trio.abc.Instrument):
+    def __init__(self, threshold_ns: int, epoch_offset_ns: int = 0) -> None:
+        self.threshold_ns = threshold_ns
+        self.epoch_offset_ns = epoch_offset_ns - time.perf_counter_ns() + time.monotonic_ns()
+        self.stalls = LatencyHistogram()
+        self.busy = 0
+        self.late = 0
+        self.recent: collections.deque[StallStatus] = collections.deque(maxlen=RECENT)
+        self._pass_start = 0  # perf_counter_ns of the pass under way, 0 while waiting
+        self._pass_cpu = 0
+        self._pass_id = 0
+        self._wait_start = 0
+        self._wait_timeout = 0
+        self._gc_ns = 0
+        self._gc_start = 0
+        self._where = ""
+        self._where_pass = -1
+        self._loop_thread = threading.get_ident()
+        self._stop = threading.Event()
+        self._sampler: threading.Thread | None = None
+
+    # -- the loop's side ----------------------------------------------------------------
+
+    def before_io_wait(self, timeout: float) -> None:
+        now = time.perf_counter_ns()
+        start = self._pass_start
+        if start and now - start > self.threshold_ns:
+            cpu = time.thread_time_ns() - self._pass_cpu
+            where = self._where if self._where_pass == self._pass_id else ""
+            self._record("busy", start, now - start, cpu, where)
+        self._pass_start = 0
+        self._wait_start = now
+        self._wait_timeout = round(timeout * 1e9)
+
+    def after_io_wait(self, timeout: float) -> None:
+        now = time.perf_counter_ns()
+        late = now - self._wait_start - self._wait_timeout
+        if late > self.threshold_ns:
+            self._record("late", now - late, late, 0, "")
+        self._pass_id += 1
+        self._gc_ns = 0
+        self._pass_cpu = time.thread_time_ns()
+        self._pass_start = now
+
+    def _record(self, kind: str, start_ns: int, duration_ns: int, cpu_ns: int, where: str) -> None:
+        self.stalls.observe_ns(duration_ns)
+        if kind == "busy":
+            self.busy += 1
+        else:
+            self.late += 1
+        self.recent.append(
+            StallStatus(
+                at=(start_ns + self.epoch_offset_ns) / 1e9,
+                kind=kind,
+                duration_s=duration_ns / 1e9,
+                cpu_s=cpu_ns / 1e9,
+                gc_s=self._gc_ns / 1e9 if kind == "busy" else 0.0,
+                where=where,
+            )
+        )
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if threading.get_ident() != self._loop_thread:
+            return
+        if phase == "start":
+            self._gc_start = time.perf_counter_ns()
+        elif self._gc_start:
+            self._gc_ns += time.perf_counter_ns() - self._gc_start
+            self._gc_start = 0
+
+    def status(self) -> StallsStatus:
+        return StallsStatus(
+            threshold_s=self.threshold_ns / 1e9 if self._sampler is not None else 0.0,
+            busy=self.busy,
+            late=self.late,
+            recent=list(self.recent),
+        )
+
+    # -- the sampling thread ------------------------------------------------------------
+
+    def start(self) -> None:
+        """Watch the loop of the calling thread (add the instrument, start sampling);
+        nothing with a threshold of 0."""
+        if self.threshold_ns <= 0 or self._sampler is not None:
+            return
+        self._loop_thread = threading.get_ident()
+        trio.lowlevel.add_instrument(self)
+        gc.callbacks.append(self._on_gc)
+        self._stop.clear()
+        self._sampler = threading.Thread(target=self._sample, name="stall-sampler", daemon=True)
+        self._sampler.start()
+
+    def stop(self) -> None:
+        if self._sampler is None:
+            return
+        self._stop.set()
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+        try:
+            trio.lowlevel.remove_instrument(self)
+        except KeyError:
+            pass
+        self._sampler.join(1.0)
+        self._sampler = None
+
+    def _sample(self) -> None:
+        interval = self.threshold_ns / 1e9
+        while not self._stop.wait(interval):
+            start, pass_id = self._pass_start, self._pass_id
+            if not start or self._where_pass == pass_id:
+                continue
+            if time.perf_counter_ns() - start < self.threshold_ns:
+                continue
+            frame = sys._current_frames().get(self._loop_thread)
+            if frame is None or self._pass_id != pass_id:
+                continue
+            self._where = where(frame)
+            self._where_pass = pass_id
+
+
+def where(frame: Any, depth: int = 4) -> str:
+    """The innermost ``depth`` frames of a stack, innermost first, each as
+    ``folder/file:line function``, joined by ``" < "`` (called from)."""
+    entries = traceback.extract_stack(frame)[-depth:]
+    return " < ".join(
+        f"{'/'.join(e.filename.rsplit('/', 2)[-2:])}:{e.lineno} {e.name}" for e in reversed(entries)
+    )

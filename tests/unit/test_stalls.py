@@ -1,0 +1,115 @@
+"""The stall finder (issue #22): a real Trio loop made to stall in each way it can, and
+what the record says about each."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import threading
+import time
+
+import trio
+import trio.lowlevel
+
+from cluster.agents.stalls import StallWatch
+
+MS = 1_000_000
+
+
+def spin_python(cpu_seconds: float, until=lambda: True) -> None:  # type: ignore[no-untyped-def]
+    """Use ``cpu_seconds`` of this thread's CPU time (however long that takes on a busy
+    machine), and go on until ``until()`` (at most 10 s more)."""
+    end = time.thread_time() + cpu_seconds
+    deadline = time.monotonic() + 10
+    while time.thread_time() < end or (not until() and time.monotonic() < deadline):
+        pass
+
+
+async def run_with_watch(body, watch: StallWatch | None = None) -> StallWatch:  # type: ignore[no-untyped-def]
+    watch = watch or StallWatch(5 * MS)
+    watch.start()
+    try:
+        await trio.sleep(0.01)
+        await body()
+        await trio.sleep(0.01)  # the pass ends at the next wait for I/O
+    finally:
+        watch.stop()
+    return watch
+
+
+async def test_a_busy_pass_is_recorded_with_its_cpu_time_and_where_it_ran() -> None:
+    watch = StallWatch(5 * MS)
+
+    def sampled() -> bool:  # the sampling thread saw this pass (it needs a CPU too)
+        return watch._where_pass == watch._pass_id
+
+    async def body() -> None:
+        spin_python(0.03, sampled)
+
+    await run_with_watch(body, watch)
+    (stall,) = [s for s in watch.recent if s.cpu_s >= 0.03]
+    assert stall.kind == "busy"
+    assert stall.duration_s >= stall.cpu_s
+    assert "spin_python" in stall.where
+    assert "test_stalls.py" in stall.where
+    assert watch.busy >= 1
+    assert watch.status().threshold_s == 0.0  # stopped
+    assert watch.stalls.count == watch.busy + watch.late
+
+
+async def test_a_blocking_call_shows_as_a_pass_with_little_cpu() -> None:
+    async def body() -> None:
+        time.sleep(0.04)  # noqa: ASYNC251 (blocks the loop without a CPU, as a descheduled host)
+
+    watch = await run_with_watch(body)
+    (stall,) = [s for s in watch.recent if s.duration_s >= 0.03]
+    assert stall.kind == "busy"
+    assert stall.cpu_s < 0.01
+    assert "sleep" in stall.where or "body" in stall.where
+
+
+async def test_the_garbage_collectors_share_of_a_pass() -> None:
+    async def body() -> None:
+        junk = [[i] for i in range(100_000)]
+        for a, b in itertools.pairwise(junk):
+            a.append(b)  # cycles' worth of containers for the collector to walk
+        began = time.perf_counter()
+        while time.perf_counter() - began < 0.02:
+            gc.collect()
+        del junk
+
+    watch = await run_with_watch(body)
+    stalls = [s for s in watch.recent if s.kind == "busy"]
+    assert stalls
+    assert max(s.gc_s for s in stalls) > 0.01
+
+
+async def test_a_late_wake_up_when_another_thread_holds_the_gil() -> None:
+    """A C loop in another thread never offers the GIL back: the loop's timer fires on
+    time but the loop cannot run until that loop ends."""
+    started = threading.Event()
+
+    def hog() -> None:
+        started.set()
+        sum(range(10_000_000))  # one C call: holds the GIL throughout (~0.1 s)
+
+    async def body() -> None:
+        thread = threading.Thread(target=hog)
+        thread.start()
+        started.wait()
+        await trio.sleep(0.002)
+        thread.join()
+
+    watch = await run_with_watch(body)
+    assert watch.late >= 1 or any(s.cpu_s < 0.5 * s.duration_s for s in watch.recent)
+    assert max(s.duration_s for s in watch.recent) > 0.03
+
+
+async def test_a_threshold_of_zero_watches_nothing() -> None:
+    watch = StallWatch(0)
+    watch.start()
+    spin_python(0.02)
+    await trio.lowlevel.checkpoint()
+    watch.stop()
+    assert watch.status().threshold_s == 0.0
+    assert watch.stalls.count == 0
