@@ -129,13 +129,13 @@ def describe_table(described: Sequence[Result]) -> str:
                 lag[f.member_id] = f.lag_bytes
     header = (
         "member", "role", "term", "commit", "append", "election", "module", "sessions", "lag",
-        "status",
+        "uptime", "status",
     )  # fmt: skip
     rows: list[tuple[str, ...]] = []
     for r in described:
         s = r.status
         if s is None:
-            rows.append((str(r.member.member_id), *("-",) * 8, f"down ({r.failure})".strip()))
+            rows.append((str(r.member.member_id), *("-",) * 9, f"down ({r.failure})".strip()))
             continue
         rows.append(
             (
@@ -148,6 +148,7 @@ def describe_table(described: Sequence[Result]) -> str:
                 s.module_state,
                 str(len(s.sessions)),
                 cell(lag.get(s.member_id)),
+                duration(s.uptime_s),
                 f"up, {s.disk.summary()}" if s.disk.problem else "up",
             )
         )
