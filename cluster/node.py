@@ -632,6 +632,9 @@ class Node:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .errorlog import install as install_error_log
+
+    install_error_log()  # first: `cluster-tool errors` shows the start-up warnings too
     try:
         config = load_config(argv)
     except ConfigError as exc:
