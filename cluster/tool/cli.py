@@ -131,7 +131,7 @@ def build_parser() -> UsageParser:
         if name == "errors":
             sub.add_argument(
                 "--limit",
-                type=int,
+                type=_positive,
                 default=None,
                 metavar="N",
                 help="only the N distinct errors seen most recently, per member",
@@ -139,6 +139,16 @@ def build_parser() -> UsageParser:
         if name == "certs":
             _certs_options(sub)
     return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
 
 
 def _certs_options(sub: argparse.ArgumentParser) -> None:

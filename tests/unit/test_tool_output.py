@@ -365,6 +365,7 @@ def test_each_command_has_its_own_help(capsys: pytest.CaptureFixture[str]) -> No
         ["describe", "--out", "x"],
         ["--output", "yaml", "describe"],
         ["errors", "--limit", "many"],
+        ["errors", "--limit", "0"],
     ],
 )
 def test_options_of_other_commands_are_usage_errors(
