@@ -20,11 +20,13 @@ client measured the same).  ``--fsync none`` leaves the syncs out.
 
     python3 scripts/dev.py floor            # both, 5,000 round trips each
     python3 scripts/floor_bench.py --json --count 2000 --nodes trio
+    python3 scripts/floor_bench.py --rate 1000 --count 10000   # paced, as scripts/probe.py
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import multiprocessing
 import os
@@ -32,6 +34,7 @@ import select
 import socket
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -69,7 +72,7 @@ def _plain_follower(leader_port: int, directory: str, sync: bool) -> None:
     fd = _log_fd(directory, f"follower-{os.getpid()}")
     while data := sock.recv(65536):
         _append(fd, data, sync)
-        sock.sendall(b"k")
+        sock.sendall(b"k" * len(data))  # one byte of acknowledgement per byte appended
 
 
 def _plain_leader(client_port: int, followers: socket.socket, directory: str, sync: bool) -> None:
@@ -80,19 +83,17 @@ def _plain_leader(client_port: int, followers: socket.socket, directory: str, sy
     by_fd = {link.fileno(): link for link in links}
     for link in links:
         poller.register(link.fileno(), select.EPOLLIN)
-    acks = 0  # acknowledgements received, of every message so far
-    sent = 0  # messages replicated
+    acked = dict.fromkeys(by_fd, 0)  # bytes each follower has appended
+    sent = 0  # bytes replicated
     while message := client.recv(65536):
         for link in links:
             link.sendall(message)
-        sent += 1
+        sent += len(message)
         _append(fd, message, sync)
-        # committed once one follower has it too (the leader's own copy is the other):
-        # 2 * sent - 1 acknowledgements in all means at least one follower has acked
-        # every message so far (each acks each message once, in order)
-        while acks < sent * 2 - 1:
+        # committed once one follower has it too (the leader's own copy is the other)
+        while max(acked.values()) < sent:
             for ready, _ in poller.poll():
-                acks += len(by_fd[ready].recv(64))
+                acked[ready] += len(by_fd[ready].recv(65536))
         client.sendall(message)
 
 
@@ -107,7 +108,7 @@ def _trio_follower(leader_port: int, directory: str, sync: bool) -> None:
         fd = _log_fd(directory, f"follower-{os.getpid()}")
         while data := await stream.receive_some(65536):
             _append(fd, data, sync)
-            await stream.send_all(b"k")
+            await stream.send_all(b"k" * len(data))
 
     trio.run(main)
 
@@ -126,25 +127,24 @@ def _trio_leader(client_port: int, followers: socket.socket, directory: str, syn
             )
         )
         fd = _log_fd(directory, "leader")
-        acks = 0
+        acks = [0, 0]  # bytes each follower has appended
         acked = trio.Event()
 
-        async def read_acks(link: trio.SocketStream) -> None:
-            nonlocal acks
-            while data := await link.receive_some(64):
-                acks += len(data)
+        async def read_acks(i: int, link: trio.SocketStream) -> None:
+            while data := await link.receive_some(65536):
+                acks[i] += len(data)
                 acked.set()
 
         async with trio.open_nursery() as nursery:
-            for link in links:
-                nursery.start_soon(read_acks, link)
+            for i, link in enumerate(links):
+                nursery.start_soon(read_acks, i, link)
             sent = 0
             while message := await client.receive_some(65536):
                 for link in links:
                     await link.send_all(message)
-                sent += 1
+                sent += len(message)
                 _append(fd, message, sync)
-                while acks < sent * 2 - 1:
+                while max(acks) < sent:
                     acked = trio.Event()
                     await acked.wait()
                 await client.send_all(message)
@@ -159,9 +159,46 @@ NODES: dict[str, tuple[Callable[..., None], Callable[..., None]]] = {
 }
 
 
-def run_floor(nodes: str, count: int, sync: bool) -> dict[str, Any]:
+def _paced(sock: socket.socket, count: int, rate: float, hist: Histogram) -> None:
+    """Send ``WARMUP + count`` messages at ``rate`` per second from a thread, each timed
+    from its real send to its reply (in order: the floor's leader answers in order)."""
+    sends: collections.deque[int] = collections.deque()
+    total = WARMUP + count
+    failed: list[BaseException] = []
+
+    def sender() -> None:
+        start = time.perf_counter()
+        try:
+            for k in range(total):
+                delay = start + k / rate - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                sends.append(time.perf_counter_ns())
+                sock.sendall(PAYLOAD)
+        except OSError as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=sender, daemon=True)
+    thread.start()
+    pending = 0
+    for i in range(total):
+        while pending < len(PAYLOAD):
+            data = sock.recv(65536)
+            if not data:
+                raise RuntimeError(f"the leader closed the connection ({failed})")
+            pending += len(data)
+        pending -= len(PAYLOAD)
+        sent = sends.popleft()
+        if i >= WARMUP:
+            hist.record(time.perf_counter_ns() - sent)
+    thread.join()
+
+
+def run_floor(nodes: str, count: int, sync: bool, rate: float | None = None) -> dict[str, Any]:
     """``count`` round trips of one message through a leader and two followers run as
-    ``nodes`` (``plain`` or ``trio``); latency percentiles and CPU per round trip."""
+    ``nodes`` (``plain`` or ``trio``); latency percentiles and CPU per round trip.  With
+    ``rate``, messages are sent at that pace instead of one after the other (paced: the
+    machine's own stalls show in the tail as they do in ``scripts/probe.py``'s)."""
     leader_fn, follower_fn = NODES[nodes]
     ctx = multiprocessing.get_context("fork")
     with (
@@ -192,7 +229,11 @@ def run_floor(nodes: str, count: int, sync: bool) -> dict[str, Any]:
             pids = [p.pid or 0 for p in processes] + [os.getpid()]
             before: list[float] = []
             started = 0.0
-            for i in range(WARMUP + count):
+            if rate:
+                before = [cpu_seconds(pid) or 0.0 for pid in pids]
+                started = time.perf_counter() + WARMUP / rate
+                _paced(sock, count, rate, hist)
+            for i in range(WARMUP + count if not rate else 0):
                 if i == WARMUP:
                     before = [cpu_seconds(pid) or 0.0 for pid in pids]
                     started = time.perf_counter()
@@ -219,12 +260,14 @@ def run_floor(nodes: str, count: int, sync: bool) -> dict[str, Any]:
     return {
         "nodes": nodes,
         "fsync": "batch" if sync else "none",
+        "rate": rate,
         "round_trips": count,
         "round_trips_per_s": round(count / elapsed, 1),
         "latency_us": {
             "p50": hist.percentile(50) / 1e3,
             "p90": hist.percentile(90) / 1e3,
             "p99": hist.percentile(99) / 1e3,
+            "p999": hist.percentile(99.9) / 1e3,
             "max": hist.max / 1e3,
         },
         "cpu_us_per_round_trip": cpu,
@@ -234,10 +277,12 @@ def run_floor(nodes: str, count: int, sync: bool) -> dict[str, Any]:
 def describe(result: dict[str, Any]) -> str:
     lat = result["latency_us"]
     cpu = ", ".join(f"{k} {v:.0f}" for k, v in result["cpu_us_per_round_trip"].items())
+    load = f"paced at {result['rate']:,.0f}/s" if result.get("rate") else "one in flight"
     return (
-        f"[floor, {result['nodes']} nodes, fsync={result['fsync']}] one in flight: "
+        f"[floor, {result['nodes']} nodes, fsync={result['fsync']}] {load}: "
         f"p50 {lat['p50']:.0f} us  p90 {lat['p90']:.0f} us  p99 {lat['p99']:.0f} us  "
-        f"max {lat['max']:.0f} us ({result['round_trips']} round trips)\n"
+        f"p999 {lat['p999']:.0f} us  max {lat['max']:.0f} us "
+        f"({result['round_trips']} round trips)\n"
         f"  CPU per round trip (us): {cpu}"
     )
 
@@ -249,13 +294,21 @@ def main() -> int:
     p.add_argument("--nodes", choices=["plain", "trio", "both"], default="both")
     p.add_argument("--count", type=int, default=5000, help="measured round trips")
     p.add_argument("--fsync", choices=["batch", "none"], default="batch")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="paced: send this many messages/s (--count of them) instead of one at a time",
+    )
     p.add_argument("--json", action="store_true", help="print JSON only")
     args = p.parse_args()
     if args.count < 1:
         p.error("--count must be at least 1")
+    if args.rate is not None and not args.rate > 0:
+        p.error("--rate must be a positive number of messages per second")
     kinds = ["plain", "trio"] if args.nodes == "both" else [args.nodes]
     try:
-        results = [run_floor(kind, args.count, args.fsync == "batch") for kind in kinds]
+        results = [run_floor(kind, args.count, args.fsync == "batch", args.rate) for kind in kinds]
     except (OSError, RuntimeError) as exc:  # a node process failed: no reply, or none in 30 s
         print(f"error: {exc or type(exc).__name__}", file=sys.stderr)
         return 1
