@@ -136,7 +136,7 @@ class ClusterConsole(App[None]):
                 with Vertical(id="sessions-panel"):
                     yield Label("ClusterSessions (leader's view; closed ones stay dimmed)")
                     yield DataTable(id="sessions", cursor_type="none")
-                yield RichLog(id="events", max_lines=EVENTS_KEPT, wrap=False)
+                yield RichLog(id="events", max_lines=EVENTS_KEPT, wrap=True, min_width=20)
             with Vertical(id="side"):
                 yield Label("Committed bytes/s (leader)")
                 yield Static(id="graph")
@@ -334,7 +334,7 @@ class ClusterConsole(App[None]):
             peak = max(model.bytes_per_s)
             rates = (
                 f"now {fmt_rate(model.bytes_rate, 'B/s')} · peak {fmt_rate(peak, 'B/s')}\n"
-                f"leader ingress {msgs} · a bar a second"
+                f"leader ingress {msgs} · bar ≈ 1 s"
             )
         else:
             rates = "waiting for a leader and two samples"

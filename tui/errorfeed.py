@@ -33,8 +33,8 @@ def error_events(
                 Event(
                     now,
                     "error",
-                    f"member {member_id} logged {len(items)} distinct warning(s)/error(s) "
-                    "before the console started (cluster-tool errors shows them)",
+                    f"member {member_id}: {len(items)} earlier warning(s)/error(s) "
+                    "(cluster-tool errors)",
                 )
             ]
         if mark is None:

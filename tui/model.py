@@ -281,24 +281,30 @@ class ClusterModel:
         return events
 
     def _cluster_stopped(self, now: float) -> list[Event]:
-        """Every member gone within ``together`` seconds of each other: the cluster stopped."""
+        """Every member that was up gone within ``together`` seconds (two at least, or
+        all of them): the cluster stopped."""
         rows = list(self.members.values())
         if self.stopped_at is not None or any(r.up for r in rows):
             return []
-        if not all(r.last_up is not None and r.changed_at is not None for r in rows):
-            return []  # one was never seen up: not a cluster that was running
-        first = min(r.changed_at or now for r in rows)
-        if now - first > self.together:
+        went = [
+            r
+            for r in rows
+            if r.last_up is not None
+            and r.changed_at is not None
+            and now - r.changed_at <= self.together
+        ]
+        if not went or (len(went) < 2 and len(went) < len(rows)):
             return []
-        shut = [r.member_id for r in rows if r.stopped == "shut down"]
+        first = min(r.changed_at or now for r in went)
+        shut = [r.member_id for r in went if r.stopped == "shut down"]
         snapshotted = [
             r.member_id
-            for r in rows
+            for r in went
             if r.snapshot_at is not None and (r.changed_at or now) - r.snapshot_at <= self.together
         ]
         self.stopped_at = now
         self.stopped_clean = bool(shut or snapshotted)
-        for r in rows:
+        for r in went:
             r.stopped = r.stopped or "stopped"
         took = f"{now - first:.1f}s" if now > first else "one poll"
         if shut:
@@ -307,9 +313,13 @@ class ClusterModel:
             how = "right after a snapshot: a clean SHUTDOWN, as far as the console can tell"
         else:
             how = "a shutdown (cluster-tool shutdown, Ctrl-C), or their host went away"
-        return [
-            self.event("member", f"cluster stopped: all {len(rows)} members within {took}, {how}")
-        ]
+        if len(went) == len(rows):
+            who = f"all {len(rows)} members"
+        else:
+            ids = ", ".join(str(r.member_id) for r in went)
+            before = ", ".join(str(r.member_id) for r in rows if r not in went)
+            who = f"the {len(went)} members up ({ids}; {before} already down)"
+        return [self.event("member", f"cluster stopped: {who} within {took}, {how}")]
 
     def _member_up(self, row: MemberRow, poll: MemberPoll, status: MemberStatus) -> list[Event]:
         events: list[Event] = []

@@ -9,7 +9,10 @@ is still when the snapshot is taken.
 
 The recording (``recorded_cluster.json``) was made against a real 3-member cluster with
 ``python tests/tui/console_recording.py`` (see :func:`record`): a steady phase with a
-key-value client writing and an idle session that times out, then the leader killed.
+key-value client writing and an idle session that times out; the cluster suspended (and
+resumed); the leader killed and a new one elected; the killed member started again; and
+``shutdown`` (what ``cluster-tool shutdown`` sends).  ``phases`` gives the number of
+rounds at the end of each phase.
 The bodies are stored as the JSON objects ``describe`` answered (less ``members`` and
 ``links``) and converted to :class:`~cluster.protocol.admin.MemberStatus` on replay.
 """
@@ -88,8 +91,9 @@ class RecordedSource:
             return list(self.errors_by_round[self.index].get(str(member_id), []))[-limit:]
         return []
 
-    async def snapshot(self) -> ActionResult:
+    async def snapshot(self, member_id: int) -> ActionResult:
         await anyio.lowlevel.checkpoint()
+        self.actions.append((member_id, "snapshot"))
         return self.snapshot_result
 
     async def admin_action(self, member_id: int, command: str) -> ActionResult:
@@ -133,6 +137,7 @@ async def _record(out: Path, steady_rounds: int, failover_rounds: int) -> None:
             endpoints = format_ingress_endpoints(members)
             rounds: list[dict[str, Any]] = []
             errors: list[dict[str, Any]] = []
+            phases: dict[str, int] = {}
 
             async def poll_round() -> None:
                 answers: dict[str, Any] = {}
@@ -160,21 +165,59 @@ async def _record(out: Path, steady_rounds: int, failover_rounds: int) -> None:
                         tg.start_soon(load)
                         for _ in range(steady_rounds):
                             await poll_round()
-                        leader = next(
-                            int(k)
-                            for k, v in rounds[-1].items()
-                            if isinstance(v, dict) and v["role"] == "LEADER"
-                        )
+                        phases["steady"] = len(rounds)
+
+                        def leader_now() -> int:
+                            return next(
+                                int(k)
+                                for k, v in rounds[-1].items()
+                                if isinstance(v, dict) and v["role"] == "LEADER"
+                            )
+
+                        leader = leader_now()
+                        await source.admin_action(leader, "suspend")
+                        for _ in range(4):
+                            await poll_round()
+                        phases["suspended"] = len(rounds)
+                        await source.admin_action(leader, "resume")
+                        for _ in range(2):
+                            await poll_round()
+                        phases["resumed"] = len(rounds)
                         cluster.kill(leader)
                         for _ in range(failover_rounds):
                             await poll_round()
+                        phases["failover"] = len(rounds)
                         tg.cancel_scope.cancel()
+            cluster.start(leader)
+            for _ in range(60):
+                await poll_round()
+                if all(isinstance(v, dict) for v in rounds[-1].values()):
+                    break
+            await poll_round()
+            phases["restarted"] = len(rounds)
+            await source.admin_action(leader_now(), "shutdown")
+            for _ in range(6):
+                await poll_round()
+            phases["shutdown"] = len(rounds)
             await source.aclose()
         finally:
             cluster.stop_all()
     document = {"members": cluster.members, "steady_rounds": steady_rounds,
-                "rounds": rounds, "errors": errors}  # fmt: skip
-    await anyio.Path(out).write_text(json.dumps(document, indent=1) + "\n")
+                "phases": phases, "rounds": rounds, "errors": errors}  # fmt: skip
+    await anyio.Path(out).write_text(_dumps(document))
+
+
+def _dumps(document: dict[str, Any]) -> str:
+    """JSON with one round (or errors round) a line: readable diffs, a small file."""
+    lines = ["{"]
+    for key, value in document.items():
+        if isinstance(value, list):
+            items = ",\n  ".join(json.dumps(v, separators=(",", ":")) for v in value)
+            lines.append(f' "{key}": [\n  {items}\n ],')
+        else:
+            lines.append(f" {json.dumps(key)}: {json.dumps(value)},")
+    lines[-1] = lines[-1].rstrip(",")
+    return "\n".join([*lines, "}"]) + "\n"
 
 
 def record(steady_rounds: int = 14, failover_rounds: int = 10) -> None:

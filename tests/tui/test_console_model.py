@@ -152,8 +152,7 @@ def test_errors_after_the_first_fetch_are_events() -> None:
     poll_all(model, 0.0, {0: body(0, "LEADER")})
     old = [{"time": 1.0, "level": "WARNING", "logger": "cluster", "message": "old"}]
     assert texts(model.apply_errors(0, old)) == [
-        "member 0 logged 1 distinct warning(s)/error(s) before the console started "
-        "(cluster-tool errors shows them)"
+        "member 0: 1 earlier warning(s)/error(s) (cluster-tool errors)"
     ]
     new = [*old, {"time": 2.0, "level": "ERROR", "logger": "cluster", "message": "bad\ntrace"}]
     events = model.apply_errors(0, new)
@@ -270,8 +269,9 @@ def test_a_leader_crash_is_down_and_an_election() -> None:
     poll_all(model, 1.0, {1: body(1, "CANDIDATE", election_state="CANVASS"), 2: body(2)})
     assert "election in progress (member 1: CANVASS)" in model.headline.detail
     # the others go much later: not a cluster stopping together
-    events = poll_all(model, 9.0, {1: "connection refused", 2: "connection refused"})
-    assert model.stopped_at is None
+    poll_all(model, 9.0, {1: "connection refused", 2: body(2)})
+    poll_all(model, 20.0, {1: "connection refused", 2: "connection refused"})
+    assert model.stopped_at is None  # one by one, far apart: not a cluster stopping
     assert model.headline.detail == "no member answers"
 
 
@@ -436,3 +436,25 @@ def test_follower_lag_seconds_from_the_leader() -> None:
     assert model.members[1].lag_s == 0.25
     assert model.members[2].lag_s == 0.0
     assert model.members[0].lag_s is None
+
+
+def test_the_members_left_stopping_together_after_one_was_killed() -> None:
+    model = ClusterModel(MEMBERS, wall_clock=lambda: 0.0)
+    three(model, 0.0)
+    poll_all(
+        model,
+        0.5,
+        {0: "connection refused", 1: body(1, "LEADER", leadership_term_id=1), 2: body(2)},
+    )
+    poll_all(
+        model,
+        10.0,
+        {0: "connection refused", 1: body(1, "LEADER", leadership_term_id=1), 2: body(2)},
+    )
+    events = poll_all(model, 10.25, {i: "connection refused" for i in range(3)})
+    assert events == [
+        "cluster stopped: the 2 members up (1, 2; 0 already down) within one poll, a shutdown "
+        "(cluster-tool shutdown, Ctrl-C), or their host went away"
+    ]
+    assert [m.stopped for m in model.members.values()] == ["", "stopped", "stopped"]
+    assert model.headline.state == "STOPPED"

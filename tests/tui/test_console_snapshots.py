@@ -44,12 +44,11 @@ def replay_until_done(app: ClusterConsole, rounds: int) -> Callable[[Pilot[Any]]
 
 
 def recorded(phase: str) -> RecordedSource:
+    """The recording up to the end of ``phase``: steady, suspended, resumed, failover,
+    restarted, shutdown (see ``console_recording``)."""
     data = load_recording()
-    rounds = data["rounds"]
-    errors = data["errors"]
-    if phase == "steady":
-        rounds = rounds[: data["steady_rounds"]]
-    return RecordedSource(data["members"], rounds, errors=errors)
+    rounds = data["rounds"][: data["phases"][phase]]
+    return RecordedSource(data["members"], rounds, errors=data["errors"])
 
 
 def test_steady_cluster(snap_compare: Any) -> None:
@@ -61,13 +60,46 @@ def test_steady_cluster(snap_compare: Any) -> None:
     )
 
 
-def test_leader_killed(snap_compare: Any) -> None:
-    """The old leader DOWN, the new one highlighted, the election in the events log."""
-    source = recorded("all")
+def test_suspended(snap_compare: Any) -> None:
+    """The leader SUSPENDED: the banner says so in yellow, not a green LEADER."""
+    source = recorded("suspended")
     app = make_console(source)
     assert snap_compare(
         app, terminal_size=SIZE, run_before=replay_until_done(app, len(source.rounds))
     )
+
+
+def test_leader_killed(snap_compare: Any) -> None:
+    """The old leader DOWN, the new one highlighted, the election in the events log."""
+    source = recorded("failover")
+    app = make_console(source)
+    assert snap_compare(
+        app, terminal_size=SIZE, run_before=replay_until_done(app, len(source.rounds))
+    )
+
+
+def test_shutdown(snap_compare: Any) -> None:
+    """``cluster-tool shutdown``: every member stopped at once, said in one line; no
+    member "down", no election."""
+    source = recorded("shutdown")
+    app = make_console(source)
+    assert snap_compare(
+        app, terminal_size=SIZE, run_before=replay_until_done(app, len(source.rounds))
+    )
+
+
+def test_events_filtered(snap_compare: Any) -> None:
+    """``f``: the events log shows warnings and errors only, and says so in its title."""
+    source = recorded("restarted")
+    app = make_console(source)
+    wait = replay_until_done(app, len(source.rounds))
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await wait(pilot)
+        await pilot.press("f")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
 
 
 def test_unreachable_members(snap_compare: Any) -> None:
