@@ -4,9 +4,15 @@ at start)."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import pty
+import select
 import shutil
+import struct
 import subprocess
 import sys
+import termios
 import time
 import venv
 import zipfile
@@ -31,6 +37,42 @@ def test_every_command_prints_the_one_version(module: str) -> None:
         check=True,
     )
     assert out.stdout.strip().endswith(f"(Triarch) {__version__}"), out.stdout
+
+
+def run_console(command: list[str], wait_for: bytes, timeout: float = 60.0) -> tuple[int, bool]:
+    """Run a console in a pseudo-terminal of 160x40 until its screen shows ``wait_for``,
+    then press `q`; its exit code, and whether it showed ``wait_for``."""
+    master, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+    process = subprocess.Popen(
+        command,
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        env={**os.environ, "TERM": "xterm-256color"},
+        start_new_session=True,
+    )
+    os.close(terminal)
+    screen = b""
+
+    def read(until: float, done) -> None:  # type: ignore[no-untyped-def]
+        nonlocal screen
+        while not done() and time.monotonic() < until:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    screen += os.read(master, 65536)
+                except OSError:  # the console has exited
+                    return
+
+    try:
+        read(time.monotonic() + timeout, lambda: wait_for in screen)
+        shown = wait_for in screen
+        os.write(master, b"q")
+        read(time.monotonic() + 20, lambda: process.poll() is not None)  # keep draining
+        return process.wait(5), shown
+    finally:
+        process.kill()
+        os.close(master)
 
 
 def build_wheel(into: Path) -> Path:
@@ -122,6 +164,10 @@ def test_installed_from_the_wheel_into_a_clean_virtualenv_the_commands_start(
                 break
             assert time.monotonic() < deadline, out.stdout + out.stderr
             time.sleep(0.5)
+        # and the console, in a terminal, shows the leader and quits on `q`
+        code, shown = run_console([str(bin_dir / "cluster-tui"), "--members", members], b"LEADER")
+        assert shown
+        assert code == 0
     finally:
         node.terminate()
         assert node.wait(timeout=20) == 0
