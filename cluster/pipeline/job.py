@@ -45,7 +45,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from .fs import HadoopFS, display, local_path
+from .fs import HadoopFS, display, glob_escape, local_path
 from .java import ensure_java
 from .source import (
     PROBLEM,
@@ -167,19 +167,23 @@ def _under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def _submitted_conf() -> dict[str, str]:
+    """The settings ``spark-submit`` gave the JVM it started (``--master``, ``--conf``)."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # attach to spark-submit's JVM
+    return dict(SparkConf().getAll())
+
+
 def python_for_workers(conf: dict[str, str] | None = None) -> str:
-    """The Python the executors run: ``PYSPARK_PYTHON`` or ``spark.pyspark.python`` when
-    the user set either (``--conf``, ``spark-submit --conf``), else this interpreter.
+    """The Python the executors run: ``spark.pyspark.python`` or ``PYSPARK_PYTHON`` when
+    the user set either (``--conf``, ``spark-submit --conf``, the environment), else this
+    interpreter (``sys.executable``).
 
-    Sets both, so that the Python workers import the same packages as the driver even
-    when the virtualenv is not activated (``PATH`` then finds another ``python3``)."""
-    chosen = (conf or {}).get(PYTHON_CONF) or os.environ.get("PYSPARK_PYTHON")
-    if not chosen and _under_spark_submit():
-        from pyspark import SparkConf, SparkContext
-
-        SparkContext._ensure_initialized()  # attach to spark-submit's JVM
-        chosen = SparkConf().get(PYTHON_CONF)  # from spark-submit --conf
-    python = chosen or sys.executable
+    Sets ``PYSPARK_PYTHON`` (what PySpark reads), so that the Python workers import the
+    same packages as the driver even when the virtualenv is not activated (``PATH`` then
+    finds another ``python3``, or none)."""
+    python = (conf or {}).get(PYTHON_CONF) or os.environ.get("PYSPARK_PYTHON") or sys.executable
     os.environ["PYSPARK_PYTHON"] = python
     return python
 
@@ -187,39 +191,45 @@ def python_for_workers(conf: dict[str, str] | None = None) -> str:
 def build_session(master: str | None = None, conf: dict[str, str] | None = None) -> SparkSession:
     """A SparkSession for the job: local Spark on loopback unless ``master`` says otherwise.
 
-    In local mode and with a master on loopback, ``SPARK_LOCAL_IP`` and the driver's
-    address are 127.0.0.1 and the web UI is off, so nothing listens beyond loopback.
-    Executors run this Python unless ``PYSPARK_PYTHON`` or ``spark.pyspark.python`` says
-    otherwise (:func:`python_for_workers`).
+    In local mode and with a master on loopback (also when ``spark-submit`` chose it),
+    the driver's address is 127.0.0.1 and the web UI is off, so nothing listens beyond
+    loopback (unless ``--conf`` says otherwise).  Executors run this Python unless
+    ``PYSPARK_PYTHON`` or ``spark.pyspark.python`` says otherwise
+    (:func:`python_for_workers`).
     """
     submitted = _under_spark_submit()
+    given = {**(_submitted_conf() if submitted else {}), **(conf or {})}
     if master is None and not submitted:
         master = DEFAULT_MASTER
+    effective = master or given.get("spark.master", DEFAULT_MASTER)
     builder = SparkSession.builder.appName("triarch-archive-pipeline")
-    loopback = master is not None and (_is_local(master) or _is_loopback_master(master))
     if master is not None:
         builder = builder.master(master)
-    if loopback and not submitted:
-        os.environ["SPARK_LOCAL_IP"] = LOOPBACK
-        builder = (
-            builder.config("spark.driver.host", LOOPBACK)
-            .config("spark.driver.bindAddress", LOOPBACK)
-            .config("spark.ui.enabled", "false")
-        )
-    if not submitted:
-        ensure_java()
     settings = {
         "spark.sql.shuffle.partitions": "16",
         "spark.log.level": "WARN",
         "spark.ui.showConsoleProgress": "false",
         **RUNTIME_CONF,
-        **(conf or {}),
-        PYTHON_CONF: python_for_workers(conf),
     }
+    if _is_local(effective) or _is_loopback_master(effective):
+        if not submitted:
+            os.environ["SPARK_LOCAL_IP"] = LOOPBACK
+        settings.update(
+            {
+                "spark.driver.host": LOOPBACK,
+                "spark.driver.bindAddress": LOOPBACK,
+                "spark.ui.enabled": "false",
+            }
+        )
+    if not submitted:
+        ensure_java()
+    settings = {k: v for k, v in settings.items() if k not in given}
+    settings.update(conf or {})
+    settings[PYTHON_CONF] = python_for_workers(given)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    if master is not None and not _is_local(master) and not _is_loopback_master(master):
+    if not _is_local(effective) and not _is_loopback_master(effective):
         _ship_package(spark)
     return spark
 
@@ -496,10 +506,15 @@ def _write(table: DataFrame, location: str, *order: str) -> None:
     table.write.mode("overwrite").partitionBy(PARTITION_COLUMN).parquet(location)
 
 
+def _read(spark: SparkSession, location: str) -> DataFrame:
+    """A table written by the job (its location taken literally, not as a glob)."""
+    return spark.read.parquet(glob_escape(location))
+
+
 def _drop_problem_rows(spark: SparkSession, fs: HadoopFS, entries_path: str) -> None:
     """Rewrite log_entries without the problem rows (``--skip-corrupt``)."""
     staging = entries_path + ".tmp"
-    _write(spark.read.parquet(entries_path).filter(F.col("type") != PROBLEM), staging)
+    _write(_read(spark, entries_path).filter(F.col("type") != PROBLEM), staging)
     fs.delete(entries_path)
     fs.rename(staging, entries_path)
 
@@ -555,7 +570,7 @@ def _run(spark: SparkSession, options: Options, started: float) -> Result:
             entries_path,
         )
         lap("scan")
-        problems = _problems(spark, members, spark.read.parquet(entries_path))
+        problems = _problems(spark, members, _read(spark, entries_path))
         if problems and not options.skip_corrupt:
             raise CorruptArchiveError(problems)
         if any(p.from_segment_data for p in problems):
@@ -565,7 +580,7 @@ def _run(spark: SparkSession, options: Options, started: float) -> Result:
         fs.delete(entries_path)
         raise
 
-    entries = spark.read.parquet(entries_path)
+    entries = _read(spark, entries_path)
     canonical = canonical_log(entries, members)
     log_end = max(m.end_position for m in members)
     tables = {name: fs.child(out, name) for name in TABLES}
@@ -580,9 +595,9 @@ def _run(spark: SparkSession, options: Options, started: float) -> Result:
         members=members,
         entries=entries,
         canonical=canonical,
-        sessions=spark.read.parquet(tables["sessions"]),
-        terms=spark.read.parquet(tables["terms"]),
-        actions=spark.read.parquet(tables["admin_actions"]),
+        sessions=_read(spark, tables["sessions"]),
+        terms=_read(spark, tables["terms"]),
+        actions=_read(spark, tables["admin_actions"]),
         problems=problems,
         max_divergences=options.max_divergences,
     )

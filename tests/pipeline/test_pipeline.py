@@ -270,9 +270,9 @@ def test_uri_locations_with_a_space(
     archives: Path, good: Result, spark: Any, tmp_path: Path
 ) -> None:
     """``file://`` URIs (written unescaped, as Hadoop paths are) for the archives and the
-    output, in directories whose names hold a space."""
-    copy = copy_archives(archives, tmp_path / "archive copy" / "cluster")
-    out = tmp_path / "audit out"
+    output, in directories whose names hold a space (and glob characters)."""
+    copy = copy_archives(archives, tmp_path / "archive copy [1]" / "cluster")
+    out = tmp_path / "audit out [2]"
     result = run(Options([f"file://{copy}"], f"file://{out}", master=MASTER), spark)
     assert result.out == f"file:{out}"
     assert result.path == out
@@ -462,6 +462,71 @@ def test_reader_flags_zero_fill_and_undecodable_records(tmp_path: Path) -> None:
     assert rows[1]["position"] == len(encode_record(good_body))
     assert rows[1]["length"] == 64
     assert "empty record" in rows[1]["detail"]
+
+
+# ---------------------------------------------------------------------- no virtualenv
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """An environment with no virtualenv in it: ``PATH`` has only the system folders (whose
+    ``python3``, if any, lacks the project's packages)."""
+    env = {"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    if "JAVA_HOME" in os.environ:
+        env["JAVA_HOME"] = os.environ["JAVA_HOME"]
+    env.update(extra)
+    return env
+
+
+def check_run(result: subprocess.CompletedProcess[str], out: Path, good: Result) -> None:
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "CONSISTENT" in result.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["consistent"] is True
+    assert report["log"] == good.report["log"]
+    assert table(out, "sessions") == table(good, "sessions")
+
+
+@pytest.mark.slow
+def test_spark_submit_without_the_virtualenv(archives: Path, good: Result, tmp_path: Path) -> None:
+    """The command of docs/pipeline.md with a clean environment: the virtualenv's
+    ``spark-submit`` with ``PYSPARK_PYTHON`` naming its Python."""
+    spark_submit = Path(sys.executable).parent / "spark-submit"
+    if not spark_submit.exists():
+        pytest.skip(f"no spark-submit next to {sys.executable}")
+    script = subprocess.run(
+        [sys.executable, "-m", "cluster.pipeline", "--script"],
+        capture_output=True, text=True, check=True, env=clean_env(), cwd=tmp_path,
+    ).stdout.strip()  # fmt: skip
+    assert Path(script).name == "__main__.py"
+    begin = time.monotonic()
+    out = tmp_path / "submitted"
+    command = [str(spark_submit), "--master", MASTER, "--driver-java-options", QUICK_JIT, script,
+               "--archives", str(archives), "--out", str(out)]  # fmt: skip
+    env = clean_env(PYSPARK_PYTHON=sys.executable)
+    result = subprocess.run(
+        command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400, check=False
+    )
+    check_run(result, out, good)
+    assert json.loads((out / "report.json").read_text())["master"] == MASTER
+    print(f"\n[pipeline] spark-submit without the virtualenv: {time.monotonic() - begin:.1f}s")
+
+
+@pytest.mark.slow
+def test_python_m_without_the_virtualenv(archives: Path, good: Result, tmp_path: Path) -> None:
+    """``python -m cluster.pipeline`` with nothing set and no virtualenv on ``PATH``: the
+    job gives the Python workers ``sys.executable`` (the ``python3`` on ``PATH`` lacks the
+    packages); ``file://`` URIs."""
+    begin = time.monotonic()
+    out = tmp_path / "python-m"
+    command = [sys.executable, "-m", "cluster.pipeline", "--master", MASTER, "--archives",
+               f"file://{archives}", "--out", f"file://{out}",
+               "--conf", f"spark.driver.extraJavaOptions={QUICK_JIT}"]  # fmt: skip
+    result = subprocess.run(
+        command, env=clean_env(), cwd=tmp_path, capture_output=True, text=True, timeout=400,
+        check=False,
+    )  # fmt: skip
+    check_run(result, out, good)
+    print(f"\n[pipeline] python -m without the virtualenv: {time.monotonic() - begin:.1f}s")
 
 
 # ---------------------------------------------------------------------- standalone Spark
