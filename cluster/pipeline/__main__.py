@@ -165,16 +165,17 @@ def _run_as_file() -> int:
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     try:
-        import cluster  # noqa: F401
+        import cluster
     except ImportError:
         sys.path.insert(0, os.path.dirname(os.path.dirname(here)))
     try:
+        import cluster.config  # noqa: F401  (and what it needs: msgspec...)
         from cluster.pipeline.__main__ import main as package_main
     except ImportError as exc:
         print(
             f"cluster-pipeline: {sys.executable} cannot import {exc.name or exc}: run "
-            "spark-submit with the Python where triarch is installed, e.g. "
-            "PYSPARK_PYTHON=/path/to/venv/bin/python spark-submit ...",
+            "spark-submit with the Python where triarch[spark] is installed: "
+            "PYSPARK_PYTHON=/path/to/venv/bin/python spark-submit ... (docs/pipeline.md)",
             file=sys.stderr,
         )
         return EXIT_ERROR

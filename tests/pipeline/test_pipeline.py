@@ -312,6 +312,21 @@ def test_without_pyspark_a_clear_message(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_run_as_a_file_by_a_python_without_the_packages(tmp_path: Path) -> None:
+    """``spark-submit`` runs ``__main__.py`` as a file, with ``python3`` from ``PATH`` when
+    ``PYSPARK_PYTHON`` is not set: a Python without the packages (here ``-S``: no
+    site-packages) gets a message saying what to set, exit status 2, no traceback."""
+    import cluster.pipeline.__main__ as entry
+
+    command = [sys.executable, "-S", entry.__file__, "--archives", str(tmp_path), "--out",
+               str(tmp_path / "out")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2, result.stderr
+    assert "cannot import" in result.stderr
+    assert "PYSPARK_PYTHON=" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 # ---------------------------------------------------------------------- an altered copy
 
 
