@@ -5,19 +5,25 @@
     cluster-tui --members 0=host:ingress:consensus:admin,1=...,2=...
 
 It polls every member's admin port (``describe`` every ``--interval``, 250 ms by
-default, and ``errors`` every fourth round) from one Textual worker, and shows:
+default, and ``errors`` every fourth round) from one Textual worker, and shows
+(``docs/console.md`` has the whole tour):
 
-- the members: role (the leader highlighted), term, commit and append positions, lag
-  behind the leader, election and module state, up/down, the leader's last word from
-  each follower;
+- a banner: the leader and its term, or what the leader's module is doing (SUSPENDED,
+  SNAPSHOT, SHUTTING DOWN), or why there is no leader (election, nobody answering, the
+  cluster STOPPED / SHUT DOWN);
+- the members: role, term, commit and append positions, lag behind the leader (bytes
+  and seconds), election and module state, up / DOWN / SHUT DOWN / STOPPED, the
+  leader's last word from each follower; and their health: version, uptime, archive
+  size, fsync, duty-cycle and commit (leader) or replication (followers) times;
 - the ClusterSessions the leader knows, with closed ones kept (dimmed) for a minute;
-- redirects per member and the recent ones, the committed bytes/s and messages/s, and
-  an events log (elections, leader changes, snapshots, sessions, errors).
+- the committed bytes/s on a printed scale, client redirects per member, and a
+  scrollable, filterable events log.
 
-Keys: ``s`` asks for a snapshot through the client library (an ``AdminRequest``
-SNAPSHOT; the ``AdminResponse`` is logged and notified), ``p`` / ``r`` suspend / resume
-the cluster through the leader's admin port after a confirmation, ``q`` quits.  A member
-that does not answer is shown as down and asked again every round.
+Keys: ``s`` asks the leader for a snapshot through the client library (an
+``AdminRequest`` SNAPSHOT in a session opened at the leader only; without a leader
+nothing is sent), ``p`` / ``r`` suspend / resume the cluster through the leader's admin
+port after a confirmation, ``f`` cycles the events filter, ``c`` saves an SVG
+screenshot under ``--screenshot-dir`` (and says where, or why not), ``q`` quits.
 
 The data comes from a :class:`~tui.source.ClusterSource`: :class:`~tui.source.LiveSource`
 normally, a recorded one in the snapshot tests.
@@ -30,17 +36,18 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any, ClassVar
 
 from rich.text import Text
 from textual import on, work
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
+from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, RichLog, Static
 
 from cluster.admin_client import use_certs
@@ -444,6 +451,18 @@ class ClusterConsole(App[None]):
         severity: Severity = "information" if result.ok else "error"
         self._record([self.model.event("action", text, severity)])
         self.notify(text, title=result.action, severity=severity)
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        """The palette's commands, its "Screenshot" saving where ``c`` does."""
+        for command in super().get_system_commands(screen):
+            if command.title == "Screenshot":
+                yield SystemCommand(
+                    "Screenshot",
+                    f"Save an SVG of the screen in {self.screenshot_dir} (c)",
+                    lambda: self.set_timer(0.1, self.action_screenshot),
+                )
+            else:
+                yield command
 
     def action_screenshot(self, filename: str | None = None, path: str | None = None) -> None:
         """Save an SVG of the screen under ``--screenshot-dir`` (the command palette's

@@ -306,7 +306,7 @@ class ClusterModel:
         self.stopped_clean = bool(shut or snapshotted)
         for r in went:
             r.stopped = r.stopped or "stopped"
-        took = f"{now - first:.1f}s" if now > first else "one poll"
+        took = f"{now - first:.1f}s" if now - first >= 0.1 else "one poll"
         if shut:
             how = "a clean shutdown (members said so before they went)"
         elif snapshotted:
@@ -416,8 +416,8 @@ class ClusterModel:
             events.append(
                 self.event(
                     "snapshot",
-                    f"member {mid} took a snapshot at log position {row.commit} "
-                    f"({snapshots} since it started)",
+                    f"member {mid} took a snapshot ({snapshots} since it started; "
+                    f"log now at {row.commit})",
                 )
             )
         if module != previous.module:

@@ -321,6 +321,18 @@ async def test_screenshot_saved_where_it_says_or_why_not(tmp_path: Path) -> None
         assert failed, event_texts(app)
         assert str(blocker) in failed[0]
         assert "Not a directory" in failed[0] or "exists" in failed[0]
+        # the command palette's "Screenshot" saves there too
+        (palette,) = [c for c in app.get_system_commands(app.screen) if c.title == "Screenshot"]
+        assert str(blocker / "sub") in palette.help
+
+
+def test_screenshot_dir_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tui.app import build_parser
+
+    assert build_parser().parse_args([]).screenshot_dir == "."
+    monkeypatch.setenv("CLUSTER_TUI_SCREENSHOT_DIR", "/tmp/shots")
+    assert build_parser().parse_args([]).screenshot_dir == "/tmp/shots"
+    assert build_parser().parse_args(["--screenshot-dir", "x"]).screenshot_dir == "x"
 
 
 async def test_events_filter_cycles_and_keeps_everything(tmp_path: Path) -> None:

@@ -131,7 +131,7 @@ def test_redirects_snapshots_and_restarts_from_counter_deltas() -> None:
             1: body(1, counters={"redirected_sessions": 6}, pid=999),
         },
     )
-    assert "member 0 took a snapshot at log position 100 (1 since it started)" in events
+    assert "member 0 took a snapshot (1 since it started; log now at 100)" in events
     assert "member 1 restarted (pid 999)" in events
     events = poll_all(model, 1.0, {1: body(1, counters={"redirected_sessions": 7}, pid=999)})
     assert "member 1 redirected 1 client to leader 0" in events
