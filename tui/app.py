@@ -431,7 +431,8 @@ class ClusterConsole(App[None]):
             assert member_id is not None
             if action == "snapshot":
                 result = await self.source.snapshot(member_id)
-                redirected = bool(result.details.get("redirected"))
+                # unknown (no session): a redirect there may still be the console's
+                redirected = bool(result.details.get("redirected", True))
                 self.model.own_session_done(member_id, redirected, self.clock())
             else:
                 result = await self.source.admin_action(member_id, action)
