@@ -498,23 +498,27 @@ def _problems(
     return problems
 
 
-def _write(table: DataFrame, location: str, *order: str) -> None:
+def _write(table: DataFrame, location: str, *order: str) -> StructType:
     """Parquet partitioned by :data:`PARTITION_COLUMN`; ``order`` (a small table): one
-    file per partition, sorted."""
+    file per partition, sorted.  Returns the table's schema: a table with no rows has no
+    files to infer it from (only ``_SUCCESS``)."""
     if order:
         table = table.coalesce(1).sortWithinPartitions(PARTITION_COLUMN, *order)
     table.write.mode("overwrite").partitionBy(PARTITION_COLUMN).parquet(location)
+    return table.schema
 
 
-def _read(spark: SparkSession, location: str) -> DataFrame:
+def _read(spark: SparkSession, location: str, schema: StructType) -> DataFrame:
     """A table written by the job (its location taken literally, not as a glob)."""
-    return spark.read.parquet(glob_escape(location))
+    return spark.read.schema(schema).parquet(glob_escape(location))
 
 
-def _drop_problem_rows(spark: SparkSession, fs: HadoopFS, entries_path: str) -> None:
+def _drop_problem_rows(
+    spark: SparkSession, fs: HadoopFS, entries_path: str, schema: StructType
+) -> None:
     """Rewrite log_entries without the problem rows (``--skip-corrupt``)."""
     staging = entries_path + ".tmp"
-    _write(_read(spark, entries_path).filter(F.col("type") != PROBLEM), staging)
+    _write(_read(spark, entries_path, schema).filter(F.col("type") != PROBLEM), staging)
     fs.delete(entries_path)
     fs.rename(staging, entries_path)
 
@@ -561,7 +565,7 @@ def _run(spark: SparkSession, options: Options, started: float) -> Result:
     entries_path = fs.child(out, "log_entries")
     try:
         # The one pass over the logs: decode every segment straight into log_entries.
-        _write(
+        entries_schema = _write(
             scan(spark, members)
             .drop("detail")
             .withColumn("time", _time("timestamp"))
@@ -570,24 +574,26 @@ def _run(spark: SparkSession, options: Options, started: float) -> Result:
             entries_path,
         )
         lap("scan")
-        problems = _problems(spark, members, _read(spark, entries_path))
+        problems = _problems(spark, members, _read(spark, entries_path, entries_schema))
         if problems and not options.skip_corrupt:
             raise CorruptArchiveError(problems)
         if any(p.from_segment_data for p in problems):
-            _drop_problem_rows(spark, fs, entries_path)
+            _drop_problem_rows(spark, fs, entries_path, entries_schema)
         lap("problems")
     except BaseException:
         fs.delete(entries_path)
         raise
 
-    entries = _read(spark, entries_path)
+    entries = _read(spark, entries_path, entries_schema)
     canonical = canonical_log(entries, members)
     log_end = max(m.end_position for m in members)
     tables = {name: fs.child(out, name) for name in TABLES}
-    _write(_sessions(canonical), tables["sessions"], "cluster_session_id")
-    _write(_terms(spark, canonical, members, log_end), tables["terms"], "term")
-    _write(_timers(canonical), tables["timers"], "position")
-    _write(_admin_actions(canonical), tables["admin_actions"], "position")
+    schemas = {
+        "sessions": _write(_sessions(canonical), tables["sessions"], "cluster_session_id"),
+        "terms": _write(_terms(spark, canonical, members, log_end), tables["terms"], "term"),
+        "timers": _write(_timers(canonical), tables["timers"], "position"),
+        "admin_actions": _write(_admin_actions(canonical), tables["admin_actions"], "position"),
+    }
     lap("tables")
 
     document = reporting.build(
@@ -595,9 +601,9 @@ def _run(spark: SparkSession, options: Options, started: float) -> Result:
         members=members,
         entries=entries,
         canonical=canonical,
-        sessions=_read(spark, tables["sessions"]),
-        terms=_read(spark, tables["terms"]),
-        actions=_read(spark, tables["admin_actions"]),
+        sessions=_read(spark, tables["sessions"], schemas["sessions"]),
+        terms=_read(spark, tables["terms"], schemas["terms"]),
+        actions=_read(spark, tables["admin_actions"], schemas["admin_actions"]),
         problems=problems,
         max_divergences=options.max_divergences,
     )

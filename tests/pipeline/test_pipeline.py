@@ -327,6 +327,30 @@ def test_run_as_a_file_by_a_python_without_the_packages(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_empty_tables(spark: Any, tmp_path: Path) -> None:
+    """A synthetic archive (``scripts/pipeline_bench.py``) with no admin action and no
+    timer: those tables are empty (no partition folder) and the report still builds."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "pipeline_bench.py"
+    spec = importlib.util.spec_from_file_location("pipeline_bench", path)
+    assert spec is not None
+    assert spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.write_member(tmp_path / "cluster" / "node-0", 500, segment_size=4096, payload=8,
+                       session_length=50, rate=10)  # fmt: skip
+    result = run(Options([tmp_path / "cluster"], tmp_path / "out", master=MASTER), spark)
+    report = result.report
+    assert report["consistent"] is True
+    assert report["log"]["entries"] == 500
+    assert report["admin_actions"] == []
+    for name in ("timers", "admin_actions"):
+        assert not list((out_dir(result) / name).glob("date=*")), name
+    assert len(table(result, "sessions")) == report["sessions"]["count"] > 0
+    assert "admin actions" not in summary(report)
+
+
 # ---------------------------------------------------------------------- an altered copy
 
 
