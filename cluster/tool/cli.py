@@ -18,7 +18,7 @@ from . import render
 from .client import use_certs
 from .commands import ACTIONS, Options, emit, run
 
-QUERIES = ("describe", "health", "list-members", "recording-log", "errors")
+QUERIES = ("describe", "health", "list-members", "recording-log", "errors", "timings", "stalls")
 COMMANDS = (*QUERIES, *ACTIONS, "invalidate-latest-snapshot", "certs")
 
 _HELP = {
@@ -28,6 +28,8 @@ _HELP = {
     "list-members": "the members and their endpoints, as the leader sees them",
     "recording-log": "each member's recording log (terms, snapshots), times in UTC",
     "errors": "each member's distinct warnings and errors, with counts and first/last times",
+    "timings": "each member's fsync, duty-cycle, commit and replication-lag times",
+    "stalls": "each member's event-loop stalls over --stall-threshold, with what ran",
     "snapshot": "take a snapshot on every member; waits until it is taken",
     "suspend": "stop applying client messages until resume",
     "resume": "resume after suspend",
@@ -42,6 +44,8 @@ _MEMBER_HELP = {
     "list-members": "the members as this member sees them (default: the leader)",
     "recording-log": "only this member",
     "errors": "only this member",
+    "timings": "only this member",
+    "stalls": "only this member",
     "invalidate-latest-snapshot": "only this member (default: every member)",
 }
 

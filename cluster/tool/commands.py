@@ -11,7 +11,7 @@ from typing import Any
 
 from ..config import MemberEndpoints
 from ..protocol.admin import decode_body
-from . import render
+from . import loop, render
 from .client import Result, Unreachable, describe_all, find_leader, request, request_all
 
 ACTIONS = ("snapshot", "suspend", "resume", "shutdown", "abort")
@@ -201,12 +201,40 @@ async def cmd_invalidate(opts: Options) -> int:
     return 0 if all(item["ok"] for item in items) else 1
 
 
+async def cmd_timings(opts: Options) -> int:
+    """Each member's fsync, duty-cycle, commit and replication times; exit 1 unless
+    every member (or ``--member``) answered."""
+    described = await describe_all(opts.selected(), opts.timeout)
+    items = [loop.timings_member(r) for r in described]
+    if opts.json:
+        emit({**render.now_fields(), "members": items})
+    else:
+        print(loop.timings_table(items))
+    return 0 if all(r.status is not None for r in described) else 1
+
+
+async def cmd_stalls(opts: Options) -> int:
+    """Each member's event-loop stalls (the most recent ones, with what ran)."""
+    described = await describe_all(opts.selected(), opts.timeout)
+    items = [loop.stalls_member(r) for r in described]
+    if opts.json:
+        emit({**render.now_fields(), "members": items})
+    else:
+        for i, item in enumerate(items):
+            print(("\n" if i else "") + loop.stalls_heading(item))
+            if item["recent"]:
+                print(_indent(loop.stalls_table(item)))
+    return 0 if all(r.status is not None for r in described) else 1
+
+
 QUERIES: dict[str, Callable[[Options], Awaitable[int]]] = {
     "describe": cmd_describe,
     "health": cmd_health,
     "list-members": cmd_list_members,
     "recording-log": cmd_recording_log,
     "errors": cmd_errors,
+    "timings": cmd_timings,
+    "stalls": cmd_stalls,
     "invalidate-latest-snapshot": cmd_invalidate,
 }
 

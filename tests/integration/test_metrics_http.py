@@ -35,13 +35,17 @@ def wait_for(predicate, seconds: float = 20.0) -> None:  # type: ignore[no-untyp
         time.sleep(0.1)
 
 
-def tool_health(members: str) -> subprocess.CompletedProcess[str]:
+def tool(members: str, command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cluster.tool", "--members", members, "--json", "health"],
+        [sys.executable, "-m", "cluster.tool", "--members", members, "--json", command],
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def tool_health(members: str) -> subprocess.CompletedProcess[str]:
+    return tool(members, "health")
 
 
 def echo(endpoints: str, count: int) -> None:
@@ -133,6 +137,13 @@ def test_metrics_and_health_through_a_lost_quorum(tmp_path: Path) -> None:
             assert health["health"] is True
         assert leader is not None
         assert get(ports[leader], "/nowhere")[0] == 404
+        # the same histograms through cluster-tool
+        timings = json.loads(tool(cluster.members, "timings").stdout)["members"]
+        assert all(m["fsync"]["count"] > 0 and m["duty_cycle"]["count"] > 0 for m in timings)
+        assert timings[leader]["commit"]["count"] >= 100
+        assert len(timings[leader]["replication"]) == 2
+        stalls = json.loads(tool(cluster.members, "stalls").stdout)["members"]
+        assert [m["threshold_s"] for m in stalls] == [0.005] * 3
         up = tool_health(cluster.members)
         assert up.returncode == 0, up.stdout + up.stderr
         assert json.loads(up.stdout)["healthy"] is True

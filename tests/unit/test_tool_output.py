@@ -20,11 +20,15 @@ from typing import Any
 import msgspec
 import pytest
 
+from cluster.metrics import LATENCY_BOUNDS_S
 from cluster.protocol.admin import (
     AdminCommand,
     AdminReply,
+    HistogramStatus,
     MemberAddress,
     MemberStatus,
+    StallsStatus,
+    StallStatus,
     encode_body,
 )
 from cluster.protocol.codec import ADMIN
@@ -59,6 +63,15 @@ ERROR = {
     "count", "first_time", "first_time_iso", "last_time", "last_time_iso", "level", "logger",
     "message",
 }  # fmt: skip
+TIMINGS = {"time", "time_iso", "members"}
+TIMINGS_MEMBER = {
+    "member_id", "reachable", "error", "role", "fsync", "duty_cycle", "commit", "replication",
+    "stall",
+}  # fmt: skip
+SUMMARY = {"count", "mean_s", "p50_s", "p99_s"}
+STALLS = {"time", "time_iso", "members"}
+STALLS_MEMBER = {"member_id", "reachable", "error", "threshold_s", "busy", "late", "recent"}
+STALL = {"at", "at_iso", "kind", "duration_s", "cpu_s", "gc_s", "where"}
 ACTION = {"command", "member_id", "ok", "message", "body"}
 INVALIDATE = {"members"}
 INVALIDATE_MEMBER = {"member_id", "reachable", "ok", "invalidated", "message", "error"}
@@ -79,7 +92,30 @@ def status(member_id: int, ports: dict[int, int]) -> MemberStatus:
             for i, port in sorted(ports.items())
         ],
         uptime_s=75.0,
+        histograms=[] if member_id else LEADER_HISTOGRAMS,
+        stalls=StallsStatus(
+            threshold_s=0.005,
+            busy=1,
+            recent=[StallStatus(at=T0, kind="busy", duration_s=0.02, cpu_s=0.019, where="x")],
+        ),
     )
+
+
+def _histogram(name: str, **labels: str) -> HistogramStatus:
+    counts = [0] * (len(LATENCY_BOUNDS_S) + 1)
+    counts[6] = 3  # three values in the bucket up to 0.64 ms
+    return HistogramStatus(
+        name=name, labels=labels, bounds=list(LATENCY_BOUNDS_S), counts=counts, sum=0.0015, count=3
+    )
+
+
+LEADER_HISTOGRAMS = [
+    _histogram("fsync"),
+    _histogram("duty_cycle"),
+    _histogram("commit"),
+    _histogram("replication", follower="1"),
+    _histogram("stall"),
+]
 
 
 ENTRIES = [
@@ -225,6 +261,25 @@ def test_every_commands_json_has_fixed_keys_with_a_member_down(
         assert first["errors"][0]["first_time_iso"] == "2026-11-18T11:06:40.250Z"
         assert doc["members"][2]["errors"] == []
         assert doc["members"][2]["now"] is None
+
+        code, doc = run_json(capsys, *base, "--json", "timings")
+        assert code == 1  # a member is down
+        assert set(doc) == TIMINGS
+        assert [set(m) for m in doc["members"]] == [TIMINGS_MEMBER] * 3
+        leader = doc["members"][0]
+        assert set(leader["fsync"]) == SUMMARY
+        assert set(leader["replication"]["1"]) == SUMMARY
+        assert leader["fsync"]["count"] == 3
+        assert leader["fsync"]["p99_s"] == 0.00064
+        assert doc["members"][2]["fsync"] is None
+        assert doc["members"][2]["replication"] == {}
+
+        code, doc = run_json(capsys, *base, "--json", "stalls", "--member", "0")
+        assert code == 0
+        assert set(doc) == STALLS
+        assert [set(m) for m in doc["members"]] == [STALLS_MEMBER]
+        assert [set(x) for x in doc["members"][0]["recent"]] == [STALL]
+        assert doc["members"][0]["recent"][0]["at_iso"] == "2026-11-18T11:06:40.250Z"
 
         for command in ("snapshot", "suspend", "resume", "shutdown", "abort"):
             code, doc = run_json(capsys, *base, "--json", command)
@@ -418,7 +473,7 @@ def test_the_documented_shapes_are_the_pinned_ones() -> None:
     docs = documented_shapes()
     assert set(docs) == {
         "describe", "health", "list-members", "recording-log", "errors", "snapshot",
-        "invalidate-latest-snapshot", "certs",
+        "invalidate-latest-snapshot", "certs", "timings", "stalls",
     }  # fmt: skip
     assert set(docs["describe"]) == DESCRIBE
     for member in docs["describe"]["members"]:  # elided with "...": a subset
@@ -430,11 +485,15 @@ def test_the_documented_shapes_are_the_pinned_ones() -> None:
         ("recording-log", RECORDING_LOG, RECORDING_LOG_MEMBER),
         ("errors", ERRORS, ERRORS_MEMBER),
         ("invalidate-latest-snapshot", INVALIDATE, INVALIDATE_MEMBER),
+        ("timings", TIMINGS, TIMINGS_MEMBER),
+        ("stalls", STALLS, STALLS_MEMBER),
     ):
         assert set(docs[name]) == top, name
         assert all(set(m) == member for m in docs[name]["members"]), name
     assert all(set(e) == ENTRY for e in docs["recording-log"]["members"][0]["entries"])
     assert all(set(e) == ERROR for e in docs["errors"]["members"][0]["errors"])
+    assert all(set(x) == STALL for x in docs["stalls"]["members"][0]["recent"])
+    assert set(docs["timings"]["members"][0]["fsync"]) == SUMMARY
     assert set(docs["snapshot"]) == ACTION
     assert set(docs["certs"]) == CERTS
     assert set(docs["certs"]["folders"][0]) == {"path", "created"}
