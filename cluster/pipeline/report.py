@@ -431,7 +431,7 @@ def plot_throughput(document: dict[str, Any]) -> bytes:
     throughput = document["throughput"]
     series = throughput["series"]
     seconds = throughput["bucket_seconds"]
-    fig, ax = plt.subplots(figsize=(10, 4), dpi=100)
+    fig, ax = plt.subplots(figsize=(11, 4.5), dpi=100, layout="constrained")
     try:
         xs = [s["t"] for s in series]
         ax.step(xs, [s["entries"] / seconds for s in series], where="post", label="log entries/s")
@@ -440,40 +440,66 @@ def plot_throughput(document: dict[str, Any]) -> bytes:
         )
         start = throughput.get("from")
         if start is not None:
-            origin = _seconds_since(0.0, start)
-            marks = [
-                (term["start"], f"term {term['term']} (leader {term['leader']})", "grey", ":")
-                for term in document["messages_per_term"]
-                if term["start"] is not None
-            ] + [
-                (a["time"], a["action"], ACTION_COLOURS.get(a["action"], "black"), "--")
-                for a in document["admin_actions"]
-                if a["time"] is not None
-            ]
-            for when, label, colour, style in marks:
-                at = _seconds_since(origin, when)
-                ax.axvline(at, color=colour, linestyle=style, linewidth=1)
-                ax.annotate(
-                    label,
-                    (at, 1),
-                    xycoords=("data", "axes fraction"),
-                    rotation=90,
-                    va="top",
-                    ha="right",
-                    fontsize=7,
-                    color=colour,
-                )
+            _mark_events(ax, document, _seconds_since(0.0, start))
         ax.set_xlabel(f"seconds since {start or 'start'} (buckets of {seconds:g} s)")
         ax.set_ylabel("per second")
         ax.set_title("Committed throughput")
-        ax.legend(loc="upper right")
+        fig.legend(loc="outside right upper", fontsize=8)
         ax.grid(alpha=0.3)
-        fig.tight_layout()
         png = io.BytesIO()
         fig.savefig(png, format="png")
         return png.getvalue()
     finally:
         plt.close(fig)
+
+
+def _mark_events(ax: Any, document: dict[str, Any], origin: float) -> None:
+    """Vertical lines at term starts (grey, dotted) and admin actions (coloured, dashed),
+    each kind in the legend; marks closer than 1.5% of the time axis share one label."""
+    from matplotlib.lines import Line2D
+
+    marks = sorted(
+        [
+            (_seconds_since(origin, t["start"]), f"term {t['term']} (leader {t['leader']})",
+             "grey", ":")
+            for t in document["messages_per_term"]
+            if t["start"] is not None
+        ]
+        + [
+            (_seconds_since(origin, a["time"]), a["action"],
+             ACTION_COLOURS.get(a["action"], "black"), "--")
+            for a in document["admin_actions"]
+            if a["time"] is not None
+        ]
+    )  # fmt: skip
+    if not marks:
+        return
+    span = max(document["throughput"].get("span_seconds") or 0.0, marks[-1][0], 1e-9)
+    groups: list[list[tuple[float, str, str, str]]] = []
+    for mark in marks:
+        if groups and mark[0] - groups[-1][0][0] < 0.015 * span:
+            groups[-1].append(mark)
+        else:
+            groups.append([mark])
+    for group in groups:
+        for at, _, colour, style in group:
+            ax.axvline(at, color=colour, linestyle=style, linewidth=1)
+        colours = {colour for _, _, colour, _ in group}
+        ax.annotate(
+            ", ".join(label for _, label, _, _ in group),
+            (group[0][0], 0.99),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=7,
+            color=colours.pop() if len(colours) == 1 else "black",
+        )
+    styles = {style for _, _, _, style in marks}
+    if ":" in styles:
+        ax.add_line(Line2D([], [], color="grey", linestyle=":", linewidth=1, label="term start"))
+    if "--" in styles:
+        ax.add_line(Line2D([], [], color="black", linestyle="--", lw=1, label="admin action"))
 
 
 def summary(document: dict[str, Any]) -> str:
