@@ -75,7 +75,7 @@ from .core.service_container import ServiceContainer
 from .core.terms import TermHistory
 from .protocol.admin import MemberStatus
 from .protocol.consensus import ConsensusMessage
-from .protocol.enums import ClusterAction, Role
+from .protocol.enums import ClusterAction, ModuleState, Role
 from .recovery import recover
 from .security import admin_authorisation, check_exposure, configure_logging, network_for
 from .service import ClusteredService
@@ -611,6 +611,7 @@ class Node:
         if self._stopping or self._nursery is None:
             return
         self._stopping = True
+        self.cm.control.leave(ModuleState.TERMINATING)
         with trio.move_on_after(drain_timeout) as scope:
             await self.archive_agent.wait_idle()
             while self.log_agent.applied_position < self.cm.commit_position:

@@ -90,6 +90,8 @@ class SnapshotAgent:
         terminate = action.action is ClusterAction.ABORT or (
             action.action is ClusterAction.SNAPSHOT and shutdown
         )
+        if terminate and live:
+            self.cm.control.leave()
         if action.action is ClusterAction.SNAPSHOT:
             self._take(position, action, terminate=terminate and live)
         elif terminate and live:

@@ -136,6 +136,13 @@ class ClusterControl:
             return f"Unable to SNAPSHOT: {self.disk_problem}"
         return ""
 
+    def leave(self, state: ModuleState = ModuleState.QUITTING) -> None:
+        """The member is on its way out: a terminating action (SHUTDOWN, ABORT) applied
+        live (QUITTING), then the node draining (TERMINATING).  Operators see it in
+        ``describe``, so a clean stop is not taken for a crash."""
+        if state > self.module_state:
+            self.module_state = state
+
     def apply(self, action: ClusterAction) -> None:
         """Enter the module state ``action`` leads to (RESUME sequences what was held)."""
         if action is ClusterAction.SUSPEND:

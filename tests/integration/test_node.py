@@ -465,3 +465,29 @@ async def test_follower_acknowledges_an_append_before_applying_committed_entries
         assert service.unsent_at_apply.count(0) == len(service.unsent_at_apply), (
             service.unsent_at_apply
         )
+
+
+async def test_a_shutdown_shows_in_the_module_state_until_the_node_stops(tmp_path: Path) -> None:
+    """SHUTDOWN applied: QUITTING, then TERMINATING while the node drains (what
+    `describe`, the console and /health read: a clean stop, not a crash)."""
+    from cluster.protocol.enums import ClusterAction
+
+    node = Node(make_config(tmp_path), StatelessService())
+    seen: list[str] = []
+    real_shutdown = node.shutdown
+
+    async def shutdown(drain_timeout: float = 5.0) -> None:
+        seen.append(node.status().module_state)  # the action applied, not yet draining
+        await real_shutdown(drain_timeout)
+        seen.append(node.status().module_state)
+
+    node.shutdown = shutdown  # type: ignore[method-assign]  # before run() hands it out
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            lambda task_status: node.run(handle_signals=False, task_status=task_status)
+        )
+        await wait_for(lambda: node.cm.is_ready_leader)
+        assert node.status().module_state == "ACTIVE"
+        ok, message = await node.request_action(ClusterAction.SNAPSHOT, terminate=True)
+        assert ok, message
+    assert seen == ["QUITTING", "TERMINATING"]
