@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
+from cluster.tool.render import duration
+
 from .events import Event
 from .graph import bars, fmt_rate, nice_scale
 from .headline import fmt_int
@@ -113,17 +115,8 @@ def fmt_bytes(value: int | None) -> str:
 
 
 def fmt_duration(seconds: float | None) -> str:
-    """``42s``, ``3m12s``, ``5h03m``, ``2d04h``."""
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    """``42s``, ``3m12s``, ``5h03m``, ``2d04h`` (as ``cluster-tool`` writes them)."""
+    return "-" if seconds is None else duration(seconds)
 
 
 def clip(text: str, width: int) -> str:

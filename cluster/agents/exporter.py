@@ -109,15 +109,19 @@ class StatusCollector(Collector):
         ):
             positions.add_metric([member, kind], value)
         yield positions
-        lag = GaugeMetricFamily(
-            "triarch_follower_lag_bytes",
-            "a leader's view: durable log a follower has not acknowledged",
-            labels=["member", "follower"],
-        )
-        for f in s.followers:
-            if f.lag_bytes is not None:
-                lag.add_metric([member, str(f.member_id)], f.lag_bytes)
-        yield lag
+        for name, doc, unit in (
+            ("bytes", "durable log a follower has not acknowledged", "lag_bytes"),
+            ("seconds", "age of the oldest log a follower has not confirmed", "lag_s"),
+        ):
+            lag = GaugeMetricFamily(
+                f"triarch_follower_lag_{name}",
+                f"a leader's view: {doc}",
+                labels=["member", "follower"],
+            )
+            for f in s.followers:
+                if (value := getattr(f, unit)) is not None:
+                    lag.add_metric([member, str(f.member_id)], value)
+            yield lag
         yield gauge("triarch_sessions", "open client sessions", len(s.sessions))
         yield gauge("triarch_pending_sessions", "sessions connecting", s.pending_sessions)
         yield counter(
@@ -165,15 +169,6 @@ class StatusCollector(Collector):
             s.leader_changes,
         )
         yield gauge("triarch_archive_bytes", "bytes of log in the archive", s.archive_bytes)
-        lag_s = GaugeMetricFamily(
-            "triarch_follower_lag_seconds",
-            "a leader's view: age of the oldest log a follower has not confirmed",
-            labels=["member", "follower"],
-        )
-        for f in s.followers:
-            if f.lag_s is not None:
-                lag_s.add_metric([member, str(f.member_id)], f.lag_s)
-        yield lag_s
         stalls = CounterMetricFamily(
             "triarch_loop_stalls",
             "event-loop stalls over --stall-threshold, by kind (cluster-tool stalls)",
