@@ -129,8 +129,54 @@ def test_floor_bench_measures_plain_and_trio_nodes() -> None:
         assert all(v > 0 for v in cpu.values())
 
 
+def test_floor_bench_paced_sends_at_the_rate_asked() -> None:
+    """``--rate``: the floor under a paced load (many messages may be in flight during a
+    stall), each timed from its real send; the rate holds whatever the latency."""
+    out = run_script(
+        "floor_bench.py",
+        "--nodes",
+        "trio",
+        "--count",
+        "600",
+        "--rate",
+        "400",
+        "--json",
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["rate"] == 400
+    assert result["round_trips_per_s"] == pytest.approx(400, rel=0.15)
+    latency = result["latency_us"]
+    assert 0 < latency["p50"] <= latency["p99"] <= latency["p999"] <= latency["max"]
+
+
 @pytest.mark.parametrize("count", ["0", "-3"])
 def test_floor_bench_refuses_no_round_trips(count: str) -> None:
     out = run_script("floor_bench.py", "--count", count, timeout=60)
     assert out.returncode == 2
     assert "--count must be at least 1" in out.stderr
+
+
+def test_the_paced_probe_and_the_bench_open_loop_agree_at_a_low_rate(tmp_path: Path) -> None:
+    """Timed from the scheduled send, as the bench's open loop times it, the probe sees
+    the same latencies as the bench at a rate far below the cluster's maximum (within
+    this shared machine's noise); timed from the real send, no more."""
+    from cluster.local import LocalCluster
+
+    with LocalCluster(1, "cluster.examples.echo:EchoService", tmp_path) as cluster:
+        endpoints = cluster.ingress_endpoints
+        load = ("--rate", "200", "--duration", "3", "--warmup", "0.5", "--json")
+        probe = run_script("probe.py", "--endpoints", endpoints, *load, timeout=120)
+        assert probe.returncode == 0, probe.stderr
+        bench = run_bench("--endpoints", endpoints, "--clients", "1", *load, timeout=120)
+        assert bench.returncode == 0, bench.stderr
+    paced, open_loop = json.loads(probe.stdout), json.loads(bench.stdout)
+    assert paced["achieved_rate"] == pytest.approx(200, rel=0.1)
+    assert paced["latency_us"]["count"] >= 500
+    real, p, b = paced["latency_us"], paced["latency_from_schedule_us"], open_loop["latency_us"]
+    assert real["p50"] <= real["p99"] <= real["max"]
+    assert real["p50"] <= p["p50"]  # the real send comes at or after the scheduled time
+    for q in ("p50", "p90"):
+        assert 0.4 <= p[q] / b[q] <= 2.5, (q, p, b)
+    assert paced["send_lateness_us"]["count"] == paced["latency_us"]["count"]
