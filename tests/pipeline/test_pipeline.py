@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -38,6 +39,8 @@ import pyarrow.parquet as pq
 from cluster_run import PRINCIPAL, RunRecord, produce
 
 from cluster.archive import encode_record, iter_records, read_log
+from cluster.archive.node_state import NodeState
+from cluster.archive.recording_log import ENTRY_TYPE_SNAPSHOT, RecordingLog
 from cluster.local import free_ports, wait_for_port
 from cluster.pipeline.__main__ import main as pipeline_main
 from cluster.pipeline.java import ensure_java
@@ -107,6 +110,25 @@ def table(out: Path | Result, name: str) -> list[dict[str, Any]]:
     return rows
 
 
+def commit_bounds(archives: Path) -> dict[str, int]:
+    """Each member's commit position as the pipeline should take it: the highest of the
+    one in ``node-state.json`` and its latest snapshot's in ``recording.log`` (read from
+    a copy: opening a recording log may repair it)."""
+    bounds: dict[str, int] = {}
+    for member in MEMBERS:
+        saved = NodeState(archives / member).commit_position
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copy(archives / member / "recording.log", tmp)
+            with RecordingLog.open(tmp) as recording_log:
+                snapshots = [
+                    e.log_position
+                    for e in recording_log.entries
+                    if e.is_valid and e.type == ENTRY_TYPE_SNAPSHOT
+                ]
+        bounds[member] = max([saved, *snapshots])
+    return bounds
+
+
 def canonical_messages(archives: Path) -> Counter[int]:
     """Client messages per session in node-0's log, read with the project's reader."""
     counts: Counter[int] = Counter()
@@ -129,7 +151,14 @@ def test_row_counts_match_what_the_clients_sent(
     expected_entries = {m: sum(1 for _ in read_log(archives / m / "archive")) for m in MEMBERS}
     assert dict(per_member) == expected_entries
     assert len(set(expected_entries.values())) == 1  # the members hold the same log
-    assert all(row["committed"] for row in entries)  # the run waited for commit saves
+    # committed: below the member's commit position, read here from its files
+    bounds = commit_bounds(archives)
+    for row in entries:
+        assert row["committed"] == (row["position"] < bounds[row["member"]]), (row, bounds)
+    # the run waited for commit saves before the SHUTDOWN, whose snapshot covers the rest
+    shutdown = max(a["position"] for a in table(good, "admin_actions"))
+    assert all(row["committed"] for row in entries if row["position"] < shutdown)
+    assert max(bounds.values()) > shutdown, (bounds, report["archives"])
 
     sent = {s.cluster_session_id: s for s in cluster_run.sessions}
     assert len(sent) == 3
@@ -197,7 +226,10 @@ def test_good_archives_are_consistent(good: Result) -> None:
     consistency = report["consistency"]
     assert consistency["checked_to"] == min(a["commit_position"] for a in report["archives"])
     assert consistency["checked_to"] > 0
-    assert consistency["positions_checked"] == report["archives"][0]["entries"]
+    bounds = commit_bounds(Path(good.report["archives"][0]["directory"]).parent)
+    assert consistency["checked_to"] == min(bounds.values())
+    positions = {row["position"] for row in table(good, "log_entries")}
+    assert consistency["positions_checked"] == sum(1 for p in positions if p < min(bounds.values()))
     on_disk = json.loads((out_dir(good) / "report.json").read_text())
     assert on_disk["consistent"] is True
     assert on_disk["log"] == report["log"]
