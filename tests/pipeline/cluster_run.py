@@ -72,6 +72,8 @@ class RunRecord:
     killed_leader: int = -1
     new_leader: int = -1
     term_before: int = -1
+    term_killed: int = -1
+    """The term whose leader was killed (term_before unless an election came between)."""
     term_after: int = -1
     certs: str = ""
     actions: list[str] = field(default_factory=list)
@@ -84,6 +86,7 @@ class RunRecord:
                 "killed_leader": self.killed_leader,
                 "new_leader": self.new_leader,
                 "term_before": self.term_before,
+                "term_killed": self.term_killed,
                 "term_after": self.term_after,
                 "certs": self.certs,
                 "actions": self.actions,
@@ -190,6 +193,7 @@ async def drive(cluster: LocalCluster, record: RunRecord, per_phase: int) -> Non
                 nursery.start_soon(put_many, kv, s, "across", per_phase, (per_phase // 3, third))
                 await third.wait()
                 leader = kv.client.leader_member_id
+                record.term_killed = kv.client.leadership_term_id
                 cluster.kill(leader)
                 record.killed_leader = leader
             record.new_leader = kv.client.leader_member_id

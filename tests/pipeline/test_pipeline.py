@@ -194,7 +194,7 @@ def test_row_counts_match_what_the_clients_sent(
 
 def test_terms_timers_and_throughput(good: Result, cluster_run: RunRecord) -> None:
     terms = {row["term"]: row for row in table(good, "terms")}
-    assert terms[cluster_run.term_before]["leader"] == cluster_run.killed_leader
+    assert terms[cluster_run.term_killed]["leader"] == cluster_run.killed_leader
     assert terms[cluster_run.term_after]["leader"] == cluster_run.new_leader
     assert cluster_run.new_leader != cluster_run.killed_leader
     ordered = [terms[t] for t in sorted(terms)]
