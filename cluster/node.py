@@ -17,6 +17,7 @@ any agent cancels the nursery, so the node never runs half alive.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -617,6 +618,10 @@ class Node:
             while self.log_agent.applied_position < self.cm.commit_position:
                 self.log_agent.kick()
                 await trio.sleep(0.001)
+            applied = self.log_agent.applied_position
+            if applied > self.node_state.commit_position:  # the next start knows it all
+                with contextlib.suppress(OSError):
+                    await self.run_blocking(partial(self.node_state.save, commit_position=applied))
             if self.cm.role is Role.LEADER:
                 # followers must learn the final commit position (a termination
                 # action's) before this leader's links close

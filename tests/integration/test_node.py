@@ -6,6 +6,7 @@ Trio nursery, with its data in ``tmp_path``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -491,3 +492,6 @@ async def test_a_shutdown_shows_in_the_module_state_until_the_node_stops(tmp_pat
         ok, message = await node.request_action(ClusterAction.SNAPSHOT, terminate=True)
         assert ok, message
     assert seen == ["QUITTING", "TERMINATING"]
+    # and the next start knows everything was committed, the SHUTDOWN action included
+    saved = json.loads((tmp_path / "node-state.json").read_text())["commit_position"]
+    assert saved == node.cm.commit_position == node.log_agent.applied_position
