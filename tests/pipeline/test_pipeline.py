@@ -582,24 +582,6 @@ def test_spark_submit_without_the_virtualenv(archives: Path, good: Result, tmp_p
     print(f"\n[pipeline] spark-submit without the virtualenv: {time.monotonic() - begin:.1f}s")
 
 
-@pytest.mark.slow
-def test_python_m_without_the_virtualenv(archives: Path, good: Result, tmp_path: Path) -> None:
-    """``python -m cluster.pipeline`` with nothing set and no virtualenv on ``PATH``: the
-    job gives the Python workers ``sys.executable`` (the ``python3`` on ``PATH`` lacks the
-    packages); ``file://`` URIs."""
-    begin = time.monotonic()
-    out = tmp_path / "python-m"
-    command = [sys.executable, "-m", "cluster.pipeline", "--master", MASTER, "--archives",
-               f"file://{archives}", "--out", f"file://{out}",
-               "--conf", f"spark.driver.extraJavaOptions={QUICK_JIT}"]  # fmt: skip
-    result = subprocess.run(
-        command, env=clean_env(), cwd=tmp_path, capture_output=True, text=True, timeout=400,
-        check=False,
-    )  # fmt: skip
-    check_run(result, out, good)
-    print(f"\n[pipeline] python -m without the virtualenv: {time.monotonic() - begin:.1f}s")
-
-
 # ---------------------------------------------------------------------- standalone Spark
 
 
@@ -620,7 +602,10 @@ WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 @pytest.mark.slow
 def test_standalone_master_and_worker(archives: Path, good: Result, tmp_path: Path) -> None:
     """A Spark master and worker on 127.0.0.1 (pyspark's own sbin scripts), and the
-    ``cluster-pipeline`` console script run against them with ``--master spark://``."""
+    ``cluster-pipeline`` console script run against them with ``--master spark://``, with
+    nothing set and no virtualenv on ``PATH`` (the job gives the executors'
+    Python workers ``sys.executable``: the ``python3`` on ``PATH`` lacks the packages),
+    and ``file://`` URIs."""
     import pyspark
 
     spark_home = Path(pyspark.__file__).resolve().parent
@@ -663,12 +648,13 @@ def test_standalone_master_and_worker(archives: Path, good: Result, tmp_path: Pa
         out = tmp_path / "out"
         command = [
             str(Path(sys.executable).parent / "cluster-pipeline"),
-            "--archives", str(archives), "--out", str(out), "--master", master,
+            "--archives", f"file://{archives}", "--out", f"file://{out}", "--master", master,
             "--conf", "spark.executor.memory=1g",
             "--conf", f"spark.driver.extraJavaOptions={quick_jit}",
             "--conf", f"spark.executor.extraJavaOptions={quick_jit}",
         ]  # fmt: skip
-        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+        job_env = clean_env(SPARK_LOCAL_IP="127.0.0.1")
+        result = subprocess.run(command, env=job_env, capture_output=True, text=True, timeout=240)
         assert result.returncode == 0, result.stderr[-3000:]
         assert "CONSISTENT" in result.stdout
         report = json.loads((out / "report.json").read_text())
