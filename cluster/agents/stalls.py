@@ -8,17 +8,21 @@ than the loop asked (the process was not given a CPU, or the thread waited for t
 So two kinds of stall are recorded:
 
 - ``busy``: a pass ran for ``duration`` before the loop waited again.  With it: the loop
-  thread's own CPU time in the pass (``cpu_s``; much less than the duration means the
-  thread was not running: the host descheduled it, or another thread, the archive
-  writer, held the GIL), the garbage collector's time in it (``gc_s``), and where the
-  loop was when the pass had run for the threshold (``where``: the innermost frames, from
-  a sampling thread).
+  thread's CPU share of the pass (``cpu_s``, scaled to the whole pass; much less than the
+  duration means the thread was not running: the host descheduled it, or another
+  thread, the archive writer, held the GIL), the garbage collector's time in it
+  (``gc_s``), and where the loop was once the pass had run for the threshold (``where``:
+  the innermost frames).  Both ``cpu_s`` and ``where`` come from a sampling thread; for a
+  pass it did not see in time, ``cpu_s`` is -1 and ``where`` empty.
 - ``late``: a wait for I/O that ended ``duration`` after the time the loop had asked to
   be woken (a timer due: a heartbeat, the slow tick).  Nothing ran in the loop meanwhile:
   the machine (or the GIL) did not let it.
 
-The sampling thread wakes every threshold; it reads two numbers and takes a stack only
-when a pass has gone on for the threshold, so the loop pays two clock reads per pass.
+The loop pays one ``perf_counter_ns`` per hook (twice a pass).  The sampling thread wakes
+every threshold (so it sees every pass of twice the threshold, and about half of those of
+one and a half): the first time it sees a pass it notes the loop thread's CPU clock
+(``pthread_getcpuclockid``; a thread's CPU time is a system call, 1-2 µs on this VM,
+too dear for every pass), and once the pass has run for the threshold it takes the stack.
 """
 
 from __future__ import annotations
@@ -49,8 +53,11 @@ class StallWatch(trio.abc.Instrument):
         self.late = 0
         self.recent: collections.deque[StallStatus] = collections.deque(maxlen=RECENT)
         self._pass_start = 0  # perf_counter_ns of the pass under way, 0 while waiting
-        self._pass_cpu = 0
         self._pass_id = 0
+        self._cpu_pass = -1  # the pass the sampler first saw at (_cpu_wall, _cpu_mark)
+        self._cpu_wall = 0
+        self._cpu_mark = 0
+        self._cpu_clock: int | None = None
         self._wait_start = 0
         self._wait_timeout = 0
         self._gc_ns = 0
@@ -67,9 +74,7 @@ class StallWatch(trio.abc.Instrument):
         now = time.perf_counter_ns()
         start = self._pass_start
         if start and now - start > self.threshold_ns:
-            cpu = time.thread_time_ns() - self._pass_cpu
-            where = self._where if self._where_pass == self._pass_id else ""
-            self._record("busy", start, now - start, cpu, where)
+            self._busy_pass(start, now)
         self._pass_start = 0
         self._wait_start = now
         self._wait_timeout = round(timeout * 1e9)
@@ -81,8 +86,17 @@ class StallWatch(trio.abc.Instrument):
             self._record("late", now - late, late, 0, "")
         self._pass_id += 1
         self._gc_ns = 0
-        self._pass_cpu = time.thread_time_ns()
         self._pass_start = now
+
+    def _busy_pass(self, start: int, now: int) -> None:
+        """A pass over the threshold ends: its CPU share as the sampler saw it."""
+        cpu = -1
+        window = now - self._cpu_wall
+        if self._cpu_pass == self._pass_id and window > 0:
+            used = time.thread_time_ns() - self._cpu_mark
+            cpu = min(now - start, used * (now - start) // window)
+        where = self._where if self._where_pass == self._pass_id else ""
+        self._record("busy", start, now - start, cpu, where)
 
     def _record(self, kind: str, start_ns: int, duration_ns: int, cpu_ns: int, where: str) -> None:
         self.stalls.observe_ns(duration_ns)
@@ -95,7 +109,7 @@ class StallWatch(trio.abc.Instrument):
                 at=(start_ns + self.epoch_offset_ns) / 1e9,
                 kind=kind,
                 duration_s=duration_ns / 1e9,
-                cpu_s=cpu_ns / 1e9,
+                cpu_s=cpu_ns / 1e9 if cpu_ns >= 0 else -1.0,
                 gc_s=self._gc_ns / 1e9 if kind == "busy" else 0.0,
                 where=where,
             )
@@ -126,6 +140,7 @@ class StallWatch(trio.abc.Instrument):
         if self.threshold_ns <= 0 or self._sampler is not None:
             return
         self._loop_thread = threading.get_ident()
+        self._cpu_clock = time.pthread_getcpuclockid(self._loop_thread)
         trio.lowlevel.add_instrument(self)
         gc.callbacks.append(self._on_gc)
         self._stop.clear()
@@ -147,9 +162,16 @@ class StallWatch(trio.abc.Instrument):
 
     def _sample(self) -> None:
         interval = self.threshold_ns / 1e9
+        clock = self._cpu_clock
         while not self._stop.wait(interval):
             start, pass_id = self._pass_start, self._pass_id
-            if not start or self._where_pass == pass_id:
+            if not start:
+                continue
+            if self._cpu_pass != pass_id and clock is not None:
+                wall = time.perf_counter_ns()
+                self._cpu_mark = time.clock_gettime_ns(clock)
+                self._cpu_wall, self._cpu_pass = wall, pass_id
+            if self._where_pass == pass_id:
                 continue
             if time.perf_counter_ns() - start < self.threshold_ns:
                 continue

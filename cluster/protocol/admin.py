@@ -86,8 +86,9 @@ class StallStatus(msgspec.Struct, kw_only=True):
     the time the loop asked to be woken."""
     duration_s: float
     cpu_s: float = 0.0
-    """The loop thread's CPU time in a busy pass (much less than the duration: the thread
-    was not running, descheduled or waiting for the GIL)."""
+    """The loop thread's CPU time in a busy pass, as a sampling thread saw it, scaled to
+    the whole pass (much less than the duration: the thread was not running, descheduled
+    or waiting for the GIL); -1 when the sampler did not see the pass in time."""
     gc_s: float = 0.0
     """The garbage collector's time in a busy pass."""
     where: str = ""

@@ -12,9 +12,10 @@ the command's name.
 Queries: ``describe`` (every member), ``health`` (every member up and a leader),
 ``list-members``, ``recording-log``, ``errors`` (each member's distinct error log,
 :mod:`cluster.errorlog`), ``timings`` (fsync, duty-cycle, commit and replication times)
-and ``stalls`` (the event-loop stalls of :mod:`cluster.agents.stalls`).  Cluster actions (sent to the leader, found through
-``describe``, or to ``--member N``): ``snapshot``, ``suspend``, ``resume``, ``shutdown``
-(snapshot, then every member stops), ``abort`` (every member stops, no snapshot).
+and ``stalls`` (the event-loop stalls of :mod:`cluster.agents.stalls`).  Cluster actions
+(sent to the leader, found through ``describe``, or to ``--member N``): ``snapshot``,
+``suspend``, ``resume``, ``shutdown`` (snapshot, then every member stops), ``abort``
+(every member stops, no snapshot).
 ``invalidate-latest-snapshot`` edits the recording log of ``--member N`` or of every
 member.  Members only accept the cluster actions and ``invalidate-latest-snapshot`` from
 a loopback address (or, with TLS, an admin principal), so run the tool on a member's host.

@@ -141,7 +141,7 @@ def stalls_table(item: Mapping[str, Any]) -> str:
                 short_time(x["at"]),
                 x["kind"],
                 _ms(x["duration_s"]),
-                _ms(x["cpu_s"]) if x["kind"] == "busy" else "-",
+                _ms(x["cpu_s"]) if x["kind"] == "busy" and x["cpu_s"] >= 0 else "-",
                 _ms(x["gc_s"]) if x["kind"] == "busy" else "-",
                 x["where"] or "-",
             )

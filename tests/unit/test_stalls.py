@@ -64,7 +64,7 @@ async def test_a_blocking_call_shows_as_a_pass_with_little_cpu() -> None:
     watch = await run_with_watch(body)
     (stall,) = [s for s in watch.recent if s.duration_s >= 0.03]
     assert stall.kind == "busy"
-    assert stall.cpu_s < 0.01
+    assert 0 <= stall.cpu_s < 0.01  # seen by the sampler, which needs a CPU for a moment
     assert "sleep" in stall.where or "body" in stall.where
 
 
