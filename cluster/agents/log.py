@@ -381,13 +381,11 @@ class LogAgent:
             own = self.cm.log.take_own_records(start, stop)
             if own:  # a leader's own entries: applied from the messages it encoded
                 return self.container.apply_records(own, start)
-        # A copy: the service, or an exception's traceback, may keep a view of a record
-        # past this call, and the log buffer cannot be cut while any view of it is held
-        # (BufferError).  One memcpy per chunk, next to decoding every record in it.
-        chunk = self.log_buffer.copy(start, stop)
-        # the log buffer holds checked records only (a follower checks what it receives,
-        # the archive is checked when opened): no second CRC pass
-        return self.container.apply(chunk, start, mirror_into_consensus=mirror, checked=True)
+        buf = self.log_buffer
+        with memoryview(buf.data) as view, view[start - buf.base : stop - buf.base] as chunk:
+            # the log buffer holds checked records only (a follower checks what it
+            # receives, the archive is checked when opened): no second CRC pass
+            return self.container.apply(chunk, start, mirror_into_consensus=mirror, checked=True)
 
     async def run(self) -> None:
         while True:

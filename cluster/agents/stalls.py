@@ -32,7 +32,6 @@ import gc
 import sys
 import threading
 import time
-import traceback
 from typing import Any
 
 import trio
@@ -175,17 +174,29 @@ class StallWatch(trio.abc.Instrument):
                 continue
             if time.perf_counter_ns() - start < self.threshold_ns:
                 continue
-            frame = sys._current_frames().get(self._loop_thread)
-            if frame is None or self._pass_id != pass_id:
-                continue
-            self._where = where(frame)
-            self._where_pass = pass_id
+            place = where(self._loop_thread)
+            if place and self._pass_id == pass_id:
+                self._where = place
+                self._where_pass = pass_id
 
 
-def where(frame: Any, depth: int = 4) -> str:
-    """The innermost ``depth`` frames of a stack, innermost first, each as
-    ``folder/file:line function``, joined by ``" < "`` (called from)."""
-    entries = traceback.extract_stack(frame)[-depth:]
-    return " < ".join(
-        f"{'/'.join(e.filename.rsplit('/', 2)[-2:])}:{e.lineno} {e.name}" for e in reversed(entries)
-    )
+def where(thread_id: int, depth: int = 4) -> str:
+    """The innermost ``depth`` frames of a running thread's stack, innermost first, each as
+    ``folder/file:line function``, joined by ``" < "`` (called from); "" if it has none.
+
+    Only code objects' names and line numbers are read, and the frames are let go before
+    this returns, with no call in between that could release the GIL (no ``linecache``,
+    no I/O): a frame of a running thread kept by another thread keeps its locals alive
+    after the function returns, and a ``memoryview`` among them would make the next
+    resize of its buffer (the log buffer, a frame decoder's) fail with ``BufferError``."""
+    parts: list[str] = []
+    frame = sys._current_frames().get(thread_id)
+    try:
+        while frame is not None and len(parts) < depth:
+            code = frame.f_code
+            folder_file = "/".join(code.co_filename.rsplit("/", 2)[-2:])
+            parts.append(f"{folder_file}:{frame.f_lineno} {code.co_name}")
+            frame = frame.f_back
+    finally:
+        del frame
+    return " < ".join(parts)
