@@ -48,8 +48,16 @@ class LeaderWatchdog:
         return trio.current_time() + (deadline_ns - self.now_ns()) / 1e9
 
     def push(self) -> None:
-        if self.scope is not None:
-            self.scope.deadline = self.deadline()
+        """After each drive: bring the scope's deadline forward if the leader's moved
+        earlier (a new leader, a new term).  A later one is not pushed each time (each push
+        is a new entry in Trio's deadline heap, on every message): the scope then wakes at
+        the older deadline, :meth:`ConsensusModule.on_leader_timeout` sees the leader was
+        heard since and does nothing, and the scope is set again from the fresh one."""
+        scope = self.scope
+        if scope is not None:
+            deadline = self.deadline()
+            if deadline < scope.deadline:
+                scope.deadline = deadline
 
     async def run(self) -> None:
         while True:
