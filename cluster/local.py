@@ -179,17 +179,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # stop the members as on Ctrl-C
     cluster = LocalCluster(args.nodes, args.service, args.dir, extra_args=extra)
-    try:
-        cluster.start_all()
-    except RuntimeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        cluster.stop_all()
-        return 1
-    print(f"members: {cluster.members}")
-    print(f"ingress endpoints: {cluster.ingress_endpoints}")
-    print(f"logs: {cluster.log_dir}/node-*.log  (Ctrl-C to stop)", flush=True)
     reported: set[int] = set()
-    try:
+    try:  # from here on a signal stops whatever members have started
+        try:
+            cluster.start_all()
+        except RuntimeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(f"members: {cluster.members}")
+        print(f"ingress endpoints: {cluster.ingress_endpoints}")
+        print(f"logs: {cluster.log_dir}/node-*.log  (Ctrl-C to stop)", flush=True)
         while any(p.poll() is None for p in cluster.processes.values()):
             for member_id, proc in cluster.processes.items():
                 if proc.poll() is not None and member_id not in reported:
@@ -206,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one: the members still stop
         cluster.stop_all()
 
 
