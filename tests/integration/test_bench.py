@@ -67,10 +67,13 @@ def test_open_loop_against_pysyncobj_compares_latency_at_the_same_rate(tmp_path:
     assert "[pysyncobj] 3 node(s), 3 clients, open loop 400 msg/s" in out.stdout, out.stdout
     ours, theirs = json.loads((tmp_path / "r.json").read_text())
     assert ours["rate"] == theirs["rate"] == 400
+    # ours kept up with the rate it was offered (within the tick's granularity); the
+    # peer was offered it too, though it may fall behind on a loaded machine (the
+    # comparison line says how many calls it answered)
+    assert 0.8 * 400 <= ours["messages_per_s"] <= 1.2 * 400, ours
+    assert theirs["offered_messages"] >= 0.8 * 400 * theirs["duration_s"], theirs
     for result in (ours, theirs):
-        # each got the rate it was offered (within the tick's granularity) and every
-        # answer has a latency from its due time
-        assert 0.8 * 400 <= result["messages_per_s"] <= 1.2 * 400, result
+        # every answer has a latency from its due time
         latency = result["latency_us"]
         assert latency["samples"] == result["committed_messages"] > 0
         assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
