@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
-import socketserver
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import partial
 
 import msgspec
 import pytest
 import trio
 import trio.testing
+from fake_admin import admin_ports, reply_with
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -305,43 +302,11 @@ def test_tool_describe_document_and_table_from_decoded_statuses() -> None:
     assert lines[-1] == "leader: 0"
 
 
-class _FakeMember(socketserver.ThreadingTCPServer):
-    """An admin port that answers every command ok, with ``body``."""
-
-    daemon_threads = True
-    body = b""
-
-
-class _Answer(socketserver.BaseRequestHandler):
-    server: _FakeMember
-
-    def handle(self) -> None:
-        decoder = FrameDecoder()
-        while data := self.request.recv(65536):
-            for frame in decoder.feed(data):
-                command = ADMIN.decode(frame)
-                assert isinstance(command, AdminCommand)
-                reply = AdminReply(command.correlation_id, True, "", self.server.body)
-                self.request.sendall(encode_frame(reply))
-
-
-@contextmanager
-def fake_member(body: bytes) -> Iterator[int]:
-    with _FakeMember(("127.0.0.1", 0), _Answer) as server:
-        server.body = body
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield server.server_address[1]
-        finally:
-            server.shutdown()
-            thread.join()
-
-
 def test_tool_reports_a_bad_describe_body_as_that_members_error(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    with fake_member(encode_body(leader_status())) as good, fake_member(b"[1,2]") as bad:
+    with admin_ports(reply_with(encode_body(leader_status())), reply_with(b"[1,2]")) as ports:
+        good, bad = ports
         members = f"0=127.0.0.1:1:2:{good},1=127.0.0.1:1:2:{bad}"
         assert main(["--members", members, "--timeout", "5s", "--json", "describe"]) == 1
         document = json.loads(capsys.readouterr().out)

@@ -10,15 +10,15 @@ from __future__ import annotations
 import json
 import re
 import socket
-import socketserver
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+from fake_admin import admin_ports
 
 from cluster.metrics import LATENCY_BOUNDS_S
 from cluster.protocol.admin import (
@@ -31,8 +31,6 @@ from cluster.protocol.admin import (
     StallStatus,
     encode_body,
 )
-from cluster.protocol.codec import ADMIN
-from cluster.protocol.framing import FrameDecoder, encode_frame
 from cluster.tool import main
 from cluster.tool.render import duration, iso, iso_ms, table
 
@@ -136,43 +134,25 @@ RECORDS = [
 ]  # fmt: skip
 
 
-class _Member(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    member_id = 0
-    ports: dict[int, int] = {}
-
-
-class _Answer(socketserver.BaseRequestHandler):
-    server: _Member
-
-    def handle(self) -> None:
-        decoder = FrameDecoder()
-        while data := self.request.recv(65536):
-            for frame in decoder.feed(data):
-                command = ADMIN.decode(frame)
-                assert isinstance(command, AdminCommand)
-                self.request.sendall(encode_frame(self.answer(command)))
-
-    def answer(self, command: AdminCommand) -> AdminReply:
-        cid, name = command.correlation_id, command.command
-        me = self.server.member_id
-        if name == "describe":
-            return AdminReply(cid, True, "", encode_body(status(me, self.server.ports)))
-        if name == "recording-log":
-            return AdminReply(cid, True, "", encode_body(ENTRIES))
-        if name == "errors":
-            body: Any = RECORDS
-            if command.args.get("summary") == "1":
-                body = {"entries": RECORDS, "distinct": 2, "evicted": 3, "total": 9004}
-            return AdminReply(cid, True, "DISK FULL for 3 s: no space", encode_body(body))
-        if name == "invalidate-latest-snapshot":
-            body = {"invalidated": True}
-            return AdminReply(cid, True, "invalidate latest snapshot: true", encode_body(body))
-        if name == "snapshot":
-            body = {"log_position": 640, "leadership_term_id": 2}
-            return AdminReply(cid, True, "SNAPSHOT applied successfully", encode_body(body))
-        return AdminReply(cid, True, f"{name.upper()} applied successfully")
+def answer(me: int, ports: dict[int, int], command: AdminCommand) -> AdminReply:
+    """What fake member ``me`` of a cluster whose admin ports are ``ports`` answers."""
+    cid, name = command.correlation_id, command.command
+    if name == "describe":
+        return AdminReply(cid, True, "", encode_body(status(me, ports)))
+    if name == "recording-log":
+        return AdminReply(cid, True, "", encode_body(ENTRIES))
+    if name == "errors":
+        body: Any = RECORDS
+        if command.args.get("summary") == "1":
+            body = {"entries": RECORDS, "distinct": 2, "evicted": 3, "total": 9004}
+        return AdminReply(cid, True, "DISK FULL for 3 s: no space", encode_body(body))
+    if name == "invalidate-latest-snapshot":
+        body = {"invalidated": True}
+        return AdminReply(cid, True, "invalidate latest snapshot: true", encode_body(body))
+    if name == "snapshot":
+        body = {"log_position": 640, "leadership_term_id": 2}
+        return AdminReply(cid, True, "SNAPSHOT applied successfully", encode_body(body))
+    return AdminReply(cid, True, f"{name.upper()} applied successfully")
 
 
 def free_port() -> int:
@@ -184,21 +164,12 @@ def free_port() -> int:
 @contextmanager
 def cluster(up: int = 2, down: int = 1) -> Iterator[str]:
     """``--members`` of ``up`` answering members (0 leads) and ``down`` dead ones."""
-    servers = [_Member(("127.0.0.1", 0), _Answer) for _ in range(up)]
-    ports = {i: s.server_address[1] for i, s in enumerate(servers)}
-    for i in range(up, up + down):
-        ports[i] = free_port()
-    threads = []
-    for i, server in enumerate(servers):
-        server.member_id, server.ports = i, ports
-        threads.append(threading.Thread(target=server.serve_forever, daemon=True))
-        threads[-1].start()
-    try:
+    ports: dict[int, int] = {}
+    with admin_ports(*(partial(answer, i, ports) for i in range(up))) as listening:
+        ports.update(enumerate(listening))
+        for i in range(up, up + down):
+            ports[i] = free_port()
         yield ",".join(f"{i}=127.0.0.1:1:2:{p}" for i, p in sorted(ports.items()))
-    finally:
-        for server in servers:
-            server.shutdown()
-            server.server_close()
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
