@@ -203,7 +203,7 @@ class IngressAgent:
                     continue
                 stats.frames += frames
                 inbox.add(queue, messages, len(data))
-                await inbox.notify_soon()
+                await inbox.notify_soon(queue)
                 if inbox.full(queue):
                     await inbox.wait_for_room(queue)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):

@@ -201,3 +201,35 @@ def test_a_full_window_passes_the_turn_until_its_log_is_applied() -> None:
     applied[0] = 0
     taken = split(inbox.take())
     assert taken == {1: [("f", 2)]}  # not held by its window
+
+
+async def test_a_lone_sender_is_handled_at_once_and_several_senders_together() -> None:
+    """notify_soon: while one client connection sends alone, each reader runs the duty
+    cycle itself, at once (two readers of one pass: two cycles); once two connections
+    send within a few ms of each other, the first reader of a pass yields and runs one
+    cycle for every reader of that pass, until they have not for a while."""
+    now = [0.0]
+    inbox = IngressInbox(clock=lambda: now[0])
+    cycles: list[float] = []
+    inbox.process = lambda: cycles.append(now[0])
+    a, b = queue(1), queue(2)
+
+    async def same_pass() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(inbox.notify_soon)  # two member links' readers
+            nursery.start_soon(inbox.notify_soon)
+
+    await inbox.notify_soon(a)
+    await inbox.notify_soon(a)
+    await same_pass()
+    assert len(cycles) == 4  # alone: each at once, none batched
+    now[0] = 0.001
+    await inbox.notify_soon(b)  # a second connection, 1 ms after the first
+    await same_pass()
+    assert len(cycles) == 6  # b's, then one for both readers of the pass
+    now[0] = 0.1
+    await same_pass()
+    assert len(cycles) == 7  # still several
+    now[0] = 0.5
+    await same_pass()
+    assert len(cycles) == 9  # quiet for longer than the contention window: alone again
