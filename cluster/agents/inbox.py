@@ -16,12 +16,16 @@ more log than it may not yet both durable and applied: a slow or full disk, slow
 followers, a slow service), no client message is taken at all; the queues fill, their
 readers stop, and the node's memory stays bounded.
 
-Windows: while several connections compete (:attr:`IngressInbox.contended`), each may
-have at most ``--ingress-window`` bytes in the log not yet applied; a connection whose
-window is full passes its turn.  A message waits for everything ahead of it in the log
-to be written, replicated and applied, so this is what keeps one client's flood from
-costing the others their latency, while a lone sender may fill the log queue up to
-``--max-log-inflight`` (a deep queue keeps the disk busy and delays only itself).
+Windows: while several connections compete and one of them is light (its turn took all it
+had waiting, under half a quantum: :attr:`IngressInbox.contended`), each may have at most
+``--ingress-window`` bytes in the log not yet applied; a connection whose window is full
+passes its turn.  A message waits for everything ahead of it in the log to be written,
+replicated and applied, so this is what keeps one client's flood from costing the others
+their latency, while a lone sender may fill the log queue up to ``--max-log-inflight``
+(a deep queue keeps the disk busy and delays only itself).  Where every competing
+connection is heavy (bulk writers, each with more waiting than a turn takes), nobody is
+behind a flood that is not also its own: no windows, so that enough log is in flight to
+keep the pipeline full (with 4 clients of 1 KiB messages, windows halved the throughput).
 :meth:`resume` (called after every drive of the consensus module) starts the next cycle
 once messages may be taken again.
 """
@@ -132,12 +136,17 @@ class IngressInbox:
     """Until when (Trio's clock) several connections count as competing: some turn
     found two or more with messages waiting in the last :data:`CONTENTION_WINDOW`
     seconds."""
+    light_until: float = -1.0
+    """Until when a light connection counts as competing: some turn of several took all
+    that one of them had waiting, under half a quantum, in the last
+    :data:`CONTENTION_WINDOW` seconds."""
 
     @property
     def contended(self) -> bool:
-        """Whether several connections compete for the log now: each then has a
-        window (:attr:`window`) of log it may hold not yet applied."""
-        return self.contended_until >= self.clock()
+        """Whether several connections compete for the log now, a light one among them:
+        each then has a window (:attr:`window`) of log it may hold not yet applied."""
+        now = self.clock()
+        return self.contended_until >= now and self.light_until >= now
 
     async def notify_soon(self, queue: SourceQueue | None = None) -> None:
         """Messages were added (by ``queue``'s reader, or a member link's: None): have
@@ -271,11 +280,11 @@ class IngressInbox:
         ready = self.ready
         quantum = self.quantum
         taken = 0
-        if len(ready) > 1:
+        several = len(ready) > 1
+        if several:
             self.contended_until = self.clock() + CONTENTION_WINDOW
-            windowed = True
-        else:
-            windowed = self.contended
+        windowed = self.contended
+        light = quantum // 2
         applied = self.applied()
         turn = self._turn
         given = 0
@@ -320,6 +329,8 @@ class IngressInbox:
             if chunks:
                 ready.append(queue)
             else:
+                if several and before < light:
+                    self.light_until = self.clock() + CONTENTION_WINDOW
                 queue.ready = False
                 queue.deficit = 0
                 if queue.on_drained is not None:

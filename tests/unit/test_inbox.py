@@ -203,6 +203,34 @@ def test_a_full_window_passes_the_turn_until_its_log_is_applied() -> None:
     assert taken == {1: [("f", 2)]}  # not held by its window
 
 
+def test_bulk_writers_alone_have_no_windows_a_light_one_brings_them() -> None:
+    """Windows protect a light connection (one whose turn takes all it has, under half
+    a quantum) from heavy ones; among heavy connections only (bulk writers, each with
+    more waiting than a turn takes) nobody is behind a flood but its own, and windows
+    would only keep the log pipeline short of work (they halved 1 KiB throughput)."""
+    now = [0.0]
+    inbox = IngressInbox(quantum=4096, window=4096, clock=lambda: now[0], applied=lambda: 0)
+    bulk = [queue(1), queue(2)]
+    for q in bulk:
+        for n in range(16):
+            inbox.add(q, [(q.source.conn_id, n)], 4096)
+    for position in range(1000, 5000, 1000):
+        taken = split(inbox.take())
+        assert sorted(taken) == [1, 2]  # both take a turn each cycle: no window binds
+        inbox.sequenced(position)
+    assert not inbox.contended
+    light = queue(3)
+    inbox.add(light, ["l1"], 60)
+    assert sorted(split(inbox.take())) == [1, 2, 3]  # its turn took all it had: light
+    inbox.sequenced(5000)
+    assert inbox.contended
+    inbox.add(light, ["l2"], 60)
+    assert split(inbox.take()) == {3: ["l2"]}  # the bulk writers' windows are full
+    now[0] = 1.0  # the light connection has not sent for longer than the window
+    assert not inbox.contended
+    assert sorted(split(inbox.take())) == [1, 2]
+
+
 async def test_a_lone_sender_is_handled_at_once_and_several_senders_together() -> None:
     """notify_soon: while one client connection sends alone, each reader runs the duty
     cycle itself, at once (two readers of one pass: two cycles); once two connections
