@@ -270,6 +270,7 @@ def run_floor(nodes: str, count: int, sync: bool, rate: float | None = None) -> 
             "p999": hist.percentile(99.9) / 1e3,
             "max": hist.max / 1e3,
         },
+        "distribution_us": [(q, v / 1e3) for q, v in hist.distribution()],
         "cpu_us_per_round_trip": cpu,
     }
 

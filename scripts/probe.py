@@ -133,6 +133,7 @@ async def run_probe(args: argparse.Namespace, endpoints: str) -> dict[str, Any]:
         "payload_bytes": args.payload,
         "duration_s": args.duration,
         "latency_us": summary(probe.latency),
+        "distribution_us": [(q, v / 1e3) for q, v in probe.latency.distribution()],
         "latency_from_schedule_us": summary(probe.scheduled),
         "send_lateness_us": summary(probe.lateness),
     }

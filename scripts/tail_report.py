@@ -7,7 +7,8 @@ timed from its real send; afterwards each member's stall finder is asked what st
 then ``scripts/floor_bench.py --rate`` with Trio and with plain nodes (the same four
 hops and syncs with nothing else).  Then one in flight: the floor (closed loop) and
 ``bench.py --clients 1 --in-flight 1``.  Prints a Markdown table and the targets' ratios;
-``--json`` for the raw results.
+``--json`` for the raw results; ``--plot FILE.png`` draws latency by percentile for each
+load (Triarch, and the two floors) and the stalls each member recorded, over time.
 
     .venv/bin/python scripts/tail_report.py --rates 200 500 1000 --duration 8
 """
@@ -19,11 +20,15 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench import ensure_package  # noqa: E402
 
 from cluster.local import LocalCluster  # noqa: E402
 
@@ -44,13 +49,17 @@ def probe(rate: float, duration: float, node_args: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="triarch-tail-") as tmp:
         extra = ["--log-level", "WARNING", *node_args]
         with LocalCluster(3, "cluster.examples.echo:EchoService", tmp, extra_args=extra) as c:
+            began = time.time()
             result = run_json(
                 str(SCRIPTS / "probe.py"), "--endpoints", c.ingress_endpoints,
                 "--rate", str(rate), "--duration", str(duration), "--json",
             )  # fmt: skip
             stalls = run_json("-m", "cluster.tool", "--members", c.members, "--json", "stalls")
-    recent = [x for m in stalls["members"] for x in m["recent"]]
+    recent = [x for m in stalls["members"] for x in m["recent"] or []]
+    result["began"] = began
+    members = stalls["members"]
     result["stalls"] = {
+        "records": [{**x, "member": m["member_id"]} for m in members for x in m["recent"] or []],
         "busy": sum(m["busy"] or 0 for m in stalls["members"]),
         "late": sum(m["late"] or 0 for m in stalls["members"]),
         "longest": sorted(recent, key=lambda x: -x["duration_s"])[:5],
@@ -78,6 +87,7 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=8.0, help="seconds per probe")
     p.add_argument("--node-arg", action="append", default=[], help="extra node argument")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--plot", type=Path, help="draw the figures into this PNG file")
     args = p.parse_args()
     rows: list[dict[str, Any]] = []
     for rate in args.rates:
@@ -90,6 +100,8 @@ def main() -> int:
         "--duration", "5", "--json",
     )  # fmt: skip
     report = {"paced": rows, "closed_floor": closed_floor, "closed_bench": bench}
+    if args.plot:
+        plot(report, args.plot)
     if args.json:
         print(json.dumps(report))
         return 0
@@ -117,11 +129,74 @@ def main() -> int:
     )
     for row in rows:
         for x in row["triarch"]["stalls"]["longest"][:3]:
+            cpu = f"{x['cpu_s'] * 1e3:.1f} ms" if x["cpu_s"] >= 0 else "not sampled"
             print(
                 f"  at {row['rate']:,.0f}/s: {x['kind']} {x['duration_s'] * 1e3:.1f} ms, "
-                f"cpu {x['cpu_s'] * 1e3:.1f} ms, gc {x['gc_s'] * 1e3:.1f} ms: {x['where'][:110]}"
+                f"cpu {cpu}, gc {x['gc_s'] * 1e3:.1f} ms: {x['where'][:110]}"
             )
     return 0
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Latency by percentile for each load (Triarch and both floors), and every stall the
+    members recorded (their last 32 each) against the time since the probe began."""
+    if not ensure_package("matplotlib", "matplotlib"):
+        print("matplotlib unavailable: no plot", file=sys.stderr)
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def three(title: str, ours: Any, trio_floor: Any, plain_floor: Any) -> Any:
+        curves = [("Triarch", ours), ("floor, Trio nodes", trio_floor)]
+        return title, [*curves, ("floor, plain nodes", plain_floor)]
+
+    loads = [
+        three(f"paced, {r['rate']:,.0f} msg/s", r["triarch"], r["floor_trio"], r["floor_plain"])
+        for r in report["paced"]
+    ]
+    floors = report["closed_floor"]
+    ours = report["closed_bench"]
+    loads.append(three("one in flight (closed loop)", ours, floors["trio"], floors["plain"]))
+    columns = 3
+    rows = (len(loads) + 1 + columns - 1) // columns
+    fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows), squeeze=False)
+    flat = [ax for line in axes for ax in line]
+    ticks = [2, 10, 100, 1000, 10000]
+    for ax, (title, curves) in zip(flat, loads, strict=False):
+        for label, result in curves:
+            points = result.get("distribution_us") or []
+            xs = [min(1e5, 1 / max(1e-5, 1 - q / 100)) for q, _ in points]
+            ax.plot(xs, [v / 1e3 for _, v in points], label=label)
+        ax.set_xscale("log")
+        ax.set_xticks(ticks)
+        ax.set_xticklabels(["50%", "90%", "99%", "99.9%", "99.99%"])
+        ax.set_title(title)
+        ax.set_ylabel("latency (ms)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+    ax = flat[len(loads)]
+    for row in report["paced"]:
+        records = row["triarch"]["stalls"]["records"]
+        began = row["triarch"]["began"]
+        ax.scatter(
+            [x["at"] - began for x in records],
+            [x["duration_s"] * 1e3 for x in records],
+            s=12,
+            label=f"{row['rate']:,.0f} msg/s ({len(records)})",
+        )
+    ax.set_title("stalls over 5 ms, every member")
+    ax.set_xlabel("seconds since the probe began")
+    ax.set_ylabel("stall (ms)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    for ax in flat[len(loads) + 1 :]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    print(f"wrote {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":
