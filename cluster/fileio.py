@@ -19,6 +19,18 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         view = view[written:]
 
 
+def write_all_at(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` in the file (``pwrite``: no seek first, one
+    system call for the usual whole write); ``OSError`` as :func:`write_all`."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        if written <= 0:
+            raise OSError(errno.EIO, "write made no progress")
+        view = view[written:]
+        offset += written
+
+
 def fsync_directory(directory: str | os.PathLike[str] | Path) -> None:
     """fsync ``directory`` itself, so the names created, renamed or removed in it last."""
     flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)

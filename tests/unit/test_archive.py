@@ -525,13 +525,13 @@ def test_truncate(tmp_path: Path, bodies: list[bytes]) -> None:
 def _fail_once(real: Callable[..., int], exc: OSError, partial: bool = False) -> Callable[..., int]:
     state = {"failed": False}
 
-    def write(fd: int, data: memoryview) -> int:
+    def write(fd: int, data: memoryview, *offset: int) -> int:
         if not state["failed"]:
             state["failed"] = True
             if partial:
-                real(fd, data[: len(data) // 2])
+                real(fd, data[: len(data) // 2], *offset)
             raise exc
-        return real(fd, data)
+        return real(fd, data, *offset)
 
     return write
 
@@ -543,7 +543,7 @@ def test_enospc_rolls_back_and_retry_works(
     with Archive.open(tmp_path, segment_size=1 << 20) as archive:
         archive.append(encode_record(b"one"))
         monkeypatch.setattr(
-            os, "write", _fail_once(os.write, OSError(errno.ENOSPC, "No space"), partial)
+            os, "pwrite", _fail_once(os.pwrite, OSError(errno.ENOSPC, "No space"), partial)
         )
         batch = records([b"two", b"three"])
         with pytest.raises(ArchiveWriteError) as info:
@@ -562,7 +562,7 @@ def test_enospc_rolls_back_and_retry_works(
 def test_enospc_on_new_segment_removes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with Archive.open(tmp_path, segment_size=16) as archive:
         archive.append(encode_record(b"0123456789"))  # 18 bytes: segment full
-        monkeypatch.setattr(os, "write", _fail_once(os.write, OSError(errno.ENOSPC, "full")))
+        monkeypatch.setattr(os, "pwrite", _fail_once(os.pwrite, OSError(errno.ENOSPC, "full")))
         with pytest.raises(ArchiveWriteError):
             archive.append(encode_record(b"next"))
         assert [p.name for p in seg_files(tmp_path)] == ["log-00000000000000000000.seg"]
