@@ -88,6 +88,9 @@ class FrameWriter:
             return
         if sent >= len(buf):
             self._buf = bytearray()
+            owed = getattr(send, "owed", None)
+            if owed is not None and owed():
+                self._wake.set()  # taken, not all on the wire: the writer task drains it
             return
         if sent:
             del buf[:sent]
@@ -107,11 +110,19 @@ class FrameWriter:
 
         Frames may be queued before the stream exists; they go out first.
         """
-        self._send_nowait = nowait_sender(stream)
+        send = self._send_nowait = nowait_sender(stream)
+        drain = getattr(send, "drain", None)
+        owed = getattr(send, "owed", None)
         try:
             while True:
                 await self._wake.wait()
                 self._wake = trio.Event()
+                if drain is not None and owed is not None and owed():
+                    self._sending = True
+                    try:
+                        await drain()
+                    finally:
+                        self._sending = False
                 if self._buf:
                     data, self._buf = self._buf, bytearray()
                     self._sending = True

@@ -18,9 +18,16 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.lowlevel
+import trio.testing
 import trustme
 
 from cluster.certs import make_certs
+from cluster.protocol.codec import INGRESS
+from cluster.protocol.framing import FrameDecoder
+from cluster.protocol.ingress import SessionMessageHeader
+from cluster.transport.base import TlsNowait
+from cluster.transport.framed import FrameWriter
 from cluster.transport.tcp import TcpNetwork
 from cluster.transport.tls import PeerCert, TlsIdentity, load_identity, peer_cert
 
@@ -332,3 +339,49 @@ async def test_open_stream_connect_timeout_is_an_oserror(
     monkeypatch.setattr(trio, "open_tcp_stream", hang)
     with pytest.raises(OSError, match=r"timed out connecting to 127\.0\.0\.1:9"):
         await TcpNetwork(0.05).open_stream(HOST, 9)
+
+
+async def test_frames_sent_without_waiting_over_tls_arrive_whole_and_in_order(pki: Path) -> None:
+    """A FrameWriter on a TLS stream sends from the flushing task (no writer-task wake-up
+    per frame: ``TlsNowait``), and records that do not fit in a small socket buffer go
+    out later, before anything else: the reader gets every frame, whole, in order."""
+    received: list[SessionMessageHeader] = []
+    done = trio.Event()
+
+    async def slow_reader(stream: trio.abc.Stream) -> None:
+        decoder = FrameDecoder()
+        async with stream:
+            try:
+                while data := await stream.receive_some(2048):
+                    received.extend(INGRESS.decode(frame) for frame in decoder.feed(data))
+                    await trio.sleep(0.0005)  # slower than the sender: its socket fills
+            except trio.BrokenResourceError:
+                pass  # the writer closes without a close_notify (aclose_forcefully)
+        done.set()
+
+    network = TcpNetwork(tls=identity(pki, "member-0"))
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(network.serve, HOST, 0, slow_reader)
+        stream = await TcpNetwork(tls=identity(pki, "client-app")).open_stream(HOST, port)
+        inner = stream.transport_stream
+        inner.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        writer = FrameWriter(flushed_by_owner=True)
+        nursery.start_soon(writer.run, stream)
+        await trio.testing.wait_all_tasks_blocked()
+        sender = writer._send_nowait
+        assert isinstance(sender, TlsNowait), "this Trio's SSLStream lost what TlsNowait needs"
+        count = 0
+        for burst in range(200):
+            for _ in range(5):
+                writer.write_message(SessionMessageHeader(1, 2, count, bytes(300)))
+                count += 1
+            writer.flush()
+            if burst % 20 == 0:
+                await trio.lowlevel.checkpoint()
+        writer.close()
+        with trio.fail_after(20):
+            await done.wait()
+        nursery.cancel_scope.cancel()
+    assert [m.timestamp for m in received] == list(range(count))
+    assert all(m.payload == bytes(300) for m in received)
+    assert sender.partial_writes > 0  # the socket did fill: the drain path ran
