@@ -10,6 +10,7 @@ nobody flushed).  The buffer is bounded: ``write`` returns False instead of grow
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -26,6 +27,7 @@ class FrameWriter:
     __slots__ = (
         "_buf",
         "_closing",
+        "_owed",
         "_send_nowait",
         "_sending",
         "_wake",
@@ -43,6 +45,7 @@ class FrameWriter:
         self._wake = trio.Event()
         self._closing = False
         self._send_nowait: SendNowait | None = None
+        self._owed: Callable[[], bool] | None = None
         self._sending = False
 
     @property
@@ -88,7 +91,7 @@ class FrameWriter:
             return
         if sent >= len(buf):
             self._buf = bytearray()
-            owed = getattr(send, "owed", None)
+            owed = self._owed
             if owed is not None and owed():
                 self._wake.set()  # taken, not all on the wire: the writer task drains it
             return
@@ -112,7 +115,7 @@ class FrameWriter:
         """
         send = self._send_nowait = nowait_sender(stream)
         drain = getattr(send, "drain", None)
-        owed = getattr(send, "owed", None)
+        owed = self._owed = getattr(send, "owed", None)
         try:
             while True:
                 await self._wake.wait()
@@ -133,7 +136,7 @@ class FrameWriter:
                 if self._closing and not self._buf:
                     return
         finally:
-            self._send_nowait = None
+            self._send_nowait = self._owed = None
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
 
