@@ -55,14 +55,14 @@ def probe(rate: float, duration: float, node_args: list[str]) -> dict[str, Any]:
                 "--rate", str(rate), "--duration", str(duration), "--json",
             )  # fmt: skip
             stalls = run_json("-m", "cluster.tool", "--members", c.members, "--json", "stalls")
-    recent = [x for m in stalls["members"] for x in m["recent"] or []]
-    result["began"] = began
     members = stalls["members"]
+    records = [{**x, "member": m["member_id"]} for m in members for x in m["recent"] or []]
+    result["began"] = began
     result["stalls"] = {
-        "records": [{**x, "member": m["member_id"]} for m in members for x in m["recent"] or []],
-        "busy": sum(m["busy"] or 0 for m in stalls["members"]),
-        "late": sum(m["late"] or 0 for m in stalls["members"]),
-        "longest": sorted(recent, key=lambda x: -x["duration_s"])[:5],
+        "records": records,
+        "busy": sum(m["busy"] or 0 for m in members),
+        "late": sum(m["late"] or 0 for m in members),
+        "longest": sorted(records, key=lambda x: -x["duration_s"])[:5],
     }
     return result
 
@@ -186,7 +186,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
             s=12,
             label=f"{row['rate']:,.0f} msg/s ({len(records)})",
         )
-    ax.set_title("stalls over 5 ms, every member")
+    ax.set_title("stalls the members recorded (their last 32 each)")
     ax.set_xlabel("seconds since the probe began")
     ax.set_ylabel("stall (ms)")
     ax.grid(True, alpha=0.3)
