@@ -8,27 +8,20 @@ import os
 from pathlib import Path
 
 
-def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
-    """Write all of ``data`` at the descriptor's offset; ``OSError`` (a full disk, or a
-    write that makes no progress) if it cannot."""
+def write_all(fd: int, data: bytes | bytearray | memoryview, offset: int | None = None) -> None:
+    """Write all of ``data`` at the descriptor's offset, or at ``offset`` in the file
+    (``pwrite``: no seek first); ``OSError`` (a full disk, or a write that makes no
+    progress) if it cannot."""
     view = memoryview(data)
     while view:
-        written = os.write(fd, view)
+        if offset is None:
+            written = os.write(fd, view)
+        else:
+            written = os.pwrite(fd, view, offset)
+            offset += written
         if written <= 0:
             raise OSError(errno.EIO, "write made no progress")
         view = view[written:]
-
-
-def write_all_at(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
-    """Write all of ``data`` at ``offset`` in the file (``pwrite``: no seek first, one
-    system call for the usual whole write); ``OSError`` as :func:`write_all`."""
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        if written <= 0:
-            raise OSError(errno.EIO, "write made no progress")
-        view = view[written:]
-        offset += written
 
 
 def fsync_directory(directory: str | os.PathLike[str] | Path) -> None:

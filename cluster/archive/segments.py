@@ -61,7 +61,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from ..fileio import fsync_directory, write_all_at
+from ..fileio import fsync_directory, write_all
 from ..metrics import LatencyHistogram
 from .errors import ArchiveCorruptionError, ArchiveError, ArchiveWriteError
 from .layout import drop_below, finish_reset, reset_directory
@@ -363,7 +363,7 @@ class Archive:
             fsync_directory(self._directory)
 
     def _write_all(self, fd: int, data: memoryview) -> None:
-        write_all_at(fd, data, self._position - self._bases[-1])
+        write_all(fd, data, self._position - self._bases[-1])
 
     def _rollback(
         self, bases: list[int], paths: list[Path], position: int, created: list[Path]

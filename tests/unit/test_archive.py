@@ -571,6 +571,23 @@ def test_enospc_on_new_segment_removes_it(tmp_path: Path, monkeypatch: pytest.Mo
         assert [s.base for s in archive.segments] == [0, 18]
 
 
+def test_a_write_that_makes_no_progress_is_an_error_and_rolls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device that takes nothing (``pwrite`` returns 0) is an EIO, not a busy loop."""
+    with Archive.open(tmp_path) as archive:
+        archive.append(encode_record(b"one"))
+        monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: 0)
+        with pytest.raises(ArchiveWriteError) as info:
+            archive.append(encode_record(b"two"))
+        assert info.value.errno == errno.EIO
+        assert "no progress" in str(info.value)
+        assert archive.position == 11
+        monkeypatch.undo()
+        archive.append(encode_record(b"two"))
+        assert archive.read(0) == records([b"one", b"two"])
+
+
 def test_fdatasync_failure_rolls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with Archive.open(tmp_path) as archive:
         archive.append(encode_record(b"one"))
