@@ -145,7 +145,9 @@ class IngressInbox:
     def contended(self) -> bool:
         """Whether several connections compete for the log now, a light one among them:
         each then has a window (:attr:`window`) of log it may hold not yet applied."""
-        now = self.clock()
+        return self._windows_bind(self.clock())
+
+    def _windows_bind(self, now: float) -> bool:
         return self.contended_until >= now and self.light_until >= now
 
     async def notify_soon(self, queue: SourceQueue | None = None) -> None:
@@ -267,8 +269,8 @@ class IngressInbox:
             queue.in_flight -= flight.popleft()[1]
 
     def _may_take(self) -> bool:
-        if len(self.ready) < 2 and not self.contended:
-            return True
+        if not self.contended:
+            return True  # no window binds
         applied = self.applied()
         for queue in self.ready:
             self._release(queue, applied)
@@ -280,10 +282,11 @@ class IngressInbox:
         ready = self.ready
         quantum = self.quantum
         taken = 0
+        now = self.clock()
         several = len(ready) > 1
         if several:
-            self.contended_until = self.clock() + CONTENTION_WINDOW
-        windowed = self.contended
+            self.contended_until = now + CONTENTION_WINDOW
+        windowed = self._windows_bind(now)
         light = quantum // 2
         applied = self.applied()
         turn = self._turn
@@ -330,7 +333,7 @@ class IngressInbox:
                 ready.append(queue)
             else:
                 if several and before < light:
-                    self.light_until = self.clock() + CONTENTION_WINDOW
+                    self.light_until = now + CONTENTION_WINDOW
                 queue.ready = False
                 queue.deficit = 0
                 if queue.on_drained is not None:

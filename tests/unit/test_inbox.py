@@ -219,6 +219,9 @@ def test_bulk_writers_alone_have_no_windows_a_light_one_brings_them() -> None:
         assert sorted(taken) == [1, 2]  # both take a turn each cycle: no window binds
         inbox.sequenced(position)
     assert not inbox.contended
+    inbox.wake = trio.Event()
+    inbox.resume()
+    assert inbox.wake.is_set()  # their windows are over-full, but no window binds
     light = queue(3)
     inbox.add(light, ["l1"], 60)
     assert sorted(split(inbox.take())) == [1, 2, 3]  # its turn took all it had: light
