@@ -591,6 +591,21 @@ def run_pysyncobj(args: argparse.Namespace) -> dict[str, object] | None:
     return result
 
 
+def plot_percentiles(ax: Any, points: Any, label: str) -> None:
+    """One latency-by-percentile curve from ``(percentile, µs)`` points (``distribution_us``
+    of bench.py, probe.py and floor_bench.py), in ms, on :func:`percentile_axis`'s x axis."""
+    xs = [min(1e5, 1 / max(1e-5, 1 - q / 100)) for q, _ in points]
+    ax.plot(xs, [v / 1000 for _, v in points], label=label)
+
+
+def percentile_axis(ax: Any) -> None:
+    """A log axis of 1 / (1 - percentile): the tail spread out, labelled in percentiles."""
+    ax.set_xscale("log")
+    ax.set_xticks([2, 10, 100, 1000, 10000])
+    ax.set_xticklabels(["50%", "90%", "99%", "99.9%", "99.99%"])
+    ax.grid(True, which="both", alpha=0.3)
+
+
 def write_outputs(path: Path, results: list[dict[str, object]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2))
@@ -604,20 +619,12 @@ def write_outputs(path: Path, results: list[dict[str, object]]) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for r in results:
-        points = r["distribution_us"]
-        assert isinstance(points, list)
-        xs = [min(1e5, 1 / max(1e-5, 1 - p / 100)) for p, _ in points]
-        ys = [v / 1000 for _, v in points]
         label = f"{r.get('system', 'triarch')} ({float(r['messages_per_s']):,.0f} msg/s)"  # type: ignore[arg-type]
-        ax.plot(xs, ys, label=label)
-    ax.set_xscale("log")
-    ticks = [1, 2, 10, 100, 1000, 10000]
-    ax.set_xticks(ticks)
-    ax.set_xticklabels(["0%", "50%", "90%", "99%", "99.9%", "99.99%"])
+        plot_percentiles(ax, r["distribution_us"], label)
+    percentile_axis(ax)
     ax.set_xlabel("percentile")
     ax.set_ylabel("round-trip latency (ms)")
     ax.set_title("Latency by percentile, committed echo round trip")
-    ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
     png = path.with_suffix(".png")

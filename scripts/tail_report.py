@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench import ensure_package  # noqa: E402
+from bench import ensure_package, percentile_axis, plot_percentiles  # noqa: E402
 
 from cluster.local import LocalCluster  # noqa: E402
 
@@ -163,18 +163,12 @@ def plot(report: dict[str, Any], path: Path) -> None:
     rows = (len(loads) + 1 + columns - 1) // columns
     fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows), squeeze=False)
     flat = [ax for line in axes for ax in line]
-    ticks = [2, 10, 100, 1000, 10000]
     for ax, (title, curves) in zip(flat, loads, strict=False):
         for label, result in curves:
-            points = result.get("distribution_us") or []
-            xs = [min(1e5, 1 / max(1e-5, 1 - q / 100)) for q, _ in points]
-            ax.plot(xs, [v / 1e3 for _, v in points], label=label)
-        ax.set_xscale("log")
-        ax.set_xticks(ticks)
-        ax.set_xticklabels(["50%", "90%", "99%", "99.9%", "99.99%"])
+            plot_percentiles(ax, result.get("distribution_us") or [], label)
+        percentile_axis(ax)
         ax.set_title(title)
         ax.set_ylabel("latency (ms)")
-        ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize="small")
     ax = flat[len(loads)]
     for row in report["paced"]:
