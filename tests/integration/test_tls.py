@@ -26,10 +26,9 @@ from cluster.certs import make_certs
 from cluster.protocol.codec import INGRESS
 from cluster.protocol.framing import FrameDecoder
 from cluster.protocol.ingress import SessionMessageHeader
-from cluster.transport.base import TlsNowait
 from cluster.transport.framed import FrameWriter
 from cluster.transport.tcp import TcpNetwork
-from cluster.transport.tls import PeerCert, TlsIdentity, load_identity, peer_cert
+from cluster.transport.tls import PeerCert, TlsIdentity, TlsNowait, load_identity, peer_cert
 
 HOST = "127.0.0.1"
 
