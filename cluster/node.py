@@ -449,10 +449,7 @@ class Node:
         try:
             batch = inbox.take()
             now = self.now_ns()
-            on_message = self.cm.on_message
-            for message in batch:
-                on_message(message, now)
-            self.cm.end_of_batch()
+            self.cm.on_batch(batch, now)
             inbox.sequenced(self.cm.log.published_position)
             if inbox.commands:
                 commands, inbox.commands = inbox.commands, []

@@ -47,13 +47,8 @@ from ..protocol.consensus import (
 from ..protocol.enums import ClusterAction, ClusterTimeUnit, ModuleState, Role
 from ..protocol.ingress import (
     AdminRequest,
-    ChallengeResponse,
     IngressMessage,
-    SessionCloseRequest,
-    SessionConnectRequest,
-    SessionKeepAlive,
     SessionMessageHeader,
-    SessionResumeRequest,
 )
 from ..protocol.log import (
     ClusterActionRequest,
@@ -98,6 +93,7 @@ MAX_TERM_STEP = 1 << 20
 moves one term an election (a day of back-to-back elections is fewer than a million);
 refusing more keeps one forged message from using up the terms left below
 :data:`~cluster.protocol.consensus.MAX_TERM`."""
+_STATE_ACTIONS = (ClusterAction.SUSPEND, ClusterAction.RESUME)
 
 
 class ConsensusModule:
@@ -407,25 +403,38 @@ class ConsensusModule:
             source = self._source
             if source is None or source.closed:
                 self.counters.foreign_session_messages += 1
-                return
-            manager = self.session_manager
-            if isinstance(message, SessionKeepAlive):
-                manager.on_keepalive(message, source, now_ns)
-            elif isinstance(message, SessionConnectRequest):
-                manager.on_connect(message, source, now_ns)
-            elif isinstance(message, SessionCloseRequest):
-                manager.on_close_request(message, source, now_ns)
-            elif isinstance(message, ChallengeResponse):
-                manager.on_challenge_response(message, source, now_ns)
-            elif isinstance(message, SessionResumeRequest):
-                manager.on_resume(message, source, now_ns)
-            else:
+            elif isinstance(message, AdminRequest):
                 self.on_admin_request(message, now_ns)
+            else:
+                self.session_manager.on_request(message, source, now_ns)
         else:
             self.on_consensus_message(cast(ConsensusMessage, message), now_ns)
 
-    def end_of_batch(self) -> None:
-        """The messages of one inbox batch were handled (forget their connection)."""
+    def on_batch(self, batch: Iterable[Any], now_ns: int) -> None:
+        """Handle one inbox batch in order, then forget its connection.  The hot path: a
+        ready leader taking client work sequences the session messages of open sessions
+        of the connection and term here, without :meth:`on_message`'s checks for each."""
+        append, sessions, source, term, stamp = self.log.append, self.sessions, None, -1, 0
+        for message in batch:
+            if source is not None and type(message) is SessionMessageHeader:
+                session = sessions.get(message.cluster_session_id)
+                if (
+                    session is not None
+                    and session.source is source
+                    and session.state is State.OPEN
+                    and message.leadership_term_id == term
+                ):
+                    session.time_of_last_activity_ns = now_ns
+                    if not stamp:
+                        stamp = self.log.stamp(now_ns)  # as on_ingress_message stamps
+                    message.timestamp = stamp
+                    append(message, True)
+                    continue
+            self.on_message(message, now_ns)  # which may change what the checks are
+            running = self.control.module_state is not ModuleState.SUSPENDED
+            source = self._source if running and self.is_ready_leader else None
+            if source is not None:
+                term, stamp = self.leadership_term_id, 0
         self._source = None
 
     def on_consensus_message(self, message: ConsensusMessage, now_ns: int) -> None:
@@ -596,14 +605,10 @@ class ConsensusModule:
             self.counters.foreign_session_messages += 1
             return False
         session.time_of_last_activity_ns = now_ns
-        rlog = self.log
-        t = (now_ns + rlog.epoch_offset_ns) // 1_000_000
-        if t > rlog.timestamp:
-            rlog.timestamp = t
-        header.timestamp = rlog.timestamp
+        header.timestamp = self.log.stamp(now_ns)
         if self.control.module_state is ModuleState.SUSPENDED:
             return self.control.hold(header)  # sequenced on RESUME
-        rlog.append(header, True)
+        self.log.append(header, True)
         return True
 
     def on_admin_request(self, msg: AdminRequest, now_ns: int) -> None:
@@ -676,10 +681,8 @@ class ConsensusModule:
         if isinstance(message, SessionMessageHeader):
             rlog.observe_timestamp(message.timestamp)  # a new leader must not stamp earlier
             return
-        if isinstance(message, SessionOpenEvent):
-            self.session_manager.mirror_open(message, position, now_ns)
-        elif isinstance(message, SessionCloseEvent):
-            self.session_manager.mirror_close(message)
+        if isinstance(message, (SessionOpenEvent, SessionCloseEvent)):
+            self.session_manager.mirror(message, position, now_ns)
         elif isinstance(message, NewLeadershipTermEvent):
             # Only ever forward: a leader re-applying its log from earlier terms (or a
             # follower replaying at start-up) must not move back to an old term.
@@ -689,9 +692,6 @@ class ConsensusModule:
             ):
                 self.leadership_term_id = message.leadership_term_id
                 self.leader_member_id = message.leader_member_id
-        elif isinstance(message, ClusterActionRequest) and message.action in (
-            ClusterAction.SUSPEND,
-            ClusterAction.RESUME,
-        ):
+        elif isinstance(message, ClusterActionRequest) and message.action in _STATE_ACTIONS:
             self.control.apply(message.action)
         rlog.observe_timestamp(message.timestamp)

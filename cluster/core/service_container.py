@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from ..archive.record import RECORD_HEADER_LENGTH, iter_records
+from ..archive.record import RECORD_HEADER, RECORD_HEADER_LENGTH, iter_records
 from ..protocol.codec import LOG
 from ..protocol.enums import CloseReason, Role
 from ..protocol.ingress import SessionMessageHeader
@@ -29,6 +29,7 @@ from .consensus import ConsensusModule
 from .pending import is_service_message
 
 _decode_log = LOG.decode
+_unpack_record = RECORD_HEADER.unpack_from
 
 
 class _ClientSession:
@@ -164,10 +165,12 @@ class ServiceContainer:
         CRCs were checked already (the log in memory: a follower checks what it receives
         before appending it), so they are not checked again.
         """
+        if checked:
+            return self._apply_checked(data, base_position, mirror_into_consensus)
         consumed = 0
         mirror = self.cm.on_replay_log_message if mirror_into_consensus else None
         now_ns = self._clock_ns() if mirror_into_consensus else 0
-        for offset, body in iter_records(data, check_crc=not checked):
+        for offset, body in iter_records(data):
             message = _decode_log(body)
             consumed = offset + RECORD_HEADER_LENGTH + len(body)
             position = base_position + consumed
@@ -178,12 +181,55 @@ class ServiceContainer:
             self._apply_message(message, position)
         return consumed
 
+    def _apply_checked(
+        self, data: bytes | bytearray | memoryview, base_position: int, mirror_into_consensus: bool
+    ) -> int:
+        """:meth:`apply` for records already checked (a follower's hot path): one pass,
+        and a client's message goes straight to the service."""
+        rlog = self.cm.log
+        mirror = self.cm.on_replay_log_message if mirror_into_consensus else None
+        now_ns = self._clock_ns() if mirror_into_consensus else 0
+        sessions, service, unpack = self.sessions, self.service, _unpack_record
+        header, offset = RECORD_HEADER_LENGTH, 0
+        with memoryview(data) as view:
+            end = len(view)
+            while end - offset >= header:
+                length, _ = unpack(view, offset)
+                body_end = offset + header + length
+                if body_end > end:
+                    break
+                message = _decode_log(view[offset + header : body_end])
+                offset = body_end
+                position = base_position + offset
+                self.log_position = position
+                self.time = timestamp = message.timestamp
+                if type(message) is SessionMessageHeader:
+                    if mirror is not None and timestamp > rlog.timestamp:
+                        rlog.timestamp = timestamp  # on_replay_log_message's, inline
+                    session = sessions.get(message.cluster_session_id)
+                    if session is not None:
+                        self.applied_messages += 1
+                        service.on_session_message(session, timestamp, message.payload)
+                        continue
+                elif mirror is not None:
+                    mirror(message, position, now_ns)
+                self._apply_message(message, position)
+        return offset
+
     def apply_records(self, records: list[tuple[int, int, LogMessage]], base_position: int) -> int:
         """Apply ``(start, end, message)`` records that this member's consensus module
         encoded itself (a leader's own entries of its term: no decoding, no mirroring);
         ``records`` are contiguous from ``base_position``.  Returns the bytes consumed."""
-        apply_message = self._apply_message
+        apply_message, sessions, service = self._apply_message, self.sessions, self.service
         for _, end, message in records:
+            if type(message) is SessionMessageHeader:  # the hot path, inline
+                session = sessions.get(message.cluster_session_id)
+                if session is not None:
+                    self.log_position = end
+                    self.time = message.timestamp
+                    self.applied_messages += 1
+                    service.on_session_message(session, message.timestamp, message.payload)
+                    continue
             apply_message(message, end)
         return records[-1][1] - base_position if records else 0
 

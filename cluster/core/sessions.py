@@ -43,7 +43,9 @@ from ..protocol import version as protocol_version
 from ..protocol.egress import NewLeaderEvent, SessionEvent
 from ..protocol.enums import CloseReason, EventCode
 from ..protocol.ingress import (
+    ChallengeResponse,
     SessionCloseRequest,
+    SessionConnectRequest,
     SessionKeepAlive,
     SessionResumeRequest,
 )
@@ -262,6 +264,28 @@ class SessionManager(SessionAdmission):
             return None
         return session
 
+    def on_request(
+        self,
+        msg: SessionKeepAlive
+        | SessionConnectRequest
+        | SessionCloseRequest
+        | ChallengeResponse
+        | SessionResumeRequest,
+        source: IngressSource,
+        now_ns: int,
+    ) -> None:
+        """A client's request about a session, which came on the connection ``source``."""
+        if isinstance(msg, SessionKeepAlive):
+            self.on_keepalive(msg, source, now_ns)
+        elif isinstance(msg, SessionConnectRequest):
+            self.on_connect(msg, source, now_ns)
+        elif isinstance(msg, SessionCloseRequest):
+            self.on_close_request(msg, source, now_ns)
+        elif isinstance(msg, ChallengeResponse):
+            self.on_challenge_response(msg, source, now_ns)
+        else:
+            self.on_resume(msg, source, now_ns)
+
     def on_keepalive(self, msg: SessionKeepAlive, source: IngressSource, now_ns: int) -> None:
         if not self.view.is_ready_leader:
             return
@@ -413,8 +437,13 @@ class SessionManager(SessionAdmission):
 
     # ------------------------------------------------------------------ the log
 
-    def mirror_open(self, message: SessionOpenEvent, position: int, now_ns: int) -> None:
-        """A SessionOpenEvent of another leader was applied here."""
+    def mirror(
+        self, message: SessionOpenEvent | SessionCloseEvent, position: int, now_ns: int
+    ) -> None:
+        """A session event of another leader's was applied here."""
+        if isinstance(message, SessionCloseEvent):
+            self.sessions.pop(message.cluster_session_id, None)
+            return
         session = ClusterSession(
             message.cluster_session_id,
             message.cluster_session_id,
@@ -430,9 +459,6 @@ class SessionManager(SessionAdmission):
         self.sessions[session.cluster_session_id] = session
         if message.cluster_session_id >= self.next_session_id:
             self.next_session_id = message.cluster_session_id + 1
-
-    def mirror_close(self, message: SessionCloseEvent) -> None:
-        self.sessions.pop(message.cluster_session_id, None)
 
     # ------------------------------------------------------------------ slow tick
 
