@@ -273,7 +273,11 @@ class ClusterClient:
         header = SessionMessageHeader
         pack_length = LENGTH.pack_into
         # The frames go straight into the pending buffer (what Session.enqueue does per
-        # offer), and the writer is told once at the end.
+        # offer), and the writer is told once at the end.  Nothing else runs between
+        # two payloads but where this waits for room: only there can the buffer or the
+        # session's term change.
+        buf = session.pending
+        term, session_id = session.leadership_term_id, session.cluster_session_id
         for payload in payloads:
             if type(payload) is not bytes:
                 try:
@@ -281,19 +285,16 @@ class ClusterClient:
                 except TypeError:
                     writer.data_ready.notify()  # the ones before it were queued
                     raise
-            if len(session.pending) >= MAX_PENDING_BYTES:
+            if len(buf) >= MAX_PENDING_BYTES:
                 writer.data_ready.notify()
                 while len(session.pending) >= MAX_PENDING_BYTES:
                     await writer.space_ready.wait()
                     session.check_usable()
-            buf = session.pending
+                buf = session.pending
+                term, session_id = session.leadership_term_id, session.cluster_session_id
             start = len(buf)
             buf += _HEADER_ZERO
-            encode_into(
-                header(session.leadership_term_id, session.cluster_session_id, 0, payload),
-                buf,
-                start + HEADER_LENGTH,
-            )
+            encode_into(header(term, session_id, 0, payload), buf, start + HEADER_LENGTH)
             size = len(buf) - start - HEADER_LENGTH
             if size > max_frame_size:
                 del buf[start:]
@@ -497,7 +498,7 @@ class ClusterClient:
                     self._writer.trouble_since = None  # a member answered
                     messages: list[Any] = []
                     try:
-                        decoder.decode_into(data, EGRESS.decode, messages)
+                        decoder.decode_into(data, EGRESS, messages)
                     finally:  # what came before a bad frame still counts
                         for message in messages:
                             on_egress(message)

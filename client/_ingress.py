@@ -330,7 +330,7 @@ class IngressWriter:
                     self.trouble_since = None  # a member answered
                     messages: list[Any] = []
                     try:
-                        decoder.decode_into(data, EGRESS.decode, messages)
+                        decoder.decode_into(data, EGRESS, messages)
                     finally:  # what came before a bad frame still counts
                         if messages:
                             ingress.received = True

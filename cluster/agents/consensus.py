@@ -43,8 +43,6 @@ from ..transport.framed import FrameWriter
 
 log = logging.getLogger("cluster.consensus.links")
 
-_decode = CONSENSUS.decode
-
 
 class PeerLink:
     """The outbound link to one peer."""
@@ -260,7 +258,7 @@ class PeerLinks:
             messages: list[ConsensusMessage] = []
             bad: ProtocolError | None = None
             try:
-                decoder.decode_into(data, _decode, messages)
+                decoder.decode_into(data, CONSENSUS, messages)
             except ProtocolError as exc:
                 bad = exc  # the messages before the bad frame still count
             try:

@@ -34,7 +34,6 @@ from .inbox import IngressInbox, SourceQueue
 
 log = logging.getLogger("cluster.ingress")
 
-_decode = INGRESS.decode
 
 PRE_AUTH_FRAME_SIZE = 64 * 1024
 """Largest frame from a connection that holds no session yet."""
@@ -190,7 +189,7 @@ class IngressAgent:
                     decoder.max_frame_size = full_size
                 messages: list[IngressMessage] = []
                 try:
-                    frames = decoder.decode_into(data, _decode, messages)
+                    frames = decoder.decode_into(data, INGRESS, messages)
                 except ProtocolError as exc:
                     if messages:  # frames decoded before the bad one still count
                         inbox.add(queue, messages, len(data))

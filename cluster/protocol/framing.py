@@ -12,7 +12,7 @@ import struct
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from .codec import encode_into
+from .codec import DECODE_ERRORS, Codec, encode_into
 from .errors import ProtocolError
 
 LENGTH = struct.Struct("<I")
@@ -85,15 +85,22 @@ class FrameDecoder:
     def decode_into(
         self,
         data: bytes | bytearray | memoryview,
-        decode: Callable[[memoryview], T],
+        decode: Codec[T] | Callable[[memoryview], T],
         out: list[T],
     ) -> int:
         """Add received bytes; append every complete frame, decoded straight from the
         receive buffer (no copy of the body), to ``out``; return how many.
 
-        ``decode`` must not keep the view it is given.  On a bad length (or a
-        :class:`ProtocolError` from ``decode``), the frames before it are in ``out``.
+        ``decode`` (a :class:`Codec`, or a callable that must not keep the view it is
+        given).  On a bad length or a frame that does not decode (a
+        :class:`ProtocolError`), the frames before it are in ``out``.
         """
+        codec: Codec[T] | None = None
+        if isinstance(decode, Codec):
+            codec = decode
+            decode_one: Callable[[memoryview], T] = decode.raw_decode
+        else:
+            decode_one = decode
         buf = self._buf
         if buf:
             buf += data
@@ -116,13 +123,18 @@ class FrameDecoder:
                     stop = offset + HEADER_LENGTH + length
                     if stop > end:
                         break
-                    append(decode(view[offset + HEADER_LENGTH : stop]))
+                    append(decode_one(view[offset + HEADER_LENGTH : stop]))
                     offset = stop
                     count += 1
                 rest = bytearray(view[offset:]) if src is not buf and offset < end else None
         except ProtocolError:
             self._buf = bytearray()
             raise
+        except DECODE_ERRORS as exc:
+            if codec is None:
+                raise
+            self._buf = bytearray()
+            raise codec.error(exc) from None
         if src is buf:
             if offset:
                 del buf[:offset]

@@ -252,6 +252,30 @@ def test_decode_into_keeps_frames_before_a_bad_one() -> None:
     assert decoder.buffered == 0
 
 
+@pytest.mark.parametrize(
+    "body",
+    [b"\xc1", b"\x93\x01\x02", b"\xff" * 9, b"\x95" + b"\x01" * 5],
+    ids=["reserved byte", "short array", "bad tag", "wrong types"],
+)
+def test_decode_into_a_codec_a_frame_that_does_not_decode_is_a_protocol_error(
+    body: bytes,
+) -> None:
+    """With a Codec, msgspec's own errors become the ProtocolError Codec.decode raises
+    (naming the channel), the frames before it are kept and the buffer is dropped."""
+    good = [SessionMessageHeader(1, 2, 3, b"a")]
+    data = encode_frame(good[0]) + frame(body) + encode_frame(good[0])[:3]
+    with pytest.raises(ProtocolError) as one:
+        INGRESS.decode(body)
+    decoder = FrameDecoder()
+    out: list[object] = []
+    with pytest.raises(ProtocolError) as many:
+        decoder.decode_into(data, INGRESS, out)
+    assert str(many.value) == str(one.value)
+    assert str(many.value).startswith("bad ingress message")
+    assert out == good
+    assert decoder.buffered == 0
+
+
 @settings(max_examples=200, deadline=None)
 @given(msgs=st.lists(ANY_MESSAGE, max_size=10), prefix=st.binary(max_size=8))
 def test_encode_frames_into_equals_concatenated_encode_frame(
