@@ -100,7 +100,13 @@ class EgressPublisher:
         if egress is None:
             self.dropped_messages += 1
             return False
-        return self._queue(egress.writer, message)
+        writer = egress.writer  # _queue's, inline (once a reply: the leader's hot path)
+        if not writer.backlog:
+            self._dirty.append(writer)
+        if not writer.write_message(message):
+            self.dropped_messages += 1
+            return False
+        return True
 
     def _queue(self, writer: FrameWriter, message: Any) -> bool:
         """Queue a frame for the next flush; False (counted) if the writer is full."""

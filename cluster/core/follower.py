@@ -141,9 +141,9 @@ class FollowerReplica:
                 # one that passes it and still is not whole, CRC-valid records, or
                 # would leave what is appended starting inside a record, comes from a
                 # buggy or forged leader): refused, nothing appended.
-                ends: list[int] = []
-                reason = check_records(msg.data, ends)
-                if reason is None and cut and cut not in ends:
+                ends: list[int] = []  # where each record ends, in log positions
+                reason = check_records(msg.data, ends, msg.log_position)
+                if reason is None and cut and msg.log_position + cut not in ends:
                     reason = f"what is not held yet starts inside a record (at {start})"
                 if (
                     reason is None
@@ -176,8 +176,9 @@ class FollowerReplica:
                     self.storage.record_term(
                         msg.data_term_id, msg.term_base_log_position, rlog.cluster_time(now_ns)
                     )
-                at = msg.log_position
-                rlog.append_data(data, [at + end for end in ends if end > cut])
+                if cut:
+                    ends = [end for end in ends if end > msg.log_position + cut]
+                rlog.append_data(data, ends)
             self.verified_end = max(self.verified_end, end_of_data)
         else:
             self.verified_end = max(self.verified_end, start)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from ..archive.record import RECORD_HEADER, RECORD_HEADER_LENGTH, iter_records
-from ..protocol.codec import LOG
+from ..protocol.codec import DECODE_ERRORS, LOG
 from ..protocol.enums import CloseReason, Role
 from ..protocol.ingress import SessionMessageHeader
 from ..protocol.log import (
@@ -190,7 +190,7 @@ class ServiceContainer:
         mirror = self.cm.on_replay_log_message if mirror_into_consensus else None
         now_ns = self._clock_ns() if mirror_into_consensus else 0
         sessions, service, unpack = self.sessions, self.service, _unpack_record
-        header, offset = RECORD_HEADER_LENGTH, 0
+        header, offset, decode = RECORD_HEADER_LENGTH, 0, LOG.raw_decode
         with memoryview(data) as view:
             end = len(view)
             while end - offset >= header:
@@ -198,7 +198,10 @@ class ServiceContainer:
                 body_end = offset + header + length
                 if body_end > end:
                     break
-                message = _decode_log(view[offset + header : body_end])
+                try:
+                    message = decode(view[offset + header : body_end])
+                except DECODE_ERRORS as exc:
+                    raise LOG.error(exc) from None  # what LOG.decode raises
                 offset = body_end
                 position = base_position + offset
                 self.log_position = position

@@ -77,9 +77,9 @@ def _check_append(
     return None
 
 
-def check_records(data: bytes, ends: list[int] | None = None) -> str | None:
+def check_records(data: bytes, ends: list[int] | None = None, base: int = 0) -> str | None:
     """Why ``data`` is not a sequence of whole, non-empty, CRC-valid log records (None if
-    it is); ``ends`` collects the offset where each record ends."""
+    it is); ``ends`` collects where each record ends (its offset plus ``base``)."""
     end = len(data)
     offset = 0
     unpack, crc32, header, limit = _unpack_header, _crc32, _HEADER, MAX_RECORD_LENGTH
@@ -98,7 +98,7 @@ def check_records(data: bytes, ends: list[int] | None = None) -> str | None:
             return f"record at offset {offset} fails its CRC"
         offset = body_end
         if ends is not None:
-            ends.append(body_end)
+            ends.append(base + body_end)
     return None
 
 
