@@ -18,11 +18,13 @@ So two kinds of stall are recorded:
   be woken (a timer due: a heartbeat, the slow tick).  Nothing ran in the loop meanwhile:
   the machine (or the GIL) did not let it.
 
-The loop pays one ``perf_counter_ns`` per hook (twice a pass).  The sampling thread wakes
-every threshold (so it sees every pass of twice the threshold, and about half of those of
-one and a half): the first time it sees a pass it notes the loop thread's CPU clock
-(``pthread_getcpuclockid``; a thread's CPU time is a system call, 1-2 µs on this VM,
-too dear for every pass), and once the pass has run for the threshold it takes the stack.
+The loop pays one ``perf_counter_ns`` per hook (twice a pass).  The sampling thread looks
+every two thresholds while the loop waits, so it sees every pass of twice the threshold
+(and some shorter ones): the first time it sees a pass it notes the loop thread's CPU
+clock (``pthread_getcpuclockid``; a thread's CPU time is a system call, 1-2 µs on this
+VM, too dear for every pass), and it looks again when the pass reaches the threshold,
+to take the stack if it still runs.  (Looking every threshold cost a node at one message
+in flight 40-60 µs of CPU a message, and 5-10% of its latency, in GIL handovers.)
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class StallWatch(trio.abc.Instrument):
         self._where_pass = -1
         self._loop_thread = threading.get_ident()
         self._stop = threading.Event()
+        self.looks = 0  # how often the sampling thread woke (each a GIL handover)
         self._sampler: threading.Thread | None = None
 
     # -- the loop's side ----------------------------------------------------------------
@@ -160,19 +163,31 @@ class StallWatch(trio.abc.Instrument):
         self._sampler = None
 
     def _sample(self) -> None:
-        interval = self.threshold_ns / 1e9
+        threshold = self.threshold_ns
+        idle = 2 * threshold / 1e9  # between looks while no pass is under way
         clock = self._cpu_clock
-        while not self._stop.wait(interval):
+        stop, sleep, now_ns = self._stop, time.sleep, time.perf_counter_ns
+        delay = idle
+        # time.sleep, not stop.wait(timeout): half the CPU a wake-up on this VM (32 µs
+        # against 61-73), and every wake-up is a GIL handover the loop pays for too.
+        while True:
+            sleep(delay)
+            if stop.is_set():
+                return
+            self.looks += 1
+            delay = idle
             start, pass_id = self._pass_start, self._pass_id
             if not start:
                 continue
+            now = now_ns()
             if self._cpu_pass != pass_id and clock is not None:
-                wall = time.perf_counter_ns()
                 self._cpu_mark = time.clock_gettime_ns(clock)
-                self._cpu_wall, self._cpu_pass = wall, pass_id
+                self._cpu_wall, self._cpu_pass = now, pass_id
             if self._where_pass == pass_id:
                 continue
-            if time.perf_counter_ns() - start < self.threshold_ns:
+            if now - start < threshold:
+                # back when the pass reaches the threshold, should it still run then
+                delay = max(threshold - (now - start), 500_000) / 1e9
                 continue
             place = where(self._loop_thread)
             if place and self._pass_id == pass_id:

@@ -148,3 +148,14 @@ async def test_sampling_the_stack_never_keeps_a_frames_locals_alive() -> None:
     await run_with_watch(body, watch)
     assert watch.busy >= 1
     assert any("look_at" in s.where for s in watch.recent)
+
+
+async def test_the_sampler_looks_every_two_thresholds_while_the_loop_waits() -> None:
+    """Each look is a wake-up and a GIL handover the loop pays for: while the loop only
+    waits, one every two thresholds (it was one a threshold)."""
+
+    async def body() -> None:
+        await trio.sleep(0.5)
+
+    watch = await run_with_watch(body, StallWatch(5 * MS))
+    assert 10 <= watch.looks <= 0.52 / 0.010 + 2
