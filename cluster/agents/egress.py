@@ -100,13 +100,7 @@ class EgressPublisher:
         if egress is None:
             self.dropped_messages += 1
             return False
-        writer = egress.writer  # _queue's, inline (once a reply: the leader's hot path)
-        if not writer.backlog:
-            self._dirty.append(writer)
-        if not writer.write_message(message):
-            self.dropped_messages += 1
-            return False
-        return True
+        return self._queue(egress.writer, message)
 
     def _queue(self, writer: FrameWriter, message: Any) -> bool:
         """Queue a frame for the next flush; False (counted) if the writer is full."""

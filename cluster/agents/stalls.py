@@ -22,9 +22,11 @@ The loop pays one ``perf_counter_ns`` per hook (twice a pass).  The sampling thr
 every two thresholds while the loop waits, so it sees every pass of twice the threshold
 (and some shorter ones): the first time it sees a pass it notes the loop thread's CPU
 clock (``pthread_getcpuclockid``; a thread's CPU time is a system call, 1-2 µs on this
-VM, too dear for every pass), and it looks again when the pass reaches the threshold,
-to take the stack if it still runs.  (Looking every threshold cost a node at one message
-in flight 40-60 µs of CPU a message, and 5-10% of its latency, in GIL handovers.)
+VM, too dear for every pass), and it looks again once the pass has run for the
+threshold and half a threshold has gone by since that mark, to take the stack if the
+pass still runs (so every pass of two and a half thresholds has its stack).  Looking
+every threshold cost a node at one message in flight 40-60 µs of CPU a message, and
+5-10% of its latency, in GIL handovers.
 """
 
 from __future__ import annotations
@@ -185,9 +187,13 @@ class StallWatch(trio.abc.Instrument):
                 self._cpu_wall, self._cpu_pass = now, pass_id
             if self._where_pass == pass_id:
                 continue
-            if now - start < threshold:
-                # back when the pass reaches the threshold, should it still run then
-                delay = max(threshold - (now - start), 500_000) / 1e9
+            # The stack once the pass has run for the threshold, and not before half a
+            # threshold since the CPU mark: the pass's CPU share is measured from that
+            # mark to its end, and taking the stack holds the GIL, so a stack taken at
+            # the mark would leave a window of little but that.
+            due = max(start + threshold, self._cpu_wall + threshold // 2)
+            if now < due:
+                delay = max(due - now, 500_000) / 1e9  # back then, should it still run
                 continue
             place = where(self._loop_thread)
             if place and self._pass_id == pass_id:
