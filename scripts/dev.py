@@ -12,8 +12,9 @@ the ``dev`` one; later runs install again only when ``pyproject.toml`` changes o
 command needs an extra not yet there.  ``test`` also makes
 sure a Java runtime is there for the Spark pipeline tests (``python -m
 cluster.pipeline.java``: installs ``default-jre-headless`` with apt-get when run as root).
-Extra arguments after ``test`` go to pytest (e.g. ``-m "not slow"`` to skip the
-real-process tests).
+With no arguments, ``test`` runs the suite on two pytest-xdist workers
+(``tests/conftest.py`` says which test runs where); extra arguments after ``test`` go to
+pytest instead (e.g. ``-m "not slow"`` to skip the real-process tests).
 """
 
 from __future__ import annotations
@@ -94,7 +95,9 @@ def cmd_test(args: list[str]) -> int:
     ):
         if run(*cmd) != 0:
             failed.append(name)
-    code = run(py, "-m", "pytest", *args)
+    # The full suite on two workers (tests/conftest.py says which test runs where);
+    # with arguments, pytest as asked.
+    code = run(py, "-m", "pytest", *(args or ["-n", "2", "--dist", "loadgroup"]))
     if failed:
         print(f"FAILED checks: {', '.join(failed)}", flush=True)
         return 1
