@@ -55,8 +55,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 class _HeavyLock:
-    """One file lock per test run, shared by its xdist workers: held by the worker that
-    runs the heavy tests while it does; the tests that need the machine wait for it."""
+    """A file lock the xdist workers of a run share (one file for the checkout): held by
+    the worker that runs the heavy tests while it does; the tests that need the machine
+    to themselves wait for it."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -91,8 +91,8 @@ class FrameDecoder:
         """Add received bytes; append every complete frame, decoded straight from the
         receive buffer (no copy of the body), to ``out``; return how many.
 
-        ``decode`` (a :class:`Codec`, or a callable that must not keep the view it is
-        given).  On a bad length or a frame that does not decode (a
+        ``decode`` is a :class:`Codec` or a callable (which must not keep the view it
+        is given).  On a bad length or a frame that does not decode (a
         :class:`ProtocolError`), the frames before it are in ``out``.
         """
         codec: Codec[T] | None = None
