@@ -1,7 +1,8 @@
 """``ConsensusModule.on_batch`` (the leader's hot path) against one :meth:`on_message`
-call per message: for any batch, the same log, the same counters, the same sessions
-and the same replies, whatever the batch changes part-way (the connection, a session
-closed, a suspension, a later term that ends the leadership)."""
+call per message: for any batches, the same log, the same counters, the same sessions
+and the same replies, whatever a batch changes part-way (the connection, a session
+closed, a later term that ends the leadership) and whatever happens between batches (a
+suspension, a resume, time moving on)."""
 
 from __future__ import annotations
 
