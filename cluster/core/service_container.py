@@ -28,7 +28,6 @@ from .base import EgressPort
 from .consensus import ConsensusModule
 from .pending import is_service_message
 
-_decode_log = LOG.decode
 _LEADER = Role.LEADER  # a module global is found faster than an enum's member
 _unpack_record = RECORD_HEADER.unpack_from
 
@@ -164,29 +163,14 @@ class ServiceContainer:
         ``mirror_into_consensus`` (followers, recovery) the consensus module also sees
         each entry so it can rebuild its sessions and timers.  ``checked``: the records'
         CRCs were checked already (the log in memory: a follower checks what it receives
-        before appending it), so they are not checked again.
+        before appending it), so they are not checked again; unchecked ones are checked
+        first (a :class:`~cluster.archive.record.RecordError` at a bad length or CRC,
+        and nothing applied).  One pass then applies them, a client's message straight
+        to the service (the follower's hot path).
         """
-        if checked:
-            return self._apply_checked(data, base_position, mirror_into_consensus)
-        consumed = 0
-        mirror = self.cm.on_replay_log_message if mirror_into_consensus else None
-        now_ns = self._clock_ns() if mirror_into_consensus else 0
-        for offset, body in iter_records(data):
-            message = _decode_log(body)
-            consumed = offset + RECORD_HEADER_LENGTH + len(body)
-            position = base_position + consumed
-            if mirror is not None:
-                self.log_position = position
-                self.time = message.timestamp
-                mirror(message, position, now_ns)
-            self._apply_message(message, position)
-        return consumed
-
-    def _apply_checked(
-        self, data: bytes | bytearray | memoryview, base_position: int, mirror_into_consensus: bool
-    ) -> int:
-        """:meth:`apply` for records already checked (a follower's hot path): one pass,
-        and a client's message goes straight to the service."""
+        if not checked:
+            for _ in iter_records(data):  # RecordError at a bad length or CRC
+                pass
         rlog = self.cm.log
         mirror = self.cm.on_replay_log_message if mirror_into_consensus else None
         now_ns = self._clock_ns() if mirror_into_consensus else 0

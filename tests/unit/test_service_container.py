@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from cluster.archive.record import RECORD_HEADER_LENGTH, encode_record, iter_records
+from cluster.archive.record import RECORD_HEADER_LENGTH, RecordError, encode_record, iter_records
 from cluster.core.base import ConsensusConfig, IngressSource
 from cluster.core.consensus import ConsensusModule
 from cluster.core.service_container import ServiceContainer
@@ -342,6 +342,24 @@ def test_apply_positions_are_relative_to_base() -> None:
     assert node.container.apply(record, base) == len(record)
     assert node.container.log_position == base + len(record)
     assert node.container.time == 123
+    assert node.service.events[-1] == ("open", 9, 123, CHANNEL)
+
+
+def test_a_record_failing_its_crc_is_a_record_error_and_nothing_is_applied() -> None:
+    """Unchecked records (recovery reads them from the archive) are checked before any is
+    applied: a bad CRC is a RecordError at its offset, which recovery reports as
+    corruption; checked records (the log in memory) are not checked again."""
+    node = Node()
+    good = encode_record(encode(SessionOpenEvent(TERM, 1, 9, 123, 3, CHANNEL)))
+    bad = bytearray(encode_record(encode(SessionOpenEvent(TERM, 2, 10, 124, 3, CHANNEL))))
+    bad[-1] ^= 0xFF
+    before = list(node.service.events)
+    with pytest.raises(RecordError) as info:
+        node.container.apply(good + bytes(bad), 0)
+    assert info.value.offset == len(good)
+    assert "crc" in info.value.reason
+    assert node.service.events == before
+    assert node.container.apply(good, 0, checked=True) == len(good)
     assert node.service.events[-1] == ("open", 9, 123, CHANNEL)
 
 
