@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -384,3 +385,46 @@ async def test_frames_sent_without_waiting_over_tls_arrive_whole_and_in_order(pk
     assert [m.timestamp for m in received] == list(range(count))
     assert all(m.payload == bytes(300) for m in received)
     assert sender.partial_writes > 0  # the socket did fill: the drain path ran
+
+
+async def test_a_peer_that_resets_mid_stream_ends_the_tls_writer_with_an_error(pki: Path) -> None:
+    """A peer that drops the connection (RST) while frames go out through ``TlsNowait``:
+    ``flush`` never raises to the caller, and the writer task ends with the stream's
+    error, which its owner handles as a closed connection."""
+    reset = trio.Event()
+
+    async def rude(stream: trio.abc.Stream) -> None:
+        raw = stream.transport_stream  # type: ignore[attr-defined]
+        await stream.receive_some(1)  # the handshake is done
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await trio.aclose_forcefully(raw)  # RST, no close_notify
+        reset.set()
+
+    network = TcpNetwork(tls=identity(pki, "member-0"))
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(network.serve, HOST, 0, rude)
+        stream = await TcpNetwork(tls=identity(pki, "client-app")).open_stream(HOST, port)
+        writer = FrameWriter(flushed_by_owner=True)
+        errors: list[BaseException] = []
+
+        async def run() -> None:
+            try:
+                await writer.run(stream)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                errors.append(exc)
+
+        nursery.start_soon(run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert isinstance(writer._send_nowait, TlsNowait)
+        writer.write_message(SessionMessageHeader(1, 2, 0, b"x"))
+        writer.flush()
+        with trio.fail_after(10):
+            await reset.wait()
+            count = 1
+            while not errors:
+                writer.write_message(SessionMessageHeader(1, 2, count, bytes(1000)))
+                writer.flush()  # never raises: the writer task meets the error
+                count += 1
+                await trio.sleep(0.001)
+        nursery.cancel_scope.cancel()
+    assert isinstance(errors[0], (trio.BrokenResourceError, OSError))
