@@ -302,8 +302,9 @@ class ClusterClient:
                 raise ValueError(f"message of {size} bytes exceeds max_frame_size {max_frame_size}")
             pack_length(buf, start, size)
             count += 1
-        writer.data_ready.notify()
         writer.send_now()
+        if session.pending:  # not all sent from here: the writer task sends the rest
+            writer.data_ready.notify()
         if len(session.pending) >= _FLUSH_HINT_BYTES:
             await self._backend.checkpoint()
         return count
