@@ -200,7 +200,8 @@ class ArchiveAgent:
         try:
             if not self._storage_flushed():
                 raise _NotYet
-            position = self.archive.append(data)
+            # whole records, as the consensus module encoded or checked them
+            position = self.archive.append(data, checked=True)
         except (ArchiveWriteError, _NotYet) as exc:
             self._busy = True  # until the task's retry succeeds
             if isinstance(exc, ArchiveWriteError):
@@ -292,12 +293,15 @@ class ArchiveAgent:
         self.cm.on_truncated(position)
         self.on_truncated()
 
+    def _append_checked(self, data: bytes) -> int:
+        return self.archive.append(data, checked=True)
+
     async def _append(self, data: bytes) -> int:
         while True:
             if self._storage_flushed():
                 await acquire(self.lock)
                 try:
-                    return int(await self.run_blocking(self.archive.append, data))
+                    return int(await self.run_blocking(self._append_checked, data))
                 except ArchiveWriteError as exc:
                     error = exc
                 finally:

@@ -278,10 +278,13 @@ class Archive:
 
     # -- writing ------------------------------------------------------------------------
 
-    def append(self, data: bytes | bytearray | memoryview) -> int:
+    def append(self, data: bytes | bytearray | memoryview, *, checked: bool = False) -> int:
         """Append whole records at the end of the log; return the new :attr:`position`.
 
         With :attr:`FsyncPolicy.BATCH` the data is durable when this returns.
+        ``checked``: the caller knows ``data`` to be whole records (the consensus module
+        encoded them, or checked each one's length and CRC when it arrived), so they are
+        walked only where the data must be cut between two segments.
 
         Raises:
             ValueError: ``data`` is not a sequence of whole, non-empty records.
@@ -296,7 +299,7 @@ class Archive:
             view = view.cast("B")
         if not view.nbytes:
             return self._position
-        chunks = self._plan(view)
+        chunks = self._plan(view, checked)
         previous = (list(self._bases), list(self._paths), self._position)
         created: list[Path] = []
         try:
@@ -322,13 +325,14 @@ class Archive:
             ) from exc
         return self._position
 
-    def _plan(self, view: memoryview) -> list[tuple[bool, int, int]]:
-        """Validate ``view`` and cut it into ``(new_segment, begin, end)`` pieces."""
+    def _plan(self, view: memoryview, checked: bool = False) -> list[tuple[bool, int, int]]:
+        """Validate ``view`` (unless ``checked``) and cut it into ``(new_segment, begin,
+        end)`` pieces."""
         size = self._segment_size
         new_segment = not self._bases or self._position - self._bases[-1] >= size
         filled = 0 if new_segment else self._position - self._bases[-1]
         total = view.nbytes
-        if filled + total <= size and _whole_records(view, total):
+        if filled + total <= size and (checked or _whole_records(view, total)):
             return [(new_segment, 0, total)]  # the common case: it all fits
         chunks: list[tuple[bool, int, int]] = []
         begin = pos = 0

@@ -108,6 +108,27 @@ def test_layout_is_independent_of_batching(tmp_path: Path, bodies: list[bytes]) 
     assert [p.read_bytes() for p in files_a] == [p.read_bytes() for p in files_b]
 
 
+def test_checked_appends_are_cut_between_segments_at_record_ends(
+    tmp_path: Path, bodies: list[bytes]
+) -> None:
+    """``checked=True`` (the node's appends: whole records it encoded or checked) skips
+    the walk only where the data fits the segment; across segments it is cut at record
+    ends, the same layout as unchecked appends."""
+    unchecked, checked = tmp_path / "a", tmp_path / "b"
+    fill(unchecked, bodies)
+    with Archive.open(checked, segment_size=SMALL) as archive:
+        for i in range(0, len(bodies), 3):
+            archive.append(records(bodies[i : i + 3]), checked=True)
+        archive.append(records(bodies[:1]), checked=True)  # fits: not walked
+    files_a, files_b = seg_files(unchecked), seg_files(checked)
+    assert [p.name for p in files_a] == [p.name for p in files_b]
+    data_b = b"".join(p.read_bytes() for p in files_b)
+    assert data_b == b"".join(p.read_bytes() for p in files_a) + records(bodies[:1])
+    with Archive.open(checked, segment_size=SMALL) as archive:
+        assert archive.recovered_truncated_bytes == 0
+        assert [bytes(b) for _, b in archive.records()] == [*bodies, bodies[0]]
+
+
 def test_record_larger_than_segment_size_sits_alone(tmp_path: Path) -> None:
     big = body(1, 3 * SMALL)
     with Archive.open(tmp_path, segment_size=SMALL) as archive:
