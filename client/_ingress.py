@@ -322,11 +322,12 @@ class IngressWriter:
         """
         decoder = FrameDecoder(self._session.max_frame_size)
         on_message = self._on_message
+        current_time = self._backend.current_time  # anyio's finds the backend each call
         with ingress.scope:
             try:
                 while True:
                     data = await ingress.stream.receive(RECEIVE_SIZE)
-                    ingress.last_heard = anyio.current_time()
+                    ingress.last_heard = current_time()
                     self.trouble_since = None  # a member answered
                     messages: list[Any] = []
                     try:
@@ -442,7 +443,7 @@ class IngressWriter:
                 session.pending = batch
                 self.drop(ingress, "the connection broke while sending")
             else:
-                self.last_sent = anyio.current_time()
+                self.last_sent = self._backend.current_time()
             finally:
                 self.writing = False
                 self.flushed.notify()
