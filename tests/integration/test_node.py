@@ -316,11 +316,11 @@ async def test_failed_log_write_is_retried_and_nothing_is_lost(
             real_append = node.archive.append
             failures = [1]
 
-            def append(data: bytes | bytearray | memoryview) -> int:
+            def append(data: bytes | bytearray | memoryview, *, checked: bool = False) -> int:
                 if failures:
                     failures.pop()
                     raise ArchiveWriteError(errno.ENOSPC, "injected: no space left on device")
-                return real_append(data)
+                return real_append(data, checked=checked)
 
             node.archive.append = append  # type: ignore[method-assign]
             async with client.connect(endpoints(node)) as c:
@@ -495,3 +495,4 @@ async def test_a_shutdown_shows_in_the_module_state_until_the_node_stops(tmp_pat
     # and the next start knows everything was committed, the SHUTDOWN action included
     saved = json.loads((tmp_path / "node-state.json").read_text())["commit_position"]
     assert saved == node.cm.commit_position == node.log_agent.applied_position
+
