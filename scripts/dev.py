@@ -5,7 +5,6 @@
     python3 scripts/dev.py test     # lint, type check and the whole test suite (CI runs this)
     python3 scripts/dev.py bench    # scripts/bench.py with its arguments
     python3 scripts/dev.py floor    # scripts/floor_bench.py: the machine's latency floor
-    python3 scripts/dev.py native   # opt-in: compile the consensus core (scripts/native.py)
 
 The first run creates ``.venv`` and installs the project: ``demo`` and ``floor`` need
 nothing more, ``test`` adds the ``dev`` and ``spark`` extras (pytest, PySpark...), ``bench``
@@ -120,19 +119,8 @@ def cmd_floor(args: list[str]) -> int:
     return run(py, str(ROOT / "scripts" / "floor_bench.py"), *args)
 
 
-def cmd_native(args: list[str]) -> int:
-    py = str(ensure_env("dev"))  # mypyc comes with mypy
-    return run(py, str(ROOT / "scripts" / "native.py"), *args)
-
-
 def main() -> int:
-    commands = {
-        "test": cmd_test,
-        "demo": cmd_demo,
-        "bench": cmd_bench,
-        "floor": cmd_floor,
-        "native": cmd_native,
-    }
+    commands = {"test": cmd_test, "demo": cmd_demo, "bench": cmd_bench, "floor": cmd_floor}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         print(__doc__)
         return 2
