@@ -554,7 +554,7 @@ class Node:
         ``freeze_gc`` (a node that owns its process: :func:`main`): once started, every
         object made so far (the modules, the recovered state) is put out of the cyclic
         collector's reach (:func:`gc.freeze`), so a full collection walks only what was
-        made since: 6-12 ms of stopped event loop less each on the 2-core machine."""
+        made since: 12-27 ms of stopped event loop less each on the 2-core machine."""
         self.started_ns = self.now_ns()
         await self.run_blocking(self._open_storage)
         self.stalls.start()

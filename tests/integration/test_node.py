@@ -502,7 +502,7 @@ async def test_a_node_that_owns_its_process_puts_start_up_objects_out_of_the_col
     tmp_path: Path,
 ) -> None:
     """``freeze_gc`` (what ``python -m cluster.node`` runs with): once started, what was
-    made so far is frozen, so a full collection no longer walks the modules (6-12 ms of
+    made so far is frozen, so a full collection no longer walks the modules (12-27 ms of
     stopped loop here); by default (nodes sharing a process, as here) nothing is."""
     assert gc.get_freeze_count() == 0
     node = Node(make_config(tmp_path), StatelessService())
