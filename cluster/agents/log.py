@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import trio
@@ -293,15 +294,13 @@ class ArchiveAgent:
         self.cm.on_truncated(position)
         self.on_truncated()
 
-    def _append_checked(self, data: bytes) -> int:
-        return self.archive.append(data, checked=True)
-
     async def _append(self, data: bytes) -> int:
         while True:
             if self._storage_flushed():
                 await acquire(self.lock)
                 try:
-                    return int(await self.run_blocking(self._append_checked, data))
+                    append = partial(self.archive.append, checked=True)  # as write_now's
+                    return int(await self.run_blocking(append, data))
                 except ArchiveWriteError as exc:
                     error = exc
                 finally:

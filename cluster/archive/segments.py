@@ -325,7 +325,7 @@ class Archive:
             ) from exc
         return self._position
 
-    def _plan(self, view: memoryview, checked: bool = False) -> list[tuple[bool, int, int]]:
+    def _plan(self, view: memoryview, checked: bool) -> list[tuple[bool, int, int]]:
         """Validate ``view`` (unless ``checked``) and cut it into ``(new_segment, begin,
         end)`` pieces."""
         size = self._segment_size
