@@ -37,6 +37,7 @@ from ..protocol.consensus import (
     RequestVote,
     SnapshotChunk,
     SnapshotChunkAck,
+    TimeoutNow,
     Vote,
 )
 
@@ -124,7 +125,7 @@ def _check_chunk(message: SnapshotChunk) -> str | None:
 
 def sender_of(message: ConsensusMessage) -> int:
     """The member a consensus message says it comes from (-1 if it names none)."""
-    if isinstance(message, (AppendRequest, CommitPosition, SnapshotChunk)):
+    if isinstance(message, (AppendRequest, CommitPosition, SnapshotChunk, TimeoutNow)):
         return message.leader_member_id
     if isinstance(message, RequestVote):
         return message.candidate_member_id
@@ -186,4 +187,10 @@ def check_consensus_message(
         if not (message.offset == SNAPSHOT_HELD or 0 <= message.offset <= MAX_SNAPSHOT_LENGTH):
             return "snapshot offset out of range"
         return None if member(message.follower_member_id) else "follower member is not the sender"
+    if isinstance(message, TimeoutNow):
+        if not _term(message.leadership_term_id):
+            return "term out of range"
+        if message.target_member_id != me:
+            return "a hand-over to another member"
+        return None if member(message.leader_member_id) else "leader member is not the sender"
     return f"unexpected {type(message).__name__} on a member link"

@@ -19,12 +19,23 @@ MAX_POSITION = 1 << 62
 error."""
 
 
+CANVASS_CATCHING_UP = 1
+"""CanvassPosition flag: the member's durable state is new or lost; it votes for nobody
+and counts toward no quorum until a leader elected by others has caught it up."""
+
+
 class CanvassPosition(Message, tag=50):
     log_leadership_term_id: Int64
     log_position: Int64
     leadership_term_id: Int64
     follower_member_id: Int32
     protocol_version: Int32
+    flags: Int32 = 0
+
+
+VOTE_TRANSFER = 1
+"""RequestVote flag: the candidate campaigns because its leader handed leadership over
+(:class:`TimeoutNow`): members with a live leader, and the leader itself, consider it."""
 
 
 class RequestVote(Message, tag=51):
@@ -33,6 +44,7 @@ class RequestVote(Message, tag=51):
     candidate_term_id: Int64
     candidate_member_id: Int32
     protocol_version: Int32
+    flags: Int32 = 0
 
 
 class Vote(Message, tag=52):
@@ -62,6 +74,10 @@ class NewLeadershipTerm(Message, tag=53):
 
 APPEND_POSITION_VERIFIED = 1
 """AppendPosition flag: the follower's log is known to match the leader's up to the position."""
+
+APPEND_POSITION_CATCHING_UP = 2
+"""AppendPosition flag: the follower is a catch-up member (new or lost state): the leader
+replicates to it but counts it toward no quorum."""
 
 
 class AppendPosition(Message, tag=54):
@@ -95,6 +111,9 @@ class MemberHello(Message, tag=58):
     member_id: Int32
     protocol_version: Int32
     cluster_id: Int32 = 0
+    members_digest: bytes = b""
+    """A digest of the caller's ``--members`` (:func:`cluster.config.members_digest`); empty
+    from a caller that does not say."""
 
 
 class AppendRequest(Message, tag=59):
@@ -161,6 +180,15 @@ class SnapshotChunkAck(Message, tag=61):
     offset: Int64
 
 
+class TimeoutNow(Message, tag=62):
+    """Leadership hand-over (Raft's TimeoutNow): the leader of ``leadership_term_id`` tells
+    the follower it has brought fully up to date to start an election at once."""
+
+    leadership_term_id: Int64
+    leader_member_id: Int32
+    target_member_id: Int32
+
+
 class TerminationPosition(Message, tag=75):
     leadership_term_id: Int64
     log_position: Int64
@@ -185,6 +213,7 @@ ConsensusMessage = (
     | AppendRequest
     | SnapshotChunk
     | SnapshotChunkAck
+    | TimeoutNow
     | TerminationPosition
     | TerminationAck
 )
