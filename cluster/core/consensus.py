@@ -156,6 +156,9 @@ class ConsensusModule:
         self.ready_position = -1
         """A leader takes client work once it has applied the log up to here."""
         self.last_leader_heard_ns = 0
+        self.catching_up = False
+        """A member whose durable state is new or lost: it votes for nobody and counts
+        toward no quorum until a leader elected by others has caught it up."""
         self._source: IngressSource | None = None
         """The client connection the ingress messages being handled came on."""
 
