@@ -45,6 +45,17 @@ def role_name(cm: ConsensusModule) -> str:
     return "FOLLOWER"
 
 
+def sees_quorum(cm: ConsensusModule, now_ns: int) -> bool:
+    """A ready leader that heard from a quorum within the heartbeat timeout, or a
+    follower that heard from its leader within it."""
+    if cm.role is Role.LEADER:
+        return cm.is_ready_leader and cm.followers.quorum_active(
+            now_ns, cm.config.leader_heartbeat_timeout_ns
+        )
+    deadline = cm.leader_deadline_ns
+    return cm.leader_member_id >= 0 and deadline is not None and now_ns < deadline
+
+
 def follower_statuses(
     cm: ConsensusModule, now_ns: int, timings: Timings | None = None
 ) -> list[FollowerStatus]:
@@ -114,6 +125,8 @@ def member_status(
         applied_position=rlog.applied_position,
         election_state=cm.election_state.name,
         module_state=cm.control.module_state.name,
+        catching_up=cm.catching_up,
+        sees_quorum=sees_quorum(cm, now_ns),
         sessions=session_statuses(cm, now_ns),
         pending_sessions=len(manager.pending_sessions),
         redirect_sessions=len(manager.redirect_sessions),

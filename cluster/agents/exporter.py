@@ -5,9 +5,14 @@ describe`` shows), through ``prometheus-client``'s collector interface, so nothi
 counted twice and the hot path pays nothing.  Names follow Prometheus' conventions:
 ``triarch_`` prefix, counters end in ``_total``, sizes in ``_bytes``.
 
-``/health`` answers 200 when this member sees a leader with a quorum (it leads and is
-ready, or it follows a leader it heard from within the heartbeat timeout), 503 otherwise,
-with a small JSON body saying why.  The server is deliberately small: one request per
+``/health`` answers 200 when this member can take its part in writes now: its module is
+ACTIVE, its disk writable, it is not catching up, and it leads, is ready and heard from a
+quorum within the heartbeat timeout, or it follows a leader it heard from within it
+(:meth:`MemberStatus.health`).  Otherwise 503.  The small JSON body says why either way:
+``health``, ``reason`` (every reason, "; "-joined: "leader", "follows leader 1",
+"suspended", "no leader (election CANVASS)", "no quorum (...)", "disk full: ...",
+"catching up"), ``reasons`` (the same as a list), ``member``, ``role``, ``module_state``
+and ``catching_up``.  The server is deliberately small: one request per
 connection, a request line and headers of at most 8 KiB within 5 s, nothing else read.
 """
 
@@ -29,7 +34,7 @@ from prometheus_client.registry import Collector
 
 from ..core.consensus import ConsensusModule
 from ..protocol.admin import MemberStatus
-from ..protocol.enums import Role
+from ..status import sees_quorum as status_sees_quorum
 
 log = logging.getLogger("cluster.metrics")
 
@@ -61,8 +66,6 @@ HISTOGRAMS = {
         "or a wake-up this late",
     ),
 }
-STOPPING = ("QUITTING", "TERMINATING", "CLOSED")
-"""Module states of a leader on its way out (SUSPENDED and SNAPSHOT still lead)."""
 
 
 class StatusCollector(Collector):
@@ -201,27 +204,17 @@ def _histograms(s: MemberStatus) -> Iterator[Metric]:
 
 def sees_quorum(cm: ConsensusModule, clock_ns: Callable[[], int]) -> bool:
     """A ready leader that heard from a quorum within the heartbeat timeout, or a
-    follower that heard from its leader within it."""
-    now_ns = clock_ns()
-    if cm.role is Role.LEADER:
-        return cm.is_ready_leader and cm.followers.quorum_active(
-            now_ns, cm.config.leader_heartbeat_timeout_ns
-        )
-    deadline = cm.leader_deadline_ns
-    return cm.leader_member_id >= 0 and deadline is not None and now_ns < deadline
+    follower that heard from its leader within it (:func:`cluster.status.sees_quorum`)."""
+    return status_sees_quorum(cm, clock_ns())
 
 
 def health(status: MemberStatus, heard_within: bool) -> tuple[bool, str]:
-    """Whether this member sees a leader with a quorum, and why not."""
-    if status.role == "LEADER":
-        if status.module_state in STOPPING:
-            return False, f"leader {status.module_state.lower()}"
-        return heard_within, "leader" if heard_within else "leader without a quorum"
-    if status.leader_member_id < 0:
-        return False, f"no leader ({status.role.lower()})"
-    if not heard_within:
-        return False, f"leader {status.leader_member_id} not heard from lately"
-    return True, f"follows leader {status.leader_member_id}"
+    """Whether this member can take its part in writes now (``heard_within``: it sees a
+    quorum, :func:`sees_quorum`), and why: every reason :meth:`MemberStatus.health`
+    gives, joined by "; " ("leader", "follows leader 1"; "suspended", "no quorum (...)",
+    "disk full: ...", ...)."""
+    ok, reasons = status.health(heard_within)
+    return ok, "; ".join(reasons)
 
 
 class MetricsServer:
@@ -281,9 +274,17 @@ class MetricsServer:
             return _response(200, CONTENT_TYPE_LATEST, generate_latest(self.registry))
         if path == "/health":
             status = self.status()
-            ok, why = health(status, self.healthy())
+            ok, reasons = status.health(self.healthy())
             body = json.dumps(
-                {"health": ok, "reason": why, "member": status.member_id, "role": status.role}
+                {
+                    "health": ok,
+                    "reason": "; ".join(reasons),
+                    "reasons": reasons,
+                    "member": status.member_id,
+                    "role": status.role,
+                    "module_state": status.module_state,
+                    "catching_up": status.catching_up,
+                }
             ).encode()
             return _response(200 if ok else 503, "application/json", body + b"\n")
         return _response(404, "text/plain", b"/metrics or /health\n")

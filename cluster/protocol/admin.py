@@ -198,6 +198,12 @@ class MemberStatus(msgspec.Struct, kw_only=True):
     applied_position: int = 0
     election_state: str = "INIT"
     module_state: str = "ACTIVE"
+    catching_up: bool = False
+    """A member whose disk is new or lost: it votes for nobody and counts toward no
+    quorum until a leader elected by others has caught it up."""
+    sees_quorum: bool | None = None
+    """A ready leader that heard from a quorum within the heartbeat timeout, or a follower
+    that heard from its leader within it (None: a member too old to say)."""
     sessions: list[SessionStatus] = msgspec.field(default_factory=list)
     pending_sessions: int = 0
     redirect_sessions: int = 0
@@ -228,6 +234,54 @@ class MemberStatus(msgspec.Struct, kw_only=True):
     """fsync, duty-cycle, commit and replication latencies since the member started."""
     stalls: StallsStatus = msgspec.field(default_factory=StallsStatus)
     """Event-loop stalls over ``--stall-threshold`` (the most recent of them)."""
+
+    def health(self, sees_quorum: bool | None = None) -> tuple[bool, list[str]]:
+        """Whether this member can take its part in writes now, and why (or why not).
+
+        Healthy: module ACTIVE, disk writable, not catching up, and either a ready leader
+        that heard from a quorum within the heartbeat timeout (``["leader"]``) or a
+        follower that heard from its leader within it (``["follows leader N"]``).
+        Otherwise every reason, the most basic first: ``"suspended"`` (or ``"module state
+        X"`` for any other state but ACTIVE), ``"disk full: ..."`` / ``"disk error:
+        ..."``, ``"catching up"``, ``"no leader (election STATE)"``, ``"no quorum
+        (...)"``.  ``sees_quorum`` overrides :attr:`sees_quorum` (the member's own live
+        view); when both are None (a member too old to say) the quorum is not judged."""
+        quorum = self.sees_quorum if sees_quorum is None else sees_quorum
+        reasons: list[str] = []
+        if self.module_state == "SUSPENDED":
+            reasons.append("suspended")
+        elif self.module_state != "ACTIVE":
+            reasons.append(f"module state {self.module_state}")
+        if self.disk.problem:
+            label = self.disk.label
+            problem = self.disk.problem
+            reasons.append(problem if problem.startswith(label) else f"{label}: {problem}")
+        if self.catching_up:
+            reasons.append("catching up")
+        leads = self.role == "LEADER"
+        electing = self.role == "CANDIDATE" or (
+            leads and self.election_state not in ("CLOSED", "INIT")  # LEADER_*: not ready
+        )
+        if electing or (not leads and self.leader_member_id < 0):
+            reasons.append(f"no leader (election {self.election_state})")
+        elif quorum is False and leads:
+            heard = ", ".join(
+                f"member {f.member_id} "
+                + ("never" if f.last_heard_ms_ago is None else f"{f.last_heard_ms_ago} ms ago")
+                for f in self.followers
+            )
+            reasons.append(
+                "no quorum (a quorum of followers not heard from within the heartbeat "
+                f"timeout{': last heard ' + heard if heard else ''})"
+            )
+        elif quorum is False:
+            reasons.append(
+                f"no quorum (leader {self.leader_member_id} not heard from within the "
+                "heartbeat timeout)"
+            )
+        if reasons:
+            return False, reasons
+        return True, ["leader" if leads else f"follows leader {self.leader_member_id}"]
 
 
 _json_encoder = msgspec.json.Encoder()

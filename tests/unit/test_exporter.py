@@ -13,8 +13,8 @@ from cluster.protocol.admin import MemberStatus
     ("role", "state", "leader", "heard", "ok"),
     [
         ("LEADER", "ACTIVE", 0, True, True),
-        ("LEADER", "SNAPSHOT", 0, True, True),  # taking a snapshot still leads
-        ("LEADER", "SUSPENDED", 0, True, True),
+        ("LEADER", "SNAPSHOT", 0, True, False),  # issue 31: healthy only when ACTIVE
+        ("LEADER", "SUSPENDED", 0, True, False),  # issue 31: takes no writes
         ("LEADER", "ACTIVE", 0, False, False),  # no quorum heard from
         ("LEADER", "QUITTING", 0, True, False),
         ("FOLLOWER", "ACTIVE", 1, True, True),
