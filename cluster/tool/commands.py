@@ -55,8 +55,9 @@ async def cmd_describe(opts: Options) -> int:
 
 
 async def cmd_health(opts: Options) -> int:
-    """``health`` (etcdctl endpoint health): every member answers and one leads; exit 0,
-    else 1 with what is wrong."""
+    """``health`` (etcdctl endpoint health): every member answers and is healthy, and
+    exactly one leads, ready, with a quorum, ACTIVE, its disk writable; exit 0, else 1
+    with each member's reason (:func:`render.health_document`)."""
     document = render.health_document(await describe_all(opts.members, opts.timeout))
     if opts.json:
         emit(document)

@@ -97,6 +97,11 @@ def _error(r: Result) -> str | None:
 # ---------------------------------------------------------------------- describe, health
 
 
+def role_text(s: MemberStatus) -> str:
+    """The role as tables show it: "FOLLOWER (catching up)" for a catch-up member."""
+    return f"{s.role} (catching up)" if s.catching_up else s.role
+
+
 def describe_member(r: Result) -> dict[str, Any]:
     """One member of ``describe --output json``: every :class:`MemberStatus` field (null
     when it did not answer with one), ``reachable`` and ``error``."""
@@ -140,7 +145,7 @@ def describe_table(described: Sequence[Result]) -> str:
         rows.append(
             (
                 str(s.member_id),
-                s.role,
+                role_text(s),
                 str(s.leadership_term_id),
                 str(s.commit_position),
                 str(s.append_position),
@@ -155,26 +160,74 @@ def describe_table(described: Sequence[Result]) -> str:
     return table(header, rows) + f"\nleader: {leader if leader >= 0 else 'none'}"
 
 
-def health_document(described: Sequence[Result], now: float | None = None) -> dict[str, Any]:
-    """``health --output json``: ``healthy`` (every member up and a leader), the leader,
-    each member's ``healthy``, ``role`` and ``error``, and the ``problems`` in words."""
-    leader = find_leader(described)
-    members = [
-        {
+def health_member(r: Result) -> dict[str, Any]:
+    """One member of ``health --output json``: ``healthy`` (it answered and can take its
+    part in writes now: :meth:`MemberStatus.health`), ``role``, ``error`` (why it did not
+    answer), ``reason`` (every reason, "; "-joined) and ``reasons``."""
+    if r.status is None:
+        error = r.failure or "no answer"
+        return {
             "member_id": r.member.member_id,
             "reachable": r.reachable,
-            "healthy": r.status is not None,
-            "role": None if r.status is None else r.status.role,
-            "error": None if r.status is not None else (r.failure or "no answer"),
+            "healthy": False,
+            "role": None,
+            "error": error,
+            "reason": f"down: {error}",
+            "reasons": [f"down: {error}"],
         }
-        for r in described
+    ok, reasons = r.status.health()
+    return {
+        "member_id": r.member.member_id,
+        "reachable": r.reachable,
+        "healthy": ok,
+        "role": r.status.role,
+        "error": None,
+        "reason": "; ".join(reasons),
+        "reasons": reasons,
+    }
+
+
+def health_document(described: Sequence[Result], now: float | None = None) -> dict[str, Any]:
+    """``health --output json``: ``healthy`` when every member answers and is healthy
+    (:func:`health_member`) and exactly one leads (so that leader is ready, heard from
+    a quorum, ACTIVE, with a writable disk); ``reason`` (the cluster's: "healthy", or the
+    first thing wrong: "no member answered", "no leader", "2 leaders", the leader's
+    reason such as "suspended", else the first problem), the leader, each member, and
+    every ``problem`` in words."""
+    leader = find_leader(described)
+    members = [health_member(r) for r in described]
+    problems = [
+        f"member {m['member_id']} down: {m['error']}"
+        if m["error"] is not None
+        else f"member {m['member_id']}: {m['reason']}"
+        for m in members
+        if not m["healthy"]
     ]
-    problems = [f"member {m['member_id']} down: {m['error']}" for m in members if not m["healthy"]]
-    if leader < 0:
+    leaders = [r.status for r in described if r.status is not None and r.status.role == "LEADER"]
+    if len(leaders) > 1:
+        problems.append(
+            f"{len(leaders)} leaders: "
+            + ", ".join(f"member {s.member_id} (term {s.leadership_term_id})" for s in leaders)
+        )
+    if not leaders:
         problems.append("no leader")
+    by_id = {m["member_id"]: m for m in members}
+    if not problems:
+        reason = "healthy"
+    elif all(m["error"] is not None for m in members):
+        reason = "no member answered"
+    elif not leaders:
+        reason = "no leader"
+    elif len(leaders) > 1:
+        reason = f"{len(leaders)} leaders"
+    elif not by_id[leader]["healthy"]:
+        reason = by_id[leader]["reason"]
+    else:
+        reason = problems[0]
     return {
         **now_fields(now),
         "healthy": not problems,
+        "reason": reason,
         "leader_member_id": leader,
         "members": members,
         "problems": problems,
@@ -187,12 +240,12 @@ def health_table(document: Mapping[str, Any]) -> str:
             str(m["member_id"]),
             "healthy" if m["healthy"] else "unhealthy",
             cell(m["role"]),
-            m["error"] or "",
+            m["reason"],
         )
         for m in document["members"]
     ]
     verdict = "healthy" if document["healthy"] else "unhealthy: " + "; ".join(document["problems"])
-    return table(("member", "health", "role", "error"), rows) + f"\ncluster: {verdict}"
+    return table(("member", "health", "role", "reason"), rows) + f"\ncluster: {verdict}"
 
 
 # ---------------------------------------------------------------------- list-members

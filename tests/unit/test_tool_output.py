@@ -40,8 +40,8 @@ T0 = 1_795_000_000.25  # 2026-11-18T11:06:40.250Z
 # the documented shapes (docs/cluster-tool.md): change them there and here together
 DESCRIBE = {"time", "time_iso", "leader_member_id", "members"}
 DESCRIBE_MEMBER = STATUS_KEYS | {"reachable", "error"}
-HEALTH = {"time", "time_iso", "healthy", "leader_member_id", "members", "problems"}
-HEALTH_MEMBER = {"member_id", "reachable", "healthy", "role", "error"}
+HEALTH = {"time", "time_iso", "healthy", "reason", "leader_member_id", "members", "problems"}
+HEALTH_MEMBER = {"member_id", "reachable", "healthy", "role", "error", "reason", "reasons"}
 LIST = {"time", "time_iso", "leader_member_id", "view_member_id", "members"}
 LIST_MEMBER = {
     "member_id", "host", "ingress_port", "consensus_port", "admin_port", "reachable", "role",
@@ -339,7 +339,7 @@ def test_tables_for_people(capsys: pytest.CaptureFixture[str]) -> None:
 
         assert main([*base, "health"]) == 1
         out = capsys.readouterr().out
-        assert out.splitlines()[0].split() == ["member", "health", "role", "error"]
+        assert out.splitlines()[0].split() == ["member", "health", "role", "reason"]
         assert out.splitlines()[-1].startswith("cluster: unhealthy: member 2 down: ")
 
 
