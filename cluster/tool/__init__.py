@@ -9,7 +9,8 @@ Usage::
 (``--members``, ``--output``/``--json``, ``--timeout``, ``--certs-dir``) go before or after
 the command's name.
 
-Queries: ``describe`` (every member), ``health`` (every member up and a leader),
+Queries: ``describe`` (every member), ``health`` (every member up and healthy,
+one ready leader with a quorum, ACTIVE, its disk writable),
 ``list-members``, ``recording-log``, ``errors`` (each member's distinct error log,
 :mod:`cluster.errorlog`), ``timings`` (fsync, duty-cycle, commit and replication times)
 and ``stalls`` (the event-loop stalls of :mod:`cluster.agents.stalls`).  Cluster actions
@@ -27,7 +28,7 @@ reusing the CA already there and keeping the folders already made.
 ``--output json`` prints one JSON object per command, of a fixed shape whether members
 are up or down (:mod:`cluster.tool.render`, ``docs/cluster-tool.md``).  Unreachable
 members are shown as down.  Exit codes: 0 success, 1 a command refused or failed, a
-member down (``describe``, ``health``) or no member answered, 2 usage errors.
+member down (``describe``) or unhealthy (``health``) or no member answered, 2 usage errors.
 ``--members`` defaults to ``$CLUSTER_MEMBERS``.
 """
 

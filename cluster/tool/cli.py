@@ -24,7 +24,8 @@ COMMANDS = (*QUERIES, *ACTIONS, "invalidate-latest-snapshot", "certs")
 _HELP = {
     "describe": "every member's role, term, positions, sessions, lag, up/down "
     "(exit 1 when a member is down)",
-    "health": "exit 0 when every member is up and there is a leader, else 1",
+    "health": "exit 0 when every member is up and healthy and one ready leader has a "
+    "quorum, ACTIVE, its disk writable; else 1, with each member's reason",
     "list-members": "the members and their endpoints, as the leader sees them",
     "recording-log": "each member's recording log (terms, snapshots), times in UTC",
     "errors": "each member's distinct warnings and errors, with counts and first/last times",
