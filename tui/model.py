@@ -71,6 +71,7 @@ class MemberRow:
     up: bool = False
     known: bool = False  # polled at least once
     role: str = "-"
+    catching_up: bool = False  # a new or lost disk, not yet caught up by a leader
     term: int | None = None
     commit: int | None = None
     append: int | None = None
@@ -274,6 +275,7 @@ class ClusterModel:
         row.up = False
         row.error = poll.error
         row.role = "-"
+        row.catching_up = False
         row.heartbeat_ms = None
         row.lag = None
         row.lag_s = None
@@ -338,6 +340,7 @@ class ClusterModel:
         row.error = ""
         row.last_up = poll.at
         row.role = role
+        events += self._catch_up_events(row, status)
         row.term = term
         row.commit = status.commit_position
         row.append = status.append_position
@@ -360,6 +363,16 @@ class ClusterModel:
         self._describes[mid] = status
         events += self._counter_events(row, status)
         return events
+
+    def _catch_up_events(self, row: MemberRow, status: MemberStatus) -> list[Event]:
+        was, row.catching_up = row.catching_up, status.catching_up
+        mid = row.member_id
+        if status.catching_up and not was:
+            text = f"member {mid} catching up: a new or lost disk, it counts toward no quorum"
+            return [self.event("member", text, "warning")]
+        if was and not status.catching_up:
+            return [self.event("member", f"member {mid} caught up: a voting member again")]
+        return []
 
     def _disk_events(self, row: MemberRow, status: MemberStatus) -> list[Event]:
         disk = status.disk

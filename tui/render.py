@@ -176,6 +176,8 @@ def member_values(row: MemberRow, now: float) -> list[tuple[str, Cell]]:
         role = Text(" LEADER ", style=style)
     elif row.role == "CANDIDATE":
         role = Text("CANDIDATE", style="bold yellow")
+    elif row.catching_up and row.up:
+        role = Text(f"{row.role} (catching up)", style="bold yellow")
     else:
         role = Text(row.role, style="" if row.up else "dim")
     stale = "dim" if not row.up else ""
