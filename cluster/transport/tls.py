@@ -5,16 +5,28 @@ An identity is one folder made by ``cluster-tool certs`` (:mod:`cluster.certs`):
 only certificates of that CA (``CERT_REQUIRED`` both ways).  Host names are not checked:
 a peer is known by its certificate's name (:func:`peer_cert`: the CN, and the OU that
 says ``member`` or ``client``), which the agents match against who the peer claims to be.
+
+The clients of the members (the client library, ``cluster-tool``, ``cluster-tui``) load
+their folder with :func:`load_client_identity` (a member's folder or an expired
+certificate is refused there, with what to use instead) and say what went wrong when
+TLS is the trouble: :func:`speaks_tls` (does a port that closed our plaintext request
+answer a TLS hello?), :func:`tls_required`, :func:`handshake_failure` and
+:func:`is_tls_problem`.  The node never calls them.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
 import os
+import re
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import trio
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -120,6 +132,195 @@ def load_identity(folder: Path | str) -> TlsIdentity:
         server_context=_context(True, ca_path, cert_path, key_path),
         client_context=_context(False, ca_path, cert_path, key_path),
     )
+
+
+# ---------------------------------------------------------------------- client side
+#
+# What a client of the members (the client library, ``cluster-tool``, ``cluster-tui``) uses
+# to load its folder and to say what went wrong when TLS is the trouble: the node itself
+# never calls these.
+
+TLS_REQUIRED = "requires TLS"
+"""The words every "this member speaks TLS and we did not" message carries."""
+
+
+def tls_required(member_ids: Sequence[int], option: str = "--certs-dir") -> str:
+    """``"member 1 requires TLS: pass --certs-dir (a client-NAME folder)"`` (``"members 0,
+    1 and 2 require TLS: ..."`` for several); ``option`` is how the caller passes one."""
+    ids = [str(m) for m in sorted(member_ids)]
+    if len(ids) == 1:
+        who = f"member {ids[0]} {TLS_REQUIRED}"
+    else:
+        who = f"members {', '.join(ids[:-1])} and {ids[-1]} require TLS"
+    return f"{who}: pass {option} (a client-NAME folder)"
+
+
+_TLS_PROBLEM = re.compile(
+    r"(TLS handshake with member \d+ failed"
+    r"|members? [\d, and]+ (requires? TLS|does not speak TLS|closed the TLS connection))"
+)
+
+
+def is_tls_problem(reason: str | None) -> bool:
+    """Whether a member's failure ``reason`` (as the tool and the console word it:
+    :func:`tls_required`, "TLS handshake with member N failed: ...", "member N does not
+    speak TLS ...", "member N closed the TLS connection ...") is a TLS mistake of ours
+    (no certificates, the wrong ones), not a member that is down."""
+    return reason is not None and _TLS_PROBLEM.match(reason) is not None
+
+
+def _client_example(folder: Path, preferred: str) -> Path:
+    """A client folder next to ``folder`` to suggest: ``client-<preferred>`` if it is
+    there, else any ``client-*`` there, else ``client-<preferred>``."""
+    parent = folder.parent
+    wanted = parent / f"client-{preferred}"
+    if wanted.is_dir():
+        return wanted
+    try:
+        others = sorted(p for p in parent.glob("client-*") if p.is_dir())
+    except OSError:
+        others = []
+    return others[0] if others else wanted
+
+
+def _check_dates(path: Path, what: str, now: dt.datetime) -> None:
+    cert = _certificate(path)
+    if cert.not_valid_after_utc <= now:
+        raise TlsError(
+            f"{path}: {what} expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; "
+            "make new certificates with `cluster-tool certs` (it keeps the folders that "
+            "exist: remove this one first)"
+        )
+    if cert.not_valid_before_utc > now:
+        raise TlsError(
+            f"{path}: {what} is not valid before "
+            f"{cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC (is this machine's clock right?)"
+        )
+
+
+def load_client_identity(
+    folder: Path | str, *, user: str = "a client", preferred: str = "app"
+) -> TlsIdentity:
+    """:func:`load_identity` for a client of the members: also a :class:`TlsError` when
+    ``folder`` holds a member's certificate (``user`` needs a ``client-NAME`` folder; one
+    next to it is suggested, ``client-<preferred>`` first) or when its certificate or CA
+    has expired (or is not valid yet), which the members would refuse without a word."""
+    identity = load_identity(folder)
+    where = identity.folder
+    if identity.role != "client":
+        example = _client_example(where, preferred)
+        raise TlsError(
+            f"{where} is {identity.name}'s folder (a {identity.role}'s certificate); "
+            f"{user} needs a client-NAME folder, e.g. {example}"
+        )
+    now = dt.datetime.now(dt.UTC)
+    _check_dates(where / CERT_FILE, f"the certificate of {identity.name!r}", now)
+    _check_dates(where / CA_CERT, "the CA certificate", now)
+    return identity
+
+
+@functools.cache
+def _client_hello() -> bytes:
+    """The bytes of a TLS ClientHello (from a context that verifies nothing: it is only
+    sent to see whether the other end answers in TLS)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    outgoing = ssl.MemoryBIO()
+    tls = context.wrap_bio(ssl.MemoryBIO(), outgoing, server_side=False)
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return outgoing.read()
+
+
+_TLS_RECORDS = (0x15, 0x16)  # an alert, a handshake message
+PROBE_TIMEOUT = 1.0
+
+
+async def speaks_tls(host: str, port: int, timeout: float = PROBE_TIMEOUT) -> bool:  # noqa: ASYNC109
+    """Whether ``host:port`` answers a TLS ClientHello with a TLS record (an alert or its
+    ServerHello), within ``timeout``: one connection, closed at once, so a client that
+    was turned away in plaintext can say that the member wants TLS.  False when it
+    cannot tell (refused, closed, silent, anything else).  Runs under Trio and asyncio."""
+    head = b""
+    with anyio.move_on_after(timeout):
+        try:
+            stream = await anyio.connect_tcp(host, port)
+        except OSError:
+            return False
+        async with stream:
+            try:
+                await stream.send(_client_hello())
+                while len(head) < 2:
+                    head += await stream.receive(16 * 1024)
+            except (OSError, anyio.EndOfStream, anyio.BrokenResourceError):
+                pass
+    return len(head) >= 2 and head[0] in _TLS_RECORDS and head[1] == 3
+
+
+_FOREIGN_CA = frozenset({2, 7, 18, 19, 20, 21})
+"""OpenSSL's verify codes for "not signed by a CA we trust" (unable to get the issuer,
+bad signature: a CA of the same name, self-signed, self-signed in the chain, local
+issuer, cannot verify the leaf)."""
+
+
+def _ssl_error(exc: BaseException | None) -> ssl.SSLError | None:
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, ssl.SSLError):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+def sent_alert(exc: BaseException | None) -> str | None:
+    """The TLS alert the other end sent, in words (``"unknown ca"``, ``"certificate
+    expired"``), if ``exc`` (or what caused it) is OpenSSL reporting one."""
+    error = _ssl_error(exc)
+    if error is None or not error.reason or "ALERT_" not in error.reason:
+        return None
+    return error.reason.partition("ALERT_")[2].replace("_", " ").lower()
+
+
+def closed_in_handshake(exc: BaseException) -> bool:
+    """Whether the other end closed or reset the connection during our TLS handshake
+    (as a member does on a hello it takes for a bad frame: it does not speak TLS)."""
+    if isinstance(exc, anyio.EndOfStream | ConnectionResetError):
+        return True
+    cause = exc.__cause__ or exc.__context__
+    return isinstance(_ssl_error(exc), ssl.SSLEOFError) or isinstance(
+        cause, anyio.EndOfStream | ConnectionResetError
+    )
+
+
+_NOT_TLS = frozenset(
+    {"WRONG_VERSION_NUMBER", "UNEXPECTED_MESSAGE", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"}
+)
+
+
+def handshake_failure(exc: BaseException) -> str:
+    """Why our TLS handshake with a member failed, in a few words, from the exception of
+    ``trio.SSLStream.do_handshake`` or anyio's TLS wrap: OpenSSL's verify message (with
+    a hint when the member's certificate is from another CA), the alert the member sent,
+    or what the socket did."""
+    error = _ssl_error(exc)
+    if isinstance(error, ssl.SSLCertVerificationError):
+        words = f"certificate verify failed: {error.verify_message}"
+        if error.verify_code in _FOREIGN_CA:
+            words += " (the member's certificate is not from our ca.crt: another cluster's?)"
+        return words
+    if closed_in_handshake(exc):
+        return "the connection closed during the handshake"
+    alert = sent_alert(exc)
+    if alert is not None:
+        return f"the member sent the alert {alert!r}"
+    if error is not None and error.reason:
+        words = error.reason.lower().replace("_", " ")
+        return f"its answer is not TLS ({words})" if error.reason in _NOT_TLS else words
+    return str(exc) or type(exc).__name__
 
 
 def peer_cert(stream: trio.abc.Stream) -> PeerCert | None:
