@@ -27,7 +27,11 @@ reusing the CA already there and keeping the folders already made.
 
 ``--output json`` prints one JSON object per command, of a fixed shape whether members
 are up or down (:mod:`cluster.tool.render`, ``docs/cluster-tool.md``).  Unreachable
-members are shown as down.  Exit codes: 0 success, 1 a command refused or failed, a
+members are shown as down, except when TLS is why: "member N requires TLS: pass
+--certs-dir (a client-NAME folder)" (a member closed our plaintext request and answers a
+TLS hello), or "TLS handshake with member N failed: " and OpenSSL's reason.  A
+``--certs-dir`` that is a member's folder or holds an expired certificate is a usage
+error.  Exit codes: 0 success, 1 a command refused or failed, a
 member down (``describe``) or unhealthy (``health``) or no member answered, 2 usage errors.
 ``--members`` defaults to ``$CLUSTER_MEMBERS``.
 """

@@ -16,8 +16,15 @@ from ..protocol.admin import AdminCommand, AdminReply, MemberStatus, decode_body
 from ..protocol.codec import ADMIN
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import FrameDecoder, encode_frame
-from ..transport.tcp import TcpNetwork
-from ..transport.tls import load_identity
+from ..transport.tls import (
+    TlsIdentity,
+    closed_in_handshake,
+    handshake_failure,
+    load_client_identity,
+    sent_alert,
+    speaks_tls,
+    tls_required,
+)
 
 MAX_REPLY_SIZE = 64 << 20
 
@@ -25,7 +32,9 @@ _correlation_ids = itertools.count(1)
 
 
 class Unreachable(Exception):
-    """The member did not answer (refused, timed out, closed, bad bytes)."""
+    """The member did not answer (refused, timed out, closed, bad bytes), or we cannot
+    talk to it: it requires TLS, or the TLS handshake failed (the reason names TLS:
+    :func:`~cluster.transport.tls.is_tls_problem`)."""
 
 
 @dataclass
@@ -65,39 +74,101 @@ class Result:
         return decode_body(self.reply.body) if self.reply is not None else None
 
 
-_network = TcpNetwork()
-"""How the tool reaches admin ports (mutual TLS with ``--certs-dir``)."""
+_identity: TlsIdentity | None = None
+"""Our client certificate with ``--certs-dir`` (mutual TLS with the admin ports)."""
 
 
 def use_certs(folder: str | None) -> None:
     """Talk TLS with the client identity in ``folder`` (a ``client-<NAME>`` folder), or
-    plain TCP with None."""
-    global _network
-    _network = TcpNetwork(tls=None if folder is None else load_identity(Path(folder)))
+    plain TCP with None; :class:`~cluster.transport.tls.TlsError` if ``folder`` will not
+    do (a member's folder, an expired certificate, a missing file)."""
+    global _identity
+    _identity = (
+        None
+        if folder is None
+        else load_client_identity(Path(folder), user="cluster-tool", preferred="admin")
+    )
+
+
+class _Closed(Exception):
+    """The member closed (or reset) the connection before it replied."""
+
+
+async def _open(member: MemberEndpoints) -> trio.abc.Stream:
+    """A connection to ``member``'s admin port (with ``--certs-dir``: after the TLS
+    handshake); :class:`Unreachable` naming the handshake's reason when that fails."""
+    stream = await trio.open_tcp_stream(member.host, member.admin_port)
+    if _identity is None:
+        return stream
+    tls = trio.SSLStream(stream, _identity.client_context, server_side=False,
+                         https_compatible=False)  # fmt: skip
+    try:
+        try:
+            await tls.do_handshake()
+        except (trio.BrokenResourceError, OSError) as exc:
+            if closed_in_handshake(exc) and not await speaks_tls(member.host, member.admin_port):
+                raise Unreachable(
+                    f"member {member.member_id} does not speak TLS (it closed the connection "
+                    "at our TLS hello): leave out --certs-dir, or start it with --certs-dir"
+                ) from None
+            raise Unreachable(
+                f"TLS handshake with member {member.member_id} failed: {handshake_failure(exc)}"
+            ) from None
+    except BaseException:
+        await trio.aclose_forcefully(stream)
+        raise
+    return tls
+
+
+async def _exchange(stream: trio.abc.Stream, command: AdminCommand) -> AdminReply:
+    try:
+        await stream.send_all(encode_frame(command))
+        decoder = FrameDecoder(MAX_REPLY_SIZE)
+        while True:
+            data = await stream.receive_some(256 * 1024)
+            if not data:
+                raise _Closed("connection closed before a reply")
+            for body in decoder.feed(data):
+                reply = ADMIN.decode(body)
+                if isinstance(reply, AdminReply) and reply.correlation_id in (
+                    command.correlation_id,
+                    -1,
+                ):
+                    return reply
+    except (trio.BrokenResourceError, ConnectionError) as exc:
+        raise _Closed(str(exc) or "connection broken before a reply") from exc
+
+
+async def _why_closed(member: MemberEndpoints, closed: _Closed) -> str:
+    """Why ``member`` closed the connection without a reply: it wants TLS (a plaintext
+    request, and the port answers a TLS hello), it refused our certificate (TLS), or
+    what the socket said."""
+    if _identity is None:
+        if await speaks_tls(member.host, member.admin_port):
+            return tls_required([member.member_id])
+        return str(closed)
+    alert = sent_alert(closed.__cause__)
+    sent = f" (it sent the alert {alert!r})" if alert else ""
+    return (
+        f"member {member.member_id} closed the TLS connection without a reply{sent} "
+        "(a member refuses a certificate that way: is --certs-dir a client-NAME folder of "
+        "this cluster's `cluster-tool certs`?)"
+    )
 
 
 async def request(
     member: MemberEndpoints, command: str, args: dict[str, str], limit: float
 ) -> AdminReply:
     """Send one command to ``member``'s admin port and wait for its reply."""
-    correlation_id = next(_correlation_ids)
+    message = AdminCommand(next(_correlation_ids), command, args)
     try:
         with trio.fail_after(limit):
-            stream = await _network.open_stream(member.host, member.admin_port)
-            async with stream:
-                await stream.send_all(encode_frame(AdminCommand(correlation_id, command, args)))
-                decoder = FrameDecoder(MAX_REPLY_SIZE)
-                while True:
-                    data = await stream.receive_some(256 * 1024)
-                    if not data:
-                        raise Unreachable("connection closed before a reply")
-                    for body in decoder.feed(data):
-                        reply = ADMIN.decode(body)
-                        if isinstance(reply, AdminReply) and reply.correlation_id in (
-                            correlation_id,
-                            -1,
-                        ):
-                            return reply
+            stream = await _open(member)
+            try:
+                async with stream:
+                    return await _exchange(stream, message)
+            except _Closed as closed:
+                raise Unreachable(await _why_closed(member, closed)) from None
     except trio.TooSlowError:
         raise Unreachable(f"no reply within {limit:g}s") from None
     except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:

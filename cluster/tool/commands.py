@@ -11,6 +11,7 @@ from typing import Any
 
 from ..config import MemberEndpoints
 from ..protocol.admin import decode_body
+from ..transport.tls import is_tls_problem
 from . import loop, render
 from .client import Result, Unreachable, describe_all, find_leader, request, request_all
 
@@ -100,7 +101,7 @@ def _query_exit(opts: Options, results: list[Result]) -> int:
 def _member_heading(item: dict[str, Any], what: tuple[str, str], count: int) -> str:
     if item["error"] is not None:
         state = "unreachable" if not item["reachable"] else "refused"
-        return f"{_tag(item['member_id'])}: {state} ({item['error']})"
+        return f"{_tag(item['member_id'])}: {render.down(item['error'], state)}"
     return f"{_tag(item['member_id'])}: {count} {what[0] if count == 1 else what[1]}"
 
 
@@ -166,8 +167,9 @@ async def cmd_action(opts: Options, command: str) -> int:
         described = await describe_all(opts.members, opts.timeout)
         target = find_leader(described)
         if target < 0:
+            tls = [r.failure for r in described if is_tls_problem(r.failure)]
             down = [r.member.member_id for r in described if not r.reachable]
-            why = f" (unreachable: {down})" if down else ""
+            why = f" ({tls[0]})" if tls else f" (unreachable: {down})" if down else ""
             return done(None, False, "no leader found" + why)
     member = next(m for m in opts.members if m.member_id == target)
     args: dict[str, str] = {}
@@ -178,7 +180,7 @@ async def cmd_action(opts: Options, command: str) -> int:
     try:
         reply = await request(member, command, args, timeout)
     except Unreachable as exc:
-        return done(target, False, f"unreachable ({exc})")
+        return done(target, False, render.down(str(exc), "unreachable"))
     body = decode_body(reply.body) if reply.ok and reply.body else None
     message = reply.message
     if not opts.json and isinstance(body, dict) and "log_position" in body:

@@ -10,7 +10,7 @@ from typing import Any
 from ..metrics import bucket_quantile
 from ..protocol.admin import HistogramStatus
 from .client import Result
-from .render import cell, iso, short_time, table
+from .render import cell, down, iso, short_time, table
 
 SUMMARY_KEYS = ("count", "mean_s", "p50_s", "p99_s")
 """A histogram's summary in ``timings``: values since the member started; each quantile
@@ -72,7 +72,7 @@ def timings_table(items: Sequence[Mapping[str, Any]]) -> str:
     rows = []
     for item in items:
         if not item["reachable"]:
-            rows.append((str(item["member_id"]), *("-",) * 5, f"down ({item['error']})"))
+            rows.append((str(item["member_id"]), *("-",) * 5, down(item["error"])))
             continue
         replication = ", ".join(
             f"{f}: {_ms(s['p99_s'])}" for f, s in sorted(item["replication"].items())
@@ -123,7 +123,7 @@ def stalls_member(r: Result) -> dict[str, Any]:
 def stalls_heading(item: Mapping[str, Any]) -> str:
     tag = f"member {item['member_id']}"
     if not item["reachable"]:
-        return f"{tag}: down ({item['error']})"
+        return f"{tag}: {down(item['error'])}"
     if not item["threshold_s"]:
         return f"{tag}: stall finder off (--stall-threshold 0)"
     return (

@@ -18,6 +18,7 @@ import msgspec
 
 from ..config import MemberEndpoints
 from ..protocol.admin import MemberStatus
+from ..transport.tls import is_tls_problem
 from .client import Result, find_leader
 
 STATUS_FIELDS = tuple(f.name for f in msgspec.structs.fields(MemberStatus))
@@ -90,6 +91,12 @@ def cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def down(error: str, word: str = "down") -> str:
+    """A member that did not answer, in a table: ``"down (why)"``; a TLS mistake of ours
+    (no ``--certs-dir``, the wrong one) as itself: the member may well be up."""
+    return error if is_tls_problem(error) else f"{word} ({error})"
+
+
 def _error(r: Result) -> str | None:
     return None if r.ok else (r.failure or "no answer")
 
@@ -140,7 +147,7 @@ def describe_table(described: Sequence[Result]) -> str:
     for r in described:
         s = r.status
         if s is None:
-            rows.append((str(r.member.member_id), *("-",) * 9, f"down ({r.failure})".strip()))
+            rows.append((str(r.member.member_id), *("-",) * 9, down(r.failure).strip()))
             continue
         rows.append(
             (
@@ -166,14 +173,15 @@ def health_member(r: Result) -> dict[str, Any]:
     answer), ``reason`` (every reason, "; "-joined) and ``reasons``."""
     if r.status is None:
         error = r.failure or "no answer"
+        reason = error if is_tls_problem(error) else f"down: {error}"
         return {
             "member_id": r.member.member_id,
             "reachable": r.reachable,
             "healthy": False,
             "role": None,
             "error": error,
-            "reason": f"down: {error}",
-            "reasons": [f"down: {error}"],
+            "reason": reason,
+            "reasons": [reason],
         }
     ok, reasons = r.status.health()
     return {
@@ -197,7 +205,9 @@ def health_document(described: Sequence[Result], now: float | None = None) -> di
     leader = find_leader(described)
     members = [health_member(r) for r in described]
     problems = [
-        f"member {m['member_id']} down: {m['error']}"
+        m["error"]
+        if m["error"] is not None and is_tls_problem(m["error"])
+        else f"member {m['member_id']} down: {m['error']}"
         if m["error"] is not None
         else f"member {m['member_id']}: {m['reason']}"
         for m in members
@@ -215,7 +225,8 @@ def health_document(described: Sequence[Result], now: float | None = None) -> di
     if not problems:
         reason = "healthy"
     elif all(m["error"] is not None for m in members):
-        reason = "no member answered"
+        tls = [m["error"] for m in members if is_tls_problem(m["error"])]
+        reason = tls[0] if tls else "no member answered"
     elif not leaders:
         reason = "no leader"
     elif len(leaders) > 1:
@@ -298,7 +309,7 @@ def list_members_table(document: Mapping[str, Any]) -> str:
             str(m["consensus_port"]),
             str(m["admin_port"]),
             cell(m["role"]),
-            "up" if m["reachable"] else f"down ({m['error']})",
+            "up" if m["reachable"] else down(m["error"]),
         )
         for m in document["members"]
     ]
