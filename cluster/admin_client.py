@@ -25,13 +25,21 @@ from typing import Any
 
 import anyio
 import anyio.abc
+from anyio.streams.tls import TLSStream
 
 from .config import MemberEndpoints
 from .protocol.admin import AdminCommand, AdminReply, decode_body
 from .protocol.codec import ADMIN
 from .protocol.errors import ProtocolError
 from .protocol.framing import FrameDecoder, encode_frame
-from .transport.tls import load_identity
+from .transport.tls import (
+    closed_in_handshake,
+    handshake_failure,
+    load_client_identity,
+    sent_alert,
+    speaks_tls,
+    tls_required,
+)
 
 __all__ = ["MAX_REPLY_SIZE", "AdminConnection", "AdminUnreachable", "request"]
 
@@ -49,23 +57,86 @@ _FAILURES: tuple[type[BaseException], ...] = (*_NETWORK_ERRORS, ProtocolError, s
 _tls: ssl.SSLContext | None = None
 
 
-def use_certs(folder: str | os.PathLike[str] | None) -> None:
+def use_certs(folder: str | os.PathLike[str] | None, *, user: str = "cluster-tui") -> None:
     """Talk to admin ports over mutual TLS with the ``client-<NAME>`` folder ``folder``
-    (``cluster-tool`` and ``cluster-tui`` take it as ``--certs-dir``); None: plaintext."""
+    (``cluster-tool`` and ``cluster-tui`` take it as ``--certs-dir``); None: plaintext.
+    :class:`~cluster.transport.tls.TlsError` when ``folder`` will not do (``user``, who
+    needs it, is named when it is a member's folder)."""
     global _tls
-    _tls = None if folder is None else load_identity(Path(folder)).client_context
-
-
-async def _connect(member: MemberEndpoints) -> anyio.abc.ByteStream:
-    if _tls is None:
-        return await anyio.connect_tcp(member.host, member.admin_port)
-    return await anyio.connect_tcp(
-        member.host, member.admin_port, ssl_context=_tls, tls_standard_compatible=False
+    _tls = (
+        None
+        if folder is None
+        else load_client_identity(Path(folder), user=user, preferred="admin").client_context
     )
 
 
+async def _connect(member: MemberEndpoints) -> anyio.abc.ByteStream:
+    """A connection to ``member``'s admin port, after the TLS handshake with
+    certificates (:class:`AdminUnreachable` with its reason when that fails)."""
+    stream = await anyio.connect_tcp(member.host, member.admin_port)
+    if _tls is None:
+        return stream
+    try:
+        return await TLSStream.wrap(
+            stream,
+            server_side=False,
+            hostname=member.host,
+            ssl_context=_tls,
+            standard_compatible=False,
+        )
+    except _FAILURES as exc:
+        await _aclose_quietly(stream)
+        if closed_in_handshake(exc) and not await speaks_tls(member.host, member.admin_port):
+            raise AdminUnreachable(
+                f"member {member.member_id} does not speak TLS (it closed the connection at "
+                "our TLS hello): leave out --certs-dir, or start it with --certs-dir"
+            ) from None
+        raise AdminUnreachable(
+            f"TLS handshake with member {member.member_id} failed: {handshake_failure(exc)}"
+        ) from None
+    except BaseException:
+        await _aclose_quietly(stream)
+        raise
+
+
+async def _aclose_quietly(stream: anyio.abc.ByteStream) -> None:
+    with anyio.CancelScope(shield=True):
+        try:
+            await stream.aclose()
+        except _NETWORK_ERRORS:
+            pass
+
+
+async def _why_closed(member: MemberEndpoints, exc: BaseException) -> str:
+    """Why ``member`` closed (or reset) the connection before a reply: without
+    certificates, because it requires TLS (it answers a TLS hello); with them, perhaps
+    because it refused ours; else what the socket said."""
+    if _tls is None:
+        if await speaks_tls(member.host, member.admin_port):
+            return tls_required([member.member_id])
+        return _reason(exc)
+    alert = sent_alert(exc)
+    sent = f" (it sent the alert {alert!r})" if alert else ""
+    return (
+        f"member {member.member_id} closed the TLS connection without a reply{sent} "
+        "(a member refuses a certificate that way: is --certs-dir a client-NAME folder of "
+        "this cluster's `cluster-tool certs`?)"
+    )
+
+
+_CLOSED: tuple[type[BaseException], ...] = (
+    anyio.EndOfStream,
+    anyio.BrokenResourceError,
+    ConnectionError,
+    ssl.SSLError,
+)
+"""What a connection that the member closed or reset before its reply raises."""
+
+
 class AdminUnreachable(Exception):
-    """The member did not answer (refused, timed out, closed, bad bytes)."""
+    """The member did not answer (refused, timed out, closed, bad bytes), or we cannot
+    talk to it: it requires TLS, or the TLS handshake failed (the reason says so:
+    :func:`~cluster.transport.tls.is_tls_problem`)."""
 
 
 def reply_body(reply: AdminReply) -> Any:
@@ -115,8 +186,13 @@ async def request(
     try:
         with anyio.fail_after(timeout):
             stream = await _connect(member)
-            async with stream:
+            try:
                 return await _exchange(stream, FrameDecoder(MAX_REPLY_SIZE), message)
+            except _CLOSED as exc:
+                closed: BaseException = exc
+            finally:
+                await _aclose_quietly(stream)
+            raise AdminUnreachable(await _why_closed(member, closed))
     except TimeoutError:
         raise AdminUnreachable(f"no reply within {timeout:g}s") from None
     except _FAILURES as exc:
@@ -156,7 +232,11 @@ class AdminConnection:
                     if self._stream is None:
                         self._stream = await _connect(self.member)
                         self._decoder = FrameDecoder(MAX_REPLY_SIZE)
-                    reply = await _exchange(self._stream, self._decoder, message)
+                    try:
+                        reply = await _exchange(self._stream, self._decoder, message)
+                    except _CLOSED as exc:
+                        await self.aclose()
+                        raise AdminUnreachable(await _why_closed(self.member, exc)) from None
                 done = reply.correlation_id != -1
                 return reply
             except TimeoutError:

@@ -7,10 +7,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["STOPPING", "Headline", "fmt_int", "headline"]
+from cluster.transport.tls import TLS_REQUIRED, is_tls_problem
+
+__all__ = ["STOPPING", "Headline", "fmt_int", "headline", "tls_state"]
 
 STOPPING = ("QUITTING", "TERMINATING", "CLOSED")
 """Module states of a member on its way out."""
+
+
+def tls_state(error: str) -> str:
+    """A member's TLS trouble (:func:`~cluster.transport.tls.is_tls_problem`) in a word
+    or two: TLS REQUIRED (we came without certificates), else TLS FAILED."""
+    return "TLS REQUIRED" if TLS_REQUIRED in error or "require TLS" in error else "TLS FAILED"
 
 
 def fmt_int(value: int | None) -> str:
@@ -28,6 +36,7 @@ class MemberRow(Protocol):
     commit: int | None
     election: str
     module: str
+    error: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +57,9 @@ def headline(
 ) -> Headline:
     """The leader's module state when there is a leader (SUSPENDED, SNAPSHOT, SHUTTING
     DOWN, else LEADER); without one: connecting, the cluster stopped or shut down, a
-    member shutting down, no member answering, an election, or no quorum."""
+    member shutting down, no member answering (or TLS REQUIRED / TLS FAILED when the
+    members turn us away for our certificates or their lack), an election, or no
+    quorum."""
     rows = list(members.values())
     leader = members[leader_id] if leader_id is not None else None
     if leader is not None:
@@ -81,6 +92,9 @@ def headline(
         return Headline("SHUTTING DOWN", f"member {m.member_id}: module {m.module}", "info")
     up = [m for m in rows if m.up]
     if not up:
+        tls = [m.error for m in rows if m.known and is_tls_problem(m.error)]
+        if tls:  # not a dead cluster: we cannot talk to it (no --certs-dir, the wrong one)
+            return Headline(tls_state(tls[0]), tls[0], "bad")
         return Headline("NO LEADER", "no member answers", "bad")
     electing = [m for m in up if m.role == "CANDIDATE" or m.election not in ("CLOSED", "-")]
     if electing:

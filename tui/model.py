@@ -45,6 +45,7 @@ from typing import Any
 
 from cluster.config import MemberEndpoints
 from cluster.protocol.admin import FollowerStatus, IngressStatus, MemberStatus, SessionStatus
+from cluster.transport.tls import is_tls_problem
 
 from .errorfeed import error_events
 from .events import Event, Severity
@@ -265,11 +266,14 @@ class ClusterModel:
             self._held.append(self.event("member", f"member {mid} shut down (was {row.module})"))
             row.changed_at = poll.at
         elif row.up:
-            self._held.append(self.event("member", f"member {mid} down: {poll.error}", "warning"))
+            text = poll.error if is_tls_problem(poll.error) else f"member {mid} down: {poll.error}"
+            self._held.append(self.event("member", text, "warning"))
             row.changed_at = poll.at
         elif not row.known:
-            text = f"member {mid} unreachable: {poll.error}"
-            events.append(self.event("member", text, "warning"))
+            # a TLS mistake of ours (no --certs-dir, the wrong one) is said as it is
+            tls = is_tls_problem(poll.error)
+            text = poll.error if tls else f"member {mid} unreachable: {poll.error}"
+            events.append(self.event("member", text, "error" if tls else "warning"))
             row.changed_at = poll.at
         row.known = True
         row.up = False

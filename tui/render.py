@@ -9,10 +9,11 @@ from collections.abc import Sequence
 from rich.text import Text
 
 from cluster.tool.render import duration
+from cluster.transport.tls import is_tls_problem
 
 from .events import Event
 from .graph import bars, fmt_rate, nice_scale
-from .headline import fmt_int
+from .headline import fmt_int, tls_state
 from .model import ClusterModel, MemberRow, SessionRow
 from .source import ADMIN_RESPONSE_CODES, ActionResult
 from .timings import timing_text
@@ -164,6 +165,8 @@ def status_cell(row: MemberRow, now: float) -> Text:
         return Text("SHUT DOWN", style="cyan")
     if row.stopped:
         return Text("STOPPED", style="yellow")
+    if is_tls_problem(row.error):
+        return Text(tls_state(row.error), style="bold red")
     if row.last_up is None:
         return Text("UNREACHABLE", style="bold red")
     since = f" {now - row.changed_at:.0f}s" if row.changed_at is not None else ""
