@@ -32,3 +32,23 @@ def fsync_directory(directory: str | os.PathLike[str] | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Make ``path`` hold ``data``, durably and all at once: a temporary file beside it,
+    fsynced, renamed over it, then the directory fsynced.  A crash leaves the old
+    contents or the new; a failure (a full disk) raises ``OSError`` and leaves the old
+    contents and no temporary file."""
+    tmp = path.with_suffix(".tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_directory(path.parent)

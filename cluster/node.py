@@ -48,12 +48,8 @@ from .agents.stalls import StallWatch
 from .agents.timings import Timings
 from .agents.upkeep import ArchiveVerifier, LeaderWatchdog, save_node_state
 from .agents.worker import WorkerThread, run_in_thread, run_inline
-from .archive.compaction import reconcile
 from .archive.errors import ArchiveCorruptionError, ArchiveError
-from .archive.node_state import NodeState
-from .archive.recording_log import CM_SERVICE_ID, RecordingLog
-from .archive.segments import Archive
-from .archive.storage import NodeStorage
+from .archive.identity import DataDirError
 from .config import (
     ConfigError,
     NodeConfig,
@@ -75,6 +71,7 @@ from .core.consensus import ConsensusModule
 from .core.driver import drive
 from .core.service_container import ServiceContainer
 from .core.terms import TermHistory
+from .datadir import DataDir
 from .protocol.admin import MemberStatus
 from .protocol.consensus import ConsensusMessage
 from .protocol.enums import ClusterAction, ModuleState, Role
@@ -154,19 +151,13 @@ class Node:
     # ------------------------------------------------------------------ start-up
 
     def _open_storage(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.recording_log = RecordingLog.open(self.data_dir)
-        latest = self.recording_log.get_latest_snapshot(CM_SERVICE_ID)
-        self._verified_from = latest.log_position if latest is not None else 0
-        self.archive = Archive.open(
-            self.data_dir / "archive",
-            segment_size=self.config.segment_size,
-            fsync=self.config.fsync,
-            verify_from=self._verified_from,
-            start_position=reconcile(self.data_dir, self.recording_log),
-        )
-        self.node_state = NodeState(self.data_dir)
-        self.storage = NodeStorage(self.recording_log, self.node_state)  # and its DiskHealth
+        self.datadir = datadir = DataDir(self.config)
+        self.recording_log = datadir.recording_log
+        self.archive = datadir.archive
+        self.node_state = datadir.node_state
+        self.identity = datadir.identity
+        self.storage = datadir.storage
+        self._verified_from = datadir.verified_from
 
     def _build(self) -> None:
         cfg = self.config
@@ -223,6 +214,7 @@ class Node:
             storage=self.storage,
             terms=terms,
             candidate_term_id=self.node_state.candidate_term_id,
+            catching_up=not self.identity.voting,
             rng=self.rng,
             authorisation=admin_authorisation(self.config, self.authenticator),
             token=self._token,
@@ -611,7 +603,7 @@ class Node:
             finally:
                 if self._log_writer is not None:
                     self._log_writer.close()
-                self.archive.close()
+                self.datadir.close()
 
     async def shutdown(self, drain_timeout: float = 5.0) -> None:
         """Graceful stop: no new ingress, log flushed to disk and applied, egress flushed."""
@@ -675,6 +667,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     node = Node(config, service, authenticator=authenticator, network=network)
     try:
         trio.run(partial(node.run, freeze_gc=True))
+    except DataDirError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
     except ArchiveError as exc:
         log.error("cannot start: %s", exc)
         return 1

@@ -125,7 +125,7 @@ def member_status(
         applied_position=rlog.applied_position,
         election_state=cm.election_state.name,
         module_state=cm.control.module_state.name,
-        catching_up=cm.catching_up,
+        catching_up=cm.voting.catching_up,
         sees_quorum=sees_quorum(cm, now_ns),
         sessions=session_statuses(cm, now_ns),
         pending_sessions=len(manager.pending_sessions),

@@ -15,13 +15,12 @@ the caller retries (the node-state saver) or does not act on it (a candidate ter
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import threading
 from pathlib import Path
 
-from ..fileio import fsync_directory
+from ..fileio import replace_file
 from .errors import ArchiveCorruptionError
 
 FILE_NAME = "node-state.json"
@@ -61,20 +60,7 @@ class NodeState:
             commit = self.commit_position if commit_position is None else commit_position
             _check(candidate, commit)
             data = json.dumps({"candidate_term_id": candidate, "commit_position": commit}).encode()
-            tmp = self.path.with_suffix(".tmp")
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                try:
-                    if os.write(fd, data) != len(data):
-                        raise OSError(errno.ENOSPC, "short write of the node state")
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.replace(tmp, self.path)
-            except OSError:
-                tmp.unlink(missing_ok=True)  # nothing half written is left (a full disk)
-                raise
-            fsync_directory(self.path.parent)
+            replace_file(self.path, data)  # nothing half written is left (a full disk)
             self.candidate_term_id = candidate
             self.commit_position = commit
 

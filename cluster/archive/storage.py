@@ -1,9 +1,10 @@
 """The consensus module's durable writes: its :class:`~cluster.core.base.StoragePort`
-over the node's recording log and node-state file.
+over the node's recording log, node-state file and identity (``member.json``).
 
 A write that fails (a full disk) never stops the node:
 
-* a **candidate term** that cannot be saved raises
+* a **candidate term**, or a catch-up member's promotion to voter, that cannot be saved
+  raises
   :class:`~cluster.core.base.StorageError`: the consensus module then neither votes
   with it, nor campaigns with it, nor follows a leader of it;
 * a **term's start** (or a truncation's removal of terms) that cannot be recorded is
@@ -21,9 +22,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 from ..core.base import StorageError
 from .disk import DiskHealth
+from .identity import Identity, write_identity
 from .node_state import NodeState
 from .recording_log import RecordingLog
 
@@ -32,11 +35,19 @@ class NodeStorage:
     """Candidate terms go to ``node-state.json``, term starts to the recording log."""
 
     def __init__(
-        self, recording_log: RecordingLog, node_state: NodeState, disk: DiskHealth | None = None
+        self,
+        recording_log: RecordingLog,
+        node_state: NodeState,
+        disk: DiskHealth | None = None,
+        *,
+        identity: Identity | None = None,
+        directory: Path | None = None,
     ) -> None:
         self.recording_log = recording_log
         self.node_state = node_state
         self.disk = disk or DiskHealth(recording_log.path.parent)
+        self.identity = identity
+        self.directory = directory or recording_log.path.parent
         self.pending: deque[tuple[str, Callable[[], object]]] = deque()
         """Recording-log writes that failed, in order, to be written before any other."""
 
@@ -47,6 +58,18 @@ class NodeStorage:
             reason = self.disk.failed("node state", exc, f"(candidate term {candidate_term_id})")
             raise StorageError(reason) from exc
         self.disk.succeeded("node state")
+
+    def save_voting(self) -> None:
+        identity = self.identity
+        if identity is None or identity.voting:
+            return
+        voting = Identity(identity.cluster_id, identity.member_id, voting=True)
+        try:
+            write_identity(self.directory, voting)
+        except OSError as exc:
+            raise StorageError(self.disk.failed("member identity", exc, "(voting)")) from exc
+        self.disk.succeeded("member identity")
+        self.identity = voting
 
     def record_term(self, leadership_term_id: int, base_position: int, timestamp: int) -> None:
         self._write(

@@ -136,6 +136,10 @@ class StoragePort(Protocol):
         """Persist the highest term voted in or seen, before it is acted upon; raise
         :class:`StorageError` if it is not durable (the module then does not act on it)."""
 
+    def save_voting(self) -> None:
+        """Record that this catch-up member votes again (it has been caught up), before
+        it acts on it; raise :class:`StorageError` if it is not durable."""
+
     def record_term(self, leadership_term_id: int, base_position: int, timestamp: int) -> None:
         """Persist the start of a term in the recording log.  Never fails: a write that
         cannot be made now is kept, and no log byte at or after ``base_position`` becomes
@@ -157,6 +161,9 @@ class NoStorage:
     """A StoragePort that keeps nothing (tests of the core alone)."""
 
     def save_candidate_term(self, candidate_term_id: int) -> None:
+        pass
+
+    def save_voting(self) -> None:
         pass
 
     def record_term(self, leadership_term_id: int, base_position: int, timestamp: int) -> None:

@@ -12,6 +12,9 @@ function per role, to the part that owns the work:
 * :class:`~cluster.core.sessions.SessionManager`: client sessions;
 * :class:`~cluster.core.election.Election`: one election, while it runs;
 * :class:`~cluster.core.control.ClusterControl`: module state and cluster actions;
+* :class:`~cluster.core.voting.VotingRights`: whether this member may vote (a catch-up
+  member, whose state is new or lost, may not);
+* :class:`~cluster.core.handover.Handover`: a leader handing leadership over;
 * the :class:`~cluster.core.timers.TimerService` and the
   :class:`~cluster.core.pending.PendingServiceMessageTracker`.
 
@@ -35,6 +38,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 from ..protocol.consensus import (
+    VOTE_TRANSFER,
     AppendPosition,
     AppendRequest,
     CanvassPosition,
@@ -42,9 +46,10 @@ from ..protocol.consensus import (
     ConsensusMessage,
     RequestVote,
     SnapshotChunkAck,
+    TimeoutNow,
     Vote,
 )
-from ..protocol.enums import ClusterAction, ClusterTimeUnit, ModuleState, Role
+from ..protocol.enums import ModuleState, Role
 from ..protocol.ingress import (
     AdminRequest,
     IngressMessage,
@@ -56,7 +61,6 @@ from ..protocol.log import (
     NewLeadershipTermEvent,
     SessionCloseEvent,
     SessionOpenEvent,
-    TimerEvent,
 )
 from .auth import Authenticator, AuthorisationService
 from .base import (
@@ -75,16 +79,19 @@ from .base import (
     StoragePort,
 )
 from .control import ClusterControl
-from .election import Election, ElectionState
+from .due import append_due
+from .election import Election, ElectionState, answer_vote
 from .follower import LEADER_MESSAGES, FollowerReplica
+from .handover import Handover
 from .log import ReplicatedLog
-from .pending import PendingServiceMessageTracker, service_session_id
+from .pending import PendingServiceMessageTracker
 from .replication import LeaderReplication
 from .session import CLIENT_REQUESTS, State
 from .sessions import SessionManager
 from .terms import TermHistory
 from .timers import TimerService
 from .validate import sender_of
+from .voting import VotingRights
 
 log = logging.getLogger("cluster.consensus")
 
@@ -93,7 +100,6 @@ MAX_TERM_STEP = 1 << 20
 moves one term an election (a day of back-to-back elections is fewer than a million);
 refusing more keeps one forged message from using up the terms left below
 :data:`~cluster.protocol.consensus.MAX_TERM`."""
-_STATE_ACTIONS = (ClusterAction.SUSPEND, ClusterAction.RESUME)
 
 
 class ConsensusModule:
@@ -111,6 +117,7 @@ class ConsensusModule:
         storage: StoragePort | None = None,
         terms: TermHistory | None = None,
         candidate_term_id: int = -1,
+        catching_up: bool = False,
         rng: random.Random | None = None,
         authorisation: AuthorisationService | None = None,
         token: Callable[[int], bytes] = secrets.token_bytes,
@@ -119,6 +126,7 @@ class ConsensusModule:
         self.egress = egress
         self.consensus: ConsensusPort = consensus or NoConsensus()
         self.storage: StoragePort = storage or NoStorage()
+        self.voting = VotingRights(config.member_id, self.storage, catching_up=catching_up)
         self.rng = rng or random.Random()
         self.counters = Counters()
         self.log = ReplicatedLog(log_position, terms or TermHistory(), epoch_offset_ns)
@@ -133,8 +141,16 @@ class ConsensusModule:
         # the parts
         self.replication = LeaderReplication(config, self.log, self, self.consensus)
         self.followers = self.replication.progress  # the leader's view (read-only)
+        self.handover = Handover(config, self.log, self.followers, self, self.consensus)
         self.replica = FollowerReplica(
-            config, self.log, self, self.consensus, self.storage, self.counters, self._refuse
+            config,
+            self.log,
+            self,
+            self.consensus,
+            self.storage,
+            self.counters,
+            self._refuse,
+            self.voting,
         )
         self.session_manager = SessionManager(
             config,
@@ -156,9 +172,6 @@ class ConsensusModule:
         self.ready_position = -1
         """A leader takes client work once it has applied the log up to here."""
         self.last_leader_heard_ns = 0
-        self.catching_up = False
-        """A member whose durable state is new or lost: it votes for nobody and counts
-        toward no quorum until a leader elected by others has caught it up."""
         self._source: IngressSource | None = None
         """The client connection the ingress messages being handled came on."""
 
@@ -214,6 +227,8 @@ class ConsensusModule:
             self._maybe_commit()
         elif self.leader_member_id >= 0:
             self.replica.advance_commit(self.replica.leader_commit_position)
+            if self.voting.catching_up:
+                self.replica.check_caught_up(now_ns)
             self.replica.report(now_ns, force=False)
 
     def on_truncated(self, position: int) -> None:
@@ -262,7 +277,9 @@ class ConsensusModule:
             self.role = role
             self._events.append(RoleChanged(role))
 
-    def enter_election(self, now_ns: int, reason: str, *, is_startup: bool = False) -> None:
+    def enter_election(
+        self, now_ns: int, reason: str, *, is_startup: bool = False, transfer: bool = False
+    ) -> None:
         """Start an election (from any role); followers mirror sessions meanwhile."""
         log.info(
             "member %d enters election (term %d): %s",
@@ -275,21 +292,25 @@ class ConsensusModule:
             self._step_down()
         self.leader_member_id = -1
         self.replica.verified_end = -1
-        self.election = self._new_election(now_ns, is_startup, reason)
+        self.election = self._new_election(now_ns, is_startup, reason, transfer)
         self.election.do_work(now_ns)
         self._after_election(now_ns)
 
-    def _new_election(self, now_ns: int, is_startup: bool, reason: str) -> Election:
+    def _new_election(
+        self, now_ns: int, is_startup: bool, reason: str, transfer: bool = False
+    ) -> Election:
         self._had_election = True
         return Election(
             self.config,
             self.log,
             self,
+            self.voting,
             self.consensus,
             self.rng,
             now_ns,
             is_startup=is_startup,
             reason=reason,
+            transfer=transfer,
         )
 
     def _after_election(self, now_ns: int) -> None:
@@ -298,6 +319,7 @@ class ConsensusModule:
             self.become_leader(election.won_term, now_ns)
 
     def _step_down(self) -> None:
+        self.handover.clear()
         self.session_manager.step_down()
         self.replication.stop()
         self.timers.restore_fired()
@@ -315,24 +337,11 @@ class ConsensusModule:
         self.leadership_term_id = leadership_term_id
         self.leader_member_id = self.config.member_id
         rlog = self.log
-        timestamp = rlog.stamp(now_ns)
-        position = rlog.published_position
-        rlog.terms.append(leadership_term_id, position)
-        self.storage.record_term(leadership_term_id, position, timestamp)
-        self.service_messages.reset_appended()
-        self.ready_position = rlog.append(  # applied by decoding it, as a follower would
-            NewLeadershipTermEvent(
-                leadership_term_id=leadership_term_id,
-                log_position=position,
-                timestamp=timestamp,
-                term_base_log_position=position,
-                leader_member_id=self.config.member_id,
-                log_session_id=0,
-                time_unit=ClusterTimeUnit.MILLIS,
-                app_version=self.config.app_version,
-            ),
-            False,
+        position, self.ready_position = rlog.start_term(
+            leadership_term_id, self.config.member_id, self.config.app_version, now_ns
         )
+        self.storage.record_term(leadership_term_id, position, rlog.timestamp)
+        self.service_messages.reset_appended()
         self.replication.start(position, now_ns)
         if self.election is None:
             self.election = self._new_election(now_ns, False, "won")
@@ -435,7 +444,9 @@ class ConsensusModule:
                     append(message, True)
                     continue
             self.on_message(message, now_ns)  # which may change what the checks are
-            running = self.control.module_state is not ModuleState.SUSPENDED
+            running = (
+                self.control.module_state is not ModuleState.SUSPENDED and not self.handover.active
+            )
             source = self._source if running and self.is_ready_leader else None
             if source is not None:
                 term, stamp = self.leadership_term_id, 0
@@ -499,6 +510,8 @@ class ConsensusModule:
         if isinstance(message, LEADER_MESSAGES):
             if self._accept_leader(message.leadership_term_id, message.leader_member_id, now_ns):
                 self.replica.on_append_request(message, now_ns)
+                if self.voting.catching_up:
+                    self.replica.check_caught_up(now_ns)
             else:
                 self.replica.send_position(
                     message.leader_member_id,
@@ -506,6 +519,10 @@ class ConsensusModule:
                     False,
                     term=self.candidate_term_id,
                 )
+        elif isinstance(message, TimeoutNow):
+            if self.handover.on_timeout_now(message, self.voting.catching_up):
+                reason = f"member {message.leader_member_id} hands leadership over"
+                self.enter_election(now_ns, reason, transfer=True)
         elif isinstance(message, CommitPosition):
             if (
                 message.leadership_term_id == self.leadership_term_id
@@ -514,6 +531,8 @@ class ConsensusModule:
             ):
                 self.last_leader_heard_ns = now_ns
                 self.replica.advance_commit(message.log_position)
+                if self.voting.catching_up:
+                    self.replica.check_caught_up(now_ns)
             elif message.leadership_term_id > self.candidate_term_id:
                 self._accept_leader(message.leadership_term_id, message.leader_member_id, now_ns)
         elif isinstance(message, AppendPosition):
@@ -528,29 +547,23 @@ class ConsensusModule:
         )
 
     def _on_request_vote(self, msg: RequestVote, now_ns: int) -> None:
-        if self._in_lease(now_ns):
+        # A candidate its leader handed leadership to is heard even while that leader
+        # is alive; any other is ignored then.
+        transfer = msg.flags & VOTE_TRANSFER
+        if self._in_lease(now_ns) and not transfer:
             return  # ignored, as a follower with a live leader ignores it
         if msg.candidate_term_id <= self.candidate_term_id:
             # a term this member has already voted in, or older: refused
-            position = self.log.published_position
-            self.consensus.send(
-                msg.candidate_member_id,
-                Vote(
-                    candidate_term_id=msg.candidate_term_id,
-                    log_leadership_term_id=self.log.terms.term_at(position),
-                    log_position=position,
-                    candidate_member_id=msg.candidate_member_id,
-                    follower_member_id=self.config.member_id,
-                    vote=False,
-                ),
-            )
+            answer_vote(self.consensus, self.config.member_id, self.log, msg, False)
             return
         if self.role is Role.LEADER:
             # Even while its own election is completing: a higher term means a quorum
             # may be moving on without us.
             self.enter_election(now_ns, f"vote requested by member {msg.candidate_member_id}")
         elif self.election is None:
-            return  # a follower with a live leader ignores candidates (sticky leader)
+            if not transfer:
+                return  # a follower with a live leader ignores candidates (sticky leader)
+            self.enter_election(now_ns, f"member {msg.candidate_member_id} takes leadership over")
         assert self.election is not None
         self.election.on_request_vote(msg, now_ns)
 
@@ -571,6 +584,8 @@ class ConsensusModule:
         acknowledged = self.replication.on_append_position(msg, now_ns)
         if acknowledged:
             self._maybe_commit()
+            if self.handover.active:
+                self.handover.maybe_send()
         elif acknowledged is None:
             self._refuse(
                 msg.follower_member_id,
@@ -593,7 +608,7 @@ class ConsensusModule:
 
     def on_ingress_message(self, header: SessionMessageHeader, now_ns: int) -> bool:
         """Sequence one application message into the log (the hot path)."""
-        if self.election is not None or self.role is not Role.LEADER:
+        if self.election is not None or self.role is not Role.LEADER or self.handover.active:
             self.counters.wrong_term_messages += 1
             return False
         session = self.sessions.get(header.cluster_session_id)
@@ -628,30 +643,11 @@ class ConsensusModule:
                 work = election.do_work(now_ns)
                 self._after_election(now_ns)
                 return work
-        if not self.is_ready_leader:
-            return 0
-        work = 0
-        rlog = self.log
-        if len(self.service_messages):
-            for seq, payload in self.service_messages.take_unappended():
-                rlog.append(
-                    SessionMessageHeader(
-                        self.leadership_term_id,
-                        service_session_id(seq),
-                        rlog.cluster_time(now_ns),
-                        payload,
-                    ),
-                    True,
-                )
-                work += 1
-        if not len(self.timers):
-            return work
-        now_ms = rlog.cluster_time(now_ns)
-        expired = self.timers.poll(now_ms)
-        for correlation_id, _deadline in expired:
-            rlog.timestamp = now_ms
-            rlog.append(TimerEvent(self.leadership_term_id, correlation_id, now_ms), True)
-        return work + len(expired)
+        if not self.is_ready_leader or self.handover.active:
+            return 0  # a leader handing over takes no new work
+        return append_due(
+            self.log, self.leadership_term_id, self.service_messages, self.timers, now_ns
+        )
 
     def on_slow_tick(self, now_ns: int) -> int:
         """Housekeeping every slow tick (10 ms by default); returns work done."""
@@ -664,6 +660,9 @@ class ConsensusModule:
                 work += sessions.check(now_ns)
             if not self.replication.on_slow_tick(now_ns):
                 self.enter_election(now_ns, "inactive follower quorum")
+                work += 1
+            elif (reason := self.handover.on_slow_tick(now_ns)) is not None:
+                self.enter_election(now_ns, f"steps down: {reason}")
                 work += 1
         elif self.election is None:
             self.replica.report(now_ns, force=False)
@@ -696,6 +695,6 @@ class ConsensusModule:
             ):
                 self.leadership_term_id = message.leadership_term_id
                 self.leader_member_id = message.leader_member_id
-        elif isinstance(message, ClusterActionRequest) and message.action in _STATE_ACTIONS:
-            self.control.apply(message.action)
+        elif isinstance(message, ClusterActionRequest):
+            self.control.apply(message.action)  # SUSPEND and RESUME change the module state
         rlog.observe_timestamp(message.timestamp)

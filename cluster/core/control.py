@@ -144,7 +144,8 @@ class ClusterControl:
             self.module_state = state
 
     def apply(self, action: ClusterAction) -> None:
-        """Enter the module state ``action`` leads to (RESUME sequences what was held)."""
+        """Enter the module state ``action`` leads to (RESUME sequences what was held;
+        actions that change no state, SNAPSHOT, SHUTDOWN, ABORT, change nothing here)."""
         if action is ClusterAction.SUSPEND:
             self.module_state = ModuleState.SUSPENDED
         elif action is ClusterAction.RESUME:

@@ -31,11 +31,18 @@ import enum
 import random
 from typing import Protocol
 
-from ..protocol.consensus import CanvassPosition, RequestVote, Vote
+from ..protocol.consensus import (
+    CANVASS_CATCHING_UP,
+    VOTE_TRANSFER,
+    CanvassPosition,
+    RequestVote,
+    Vote,
+)
 from ..protocol.version import PROTOCOL_VERSION
 from . import quorum
 from .base import ConsensusConfig, ConsensusPort
 from .log import ReplicatedLog
+from .voting import VotingRights
 
 
 class ElectionState(enum.IntEnum):
@@ -66,6 +73,24 @@ def log_is_newer(a_term: int, a_position: int, b_term: int, b_position: int) -> 
     return (a_term, a_position) > (b_term, b_position)
 
 
+def answer_vote(
+    consensus: ConsensusPort, me: int, rlog: ReplicatedLog, msg: RequestVote, granted: bool
+) -> None:
+    """Answer a candidate's RequestVote, with this member's log."""
+    position = rlog.published_position
+    consensus.send(
+        msg.candidate_member_id,
+        Vote(
+            candidate_term_id=msg.candidate_term_id,
+            log_leadership_term_id=rlog.terms.term_at(position),
+            log_position=position,
+            candidate_member_id=msg.candidate_member_id,
+            follower_member_id=me,
+            vote=granted,
+        ),
+    )
+
+
 class Terms(Protocol):
     """The member's terms as an election reads and raises them."""
 
@@ -88,22 +113,26 @@ class Election:
         config: ConsensusConfig,
         log: ReplicatedLog,
         terms: Terms,
+        voting: VotingRights,
         consensus: ConsensusPort,
         rng: random.Random,
         now_ns: int,
         *,
         is_startup: bool,
         reason: str,
+        transfer: bool = False,
     ) -> None:
         self.config = config
         self.log = log
         self.terms = terms
+        self.voting = voting
         self.consensus = consensus
         self.rng = rng
         self.reason = reason
         self.is_startup = is_startup
         self.state = ElectionState.CANVASS
-        self.canvass: dict[int, tuple[int, int, int]] = {}  # member -> (log term, pos, term)
+        self.canvass: dict[int, tuple[int, int, int, int]] = {}
+        """member -> (log term, log position, candidate term, flags) of its last canvass."""
         self.votes: dict[int, bool] = {}
         self.won_term: int | None = None
         """Set once this member has won: the term it leads (the consensus module then
@@ -112,6 +141,12 @@ class Election:
         self.next_status_ns = now_ns
         self.nominate_at_ns = 0
         self.ballot_deadline_ns = 0
+        self.transfer = transfer
+        """Its leader handed leadership to this member (TimeoutNow): it nominates at once,
+        and its RequestVote says so (``VOTE_TRANSFER``)."""
+        if transfer:
+            self.state = ElectionState.NOMINATE
+            self.nominate_at_ns = now_ns
 
     # ------------------------------------------------------------------ helpers
 
@@ -120,15 +155,30 @@ class Election:
         return self.log.terms.term_at(position), position
 
     def _is_candidate(self, need_all: bool) -> bool:
+        """Nominate: a quorum of voters (``need_all``: and every other member) has
+        canvassed, and none of them has a better log.  Catch-up members count toward
+        no quorum (nor does their log: they are not in any quorum that committed it)."""
         others = self.config.others
-        reported = [m for m in others if m in self.canvass]
+        canvass = self.canvass
+        reported = [m for m in others if m in canvass]
         if need_all and len(reported) < len(others):
             return False
-        if not quorum.has_quorum(len(reported) + 1, self.config.member_count):
+        voters = [m for m in reported if not canvass[m][3] & CANVASS_CATCHING_UP]
+        if not quorum.has_quorum(len(voters) + 1, self.config.member_count):
             return False
         my_term, my_pos = self._my_log()
-        return not any(
-            log_is_newer(self.canvass[m][0], self.canvass[m][1], my_term, my_pos) for m in reported
+        return not any(log_is_newer(canvass[m][0], canvass[m][1], my_term, my_pos) for m in voters)
+
+    def _is_new_cluster(self) -> bool:
+        """Every configured member has canvassed with an empty log, this one's too: the
+        cluster is brand new, nothing was ever acknowledged, and a new member may vote.
+        (Two empty members of three are not enough: the third may hold what a quorum
+        that included their lost disks acknowledged.)"""
+        if self.log.published_position != 0 or len(self.log.terms):
+            return False
+        canvass = self.canvass
+        return all(
+            m in canvass and canvass[m][1] == 0 and canvass[m][0] == -1 for m in self.config.others
         )
 
     def _to_canvass(self, now_ns: int) -> None:
@@ -151,6 +201,12 @@ class Election:
                 self._publish_canvass()
                 self.next_status_ns = now_ns + cfg.election_status_interval_ns
             if state is ElectionState.CANVASS:
+                voting = self.voting
+                if voting.catching_up and not (
+                    self._is_new_cluster()
+                    and voting.promote("every member canvassed with an empty log", 0)
+                ):
+                    return 0  # waits for a leader elected by others to catch it up
                 if (
                     cfg.member_count == 1
                     or self._is_candidate(need_all=True)
@@ -187,6 +243,7 @@ class Election:
             leadership_term_id=self.terms.candidate_term_id,
             follower_member_id=self.config.member_id,
             protocol_version=PROTOCOL_VERSION,
+            flags=CANVASS_CATCHING_UP if self.voting.catching_up else 0,
         )
         for member in self.config.others:
             self.consensus.send(member, message)
@@ -208,7 +265,9 @@ class Election:
             candidate_term_id=term,
             candidate_member_id=self.config.member_id,
             protocol_version=PROTOCOL_VERSION,
+            flags=VOTE_TRANSFER if self.transfer else 0,
         )
+        self.transfer = False  # a ballot that fails goes back to a normal canvass
         for member in self.config.others:
             self.consensus.send(member, request)
         if len(self.votes) == self.config.member_count:
@@ -221,12 +280,15 @@ class Election:
             msg.log_leadership_term_id,
             msg.log_position,
             msg.leadership_term_id,
+            msg.flags,
         )
 
     def on_request_vote(self, msg: RequestVote, now_ns: int) -> None:
         terms = self.terms
         granted = False
-        if msg.candidate_term_id > terms.candidate_term_id and terms.set_candidate_term(
+        if self.voting.catching_up:
+            pass  # votes for nobody until caught up
+        elif msg.candidate_term_id > terms.candidate_term_id and terms.set_candidate_term(
             msg.candidate_term_id
         ):  # a vote only once its term is saved
             my_term, my_pos = self._my_log()
@@ -236,18 +298,7 @@ class Election:
                 self.ballot_deadline_ns = now_ns + self.config.election_timeout_ns
             elif self.state is ElectionState.CANDIDATE_BALLOT:
                 self._to_canvass(now_ns)  # our ballot's term is now stale
-        log_term, position = self._my_log()
-        self.consensus.send(
-            msg.candidate_member_id,
-            Vote(
-                candidate_term_id=msg.candidate_term_id,
-                log_leadership_term_id=log_term,
-                log_position=position,
-                candidate_member_id=msg.candidate_member_id,
-                follower_member_id=self.config.member_id,
-                vote=granted,
-            ),
-        )
+        answer_vote(self.consensus, self.config.member_id, self.log, msg, granted)
 
     def on_vote(self, msg: Vote, now_ns: int) -> None:
         if (

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable
 
 from ..protocol.consensus import (
+    APPEND_POSITION_CATCHING_UP,
     APPEND_POSITION_VERIFIED,
     AppendPosition,
     AppendRequest,
@@ -32,6 +33,7 @@ from .base import ConsensusConfig, ConsensusPort, Counters, StoragePort, TermVie
 from .install import SnapshotReceiver, Transfer
 from .log import ReplicatedLog
 from .validate import check_records
+from .voting import VotingRights
 
 log = logging.getLogger("cluster.consensus")
 
@@ -55,6 +57,7 @@ class FollowerReplica:
         "storage",
         "verified_end",
         "view",
+        "voting",
     )
 
     def __init__(
@@ -66,6 +69,7 @@ class FollowerReplica:
         storage: StoragePort,
         counters: Counters,
         refuse: Callable[[int, str], None],
+        voting: VotingRights,
     ) -> None:
         self.config = config
         self.log = log
@@ -74,6 +78,7 @@ class FollowerReplica:
         self.storage = storage
         self.counters = counters
         self.refuse = refuse
+        self.voting = voting
         self.verified_end = -1
         """How far this log is known to match the current leader's (-1: not at all)."""
         self.leader_commit_position = -1
@@ -216,6 +221,15 @@ class FollowerReplica:
             position = min(position, rlog.pending_truncate)
         rlog.commit(position)
 
+    def check_caught_up(self, now_ns: int) -> None:
+        """A catch-up member this member's leader has brought to its commit position
+        votes again (:mod:`cluster.core.voting`); the leader counts it from then on."""
+        view = self.view
+        if self.voting.caught_up(
+            self.log, view.leader_member_id, view.leadership_term_id, self.leader_commit_position
+        ):
+            self.report(now_ns, force=True)
+
     def _truncate(self, position: int) -> None:
         """Drop the log from ``position`` on (never below the commit position)."""
         rlog = self.log
@@ -262,6 +276,7 @@ class FollowerReplica:
                 leadership_term_id=self.view.leadership_term_id if term is None else term,
                 log_position=position,
                 follower_member_id=self.config.member_id,
-                flags=APPEND_POSITION_VERIFIED if verified else 0,
+                flags=(APPEND_POSITION_VERIFIED if verified else 0)
+                | (APPEND_POSITION_CATCHING_UP if self.voting.catching_up else 0),
             ),
         )

@@ -29,7 +29,8 @@ from collections.abc import Iterable
 
 from ..archive.record import RECORD_HEADER
 from ..protocol.codec import encode as _encode
-from ..protocol.log import LogMessage
+from ..protocol.enums import ClusterTimeUnit
+from ..protocol.log import LogMessage, NewLeadershipTermEvent
 from .terms import TermHistory
 
 _pack_record_header = RECORD_HEADER.pack
@@ -100,6 +101,25 @@ class ReplicatedLog:
     @property
     def published_position(self) -> int:
         return self._base + len(self.buffer)
+
+    def start_term(self, term: int, leader: int, app_version: int, now_ns: int) -> tuple[int, int]:
+        """A leader's new term begins here: its NewLeadershipTermEvent appended (applied
+        by decoding it, as a follower would).  Returns the term's base position and the
+        position after the event."""
+        timestamp = self.stamp(now_ns)
+        base = self.published_position
+        self.terms.append(term, base)
+        event = NewLeadershipTermEvent(
+            leadership_term_id=term,
+            log_position=base,
+            timestamp=timestamp,
+            term_base_log_position=base,
+            leader_member_id=leader,
+            log_session_id=0,
+            time_unit=ClusterTimeUnit.MILLIS,
+            app_version=app_version,
+        )
+        return base, self.append(event, False)
 
     def append(self, message: LogMessage, own: bool) -> int:
         """Encode ``message`` as a log record; return the position after it.  ``own``

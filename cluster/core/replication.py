@@ -22,6 +22,7 @@ from __future__ import annotations
 import zlib
 
 from ..protocol.consensus import (
+    APPEND_POSITION_CATCHING_UP,
     APPEND_POSITION_VERIFIED,
     MAX_SNAPSHOT_CHUNK,
     SNAPSHOT_HELD,
@@ -89,6 +90,7 @@ class LeaderReplication:
         if verified and msg.log_position > self.log.published_position:
             return None
         progress.heard(now_ns)
+        progress.voter = not msg.flags & APPEND_POSITION_CATCHING_UP
         if verified:
             progress.maybe_update(msg.log_position)
             return True

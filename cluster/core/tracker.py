@@ -32,6 +32,7 @@ class Progress:
         "snapshot_length",
         "snapshot_position",
         "snapshot_sent",
+        "voter",
     )
 
     def __init__(self, member_id: int, next_position: int, now_ns: int) -> None:
@@ -49,11 +50,16 @@ class Progress:
         """Bytes of that snapshot it holds durably (-1: not known, probe)."""
         self.snapshot_sent = -1
         """Bytes of it sent (-1: not even the probe)."""
+        self.voter = True
+        """Whether it counts toward a quorum: each report says whether it is a catch-up
+        member (new or lost state), which counts toward none.  Before its first report
+        it holds nothing this leader counts, and is given the heartbeat timeout's grace
+        as any follower is."""
 
     def __repr__(self) -> str:
         return (
             f"Progress(member={self.member_id}, next={self.next_position}, "
-            f"match={self.match_position})"
+            f"match={self.match_position}{'' if self.voter else ', catching up'})"
         )
 
     def heard(self, now_ns: int) -> None:
@@ -124,19 +130,20 @@ class ProgressTracker:
 
     def committed(self, own_position: int) -> int:
         """The highest position a quorum holds: this leader's durable ``own_position``
-        and each follower's confirmed match position, capped at ``own_position`` (a
+        and each voting follower's confirmed match position (a catch-up member counts
+        toward no quorum), capped at ``own_position`` (a
         follower cannot hold more of this leader's log than the leader has written)."""
         positions = [own_position]
         positions.extend(
-            min(max(p.match_position, 0), own_position) for p in self._progress.values()
+            min(max(p.match_position, 0), own_position) for p in self._progress.values() if p.voter
         )
         return quorum.committed(positions, self.member_count)
 
     def quorum_active(self, now_ns: int, timeout_ns: int) -> bool:
-        """Have enough followers been heard within ``timeout_ns`` to make, with this
-        leader, a quorum?  (Always true with no followers: a cluster of one.)"""
+        """Have enough voting followers been heard within ``timeout_ns`` to make, with
+        this leader, a quorum?  (Always true with no followers: a cluster of one.)"""
         if not self._progress:
             return True
         deadline = now_ns - timeout_ns
-        active = sum(1 for p in self._progress.values() if p.last_heard_ns >= deadline)
+        active = sum(1 for p in self._progress.values() if p.voter and p.last_heard_ns >= deadline)
         return quorum.has_quorum(active + 1, self.member_count)

@@ -119,7 +119,17 @@ def _leaf(exc: BaseException) -> str:
 # ---------------------------------------------------------------------- configuration
 
 
-FAULTS = ("partition", "isolate-leader", "one-way", "crash", "pause", "reset", "slow", "snapshot")
+FAULTS = (
+    "partition",
+    "isolate-leader",
+    "one-way",
+    "crash",
+    "pause",
+    "reset",
+    "slow",
+    "snapshot",
+    "wipe",
+)
 
 
 @dataclass
@@ -605,6 +615,12 @@ class _LivelockDetector(trio.abc.Instrument):
 Scenario = Callable[["SimCluster"], Awaitable[None]]
 
 
+def _catching_up(sn: SimNode) -> bool:
+    """Is ``sn``'s member a catch-up member (new or lost state, not voting yet)?"""
+    cm = getattr(sn.node, "cm", None)
+    return cm is None or cm.catching_up
+
+
 class SimCluster:
     """N nodes, K clients, a nemesis and the checker in one deterministic ``trio.run``."""
 
@@ -966,6 +982,15 @@ class SimCluster:
                     victim = rng.choice(running)
                 torn = rng.random() < config.torn_probability
                 await self.crash(victim, torn=torn)
+                self._nursery.start_soon(self._restart_later, victim, rng.uniform(0.2, 3.0))
+            elif kind == "wipe" and n > 1:
+                # A replaced disk: only while every other member runs and votes (two
+                # members of three that lost their disks have lost what was acknowledged).
+                if not all(sn.running and not _catching_up(sn) for sn in self.nodes):
+                    continue
+                leader = self.leader()
+                victim = leader if leader is not None and rng.random() < 0.5 else rng.randrange(n)
+                await self.wipe(victim)
                 self._nursery.start_soon(self._restart_later, victim, rng.uniform(0.2, 3.0))
             elif kind == "pause":
                 self.pause(rng.randrange(n), rng.uniform(0.05, 2.0))

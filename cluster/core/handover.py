@@ -1,0 +1,181 @@
+"""A leader handing leadership over (Raft's leadership transfer, with ``TimeoutNow``).
+
+A leader hands over on an operator's request (``cluster-tool transfer-leadership``), when
+it is stopped (SIGTERM, ``cluster-tool shutdown`` of one member) and when its own log
+cannot be made durable for a leader heartbeat timeout (a full or failing disk: writes
+must go on elsewhere).  :meth:`Handover.start` picks the target, the voting follower
+heard from lately with the most log (or the one asked for); meanwhile the leader takes
+no new work, so the target catches up; once the target has verified and durably
+appended all of the leader's log, the leader sends it :class:`TimeoutNow`, and the
+target campaigns at once with a ``RequestVote`` flagged ``VOTE_TRANSFER``, which
+members with a live leader, and the leader itself, consider (they ignore other
+candidates while their leader is alive).  Its log is as up to date as any, so it wins
+within a round trip; the old leader steps down when it sees the later term.  Nothing
+acknowledged can be lost: the election's rules are unchanged, only its timing.
+
+A hand-over not done within the election timeout is given up (the leader takes work
+again), except for a leader whose log cannot be made durable, which then steps down.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..protocol.consensus import TimeoutNow
+from .base import ConsensusConfig, ConsensusPort, TermView
+from .log import ReplicatedLog
+from .tracker import ProgressTracker
+
+log = logging.getLogger("cluster.consensus")
+
+
+class Handover:
+    """The leader's hand-over, while one is under way (idle otherwise)."""
+
+    __slots__ = (
+        "_stalled_at",
+        "_stalled_since_ns",
+        "config",
+        "consensus",
+        "deadline_ns",
+        "log",
+        "progress",
+        "reason",
+        "sent",
+        "step_down",
+        "target",
+        "view",
+    )
+
+    def __init__(
+        self,
+        config: ConsensusConfig,
+        log: ReplicatedLog,
+        progress: ProgressTracker,
+        view: TermView,
+        consensus: ConsensusPort,
+    ) -> None:
+        self.config = config
+        self.log = log
+        self.progress = progress
+        self.view = view
+        self.consensus = consensus
+        self.target = -1
+        """The follower leadership goes to (-1: no hand-over under way)."""
+        self.reason = ""
+        self.deadline_ns = 0
+        self.sent = False
+        """TimeoutNow has gone to the target."""
+        self.step_down = False
+        """Step down if the hand-over does not happen in time (the log is not durable)."""
+        self._stalled_since_ns: int | None = None
+        self._stalled_at = -1
+
+    @property
+    def active(self) -> bool:
+        return self.target >= 0
+
+    def start(self, now_ns: int, to: int | None, reason: str, *, step_down: bool = False) -> str:
+        """Hand leadership to ``to`` (None: the best voting follower); returns why it
+        cannot ("" once under way)."""
+        if not self.view.is_ready_leader:
+            return "this member is not the ready leader"
+        if self.active:
+            return f"a hand-over to member {self.target} is already under way"
+        timeout = self.config.leader_heartbeat_timeout_ns
+        candidates = [
+            p
+            for p in self.progress
+            if p.voter and now_ns - p.last_heard_ns < timeout and (to is None or p.member_id == to)
+        ]
+        if not candidates:
+            if to is not None and to not in self.config.others:
+                return f"member {to} is not another member of this cluster"
+            if to is not None:
+                return f"member {to} is not a voting follower heard from lately"
+            return "no voting follower has been heard from lately"
+        best = max(candidates, key=lambda p: (p.match_position, -p.member_id))
+        self.target = best.member_id
+        self.reason = reason
+        self.step_down = step_down
+        self.deadline_ns = now_ns + self.config.election_timeout_ns
+        self.sent = False
+        log.warning(
+            "member %d hands leadership of term %d to member %d: %s",
+            self.config.member_id,
+            self.view.leadership_term_id,
+            self.target,
+            reason,
+        )
+        self.maybe_send()
+        return ""
+
+    def maybe_send(self) -> None:
+        """Send TimeoutNow once the target holds all of this leader's log."""
+        if self.sent or not self.active:
+            return
+        progress = self.progress.get(self.target)
+        if progress is None or progress.match_position < self.log.published_position:
+            return
+        self.sent = True
+        self.consensus.send(
+            self.target,
+            TimeoutNow(
+                leadership_term_id=self.view.leadership_term_id,
+                leader_member_id=self.config.member_id,
+                target_member_id=self.target,
+            ),
+        )
+
+    def on_timeout_now(self, msg: TimeoutNow, catching_up: bool) -> bool:
+        """Should this follower campaign at once?  Its own leader of this term handed
+        leadership to it, and it votes (a catch-up member never campaigns)."""
+        view = self.view
+        return (
+            not catching_up
+            and not view.in_election
+            and (msg.leadership_term_id, msg.leader_member_id)
+            == (view.leadership_term_id, view.leader_member_id)
+        )
+
+    def clear(self) -> None:
+        """No longer leading (the hand-over happened, or an election came first)."""
+        self.target = -1
+        self._stalled_since_ns = None
+
+    def on_slow_tick(self, now_ns: int) -> str | None:
+        """Give up a hand-over past its deadline; start one when this leader's log has
+        not become durable for a heartbeat timeout.  Returns why to step down, if it must."""
+        if self.active:
+            if now_ns < self.deadline_ns:
+                self.maybe_send()
+                return None
+            target, self.target = self.target, -1
+            log.warning(
+                "member %d: the hand-over to member %d did not happen within the election timeout",
+                self.config.member_id,
+                target,
+            )
+            if self.step_down:
+                return "its log cannot be made durable and no follower took over"
+        return self._check_durable(now_ns)
+
+    def _check_durable(self, now_ns: int) -> str | None:
+        rlog = self.log
+        if rlog.archive_position >= rlog.published_position or self.config.member_count == 1:
+            self._stalled_since_ns = None
+            return None
+        if self._stalled_since_ns is None or rlog.archive_position != self._stalled_at:
+            self._stalled_since_ns, self._stalled_at = now_ns, rlog.archive_position
+            return None
+        stalled = now_ns - self._stalled_since_ns
+        if stalled < self.config.leader_heartbeat_timeout_ns:
+            return None
+        self._stalled_since_ns = None
+        reason = (
+            f"its log has not become durable for {stalled / 1e9:.1f}s (at "
+            f"{rlog.archive_position} of {rlog.published_position})"
+        )
+        if self.start(now_ns, None, reason, step_down=True):
+            return reason  # nobody to hand over to: step down all the same
+        return None
