@@ -14,6 +14,7 @@ from ._connect import ConnectState
 from ._credentials import CredentialsSupplier, StaticCredentials
 from .errors import (
     AuthenticationRejectedError,
+    CertsDirError,
     ClusterClientError,
     ConnectTimeoutError,
     EgressBacklogExceededError,
@@ -21,6 +22,7 @@ from .errors import (
     SessionClosedError,
     SessionLostError,
     SessionRejectedError,
+    TlsRequiredError,
 )
 from .events import (
     AdminResponseReceived,
@@ -37,6 +39,7 @@ __all__ = [
     "MAX_PENDING_BYTES",
     "AdminResponseReceived",
     "AuthenticationRejectedError",
+    "CertsDirError",
     "ClientEvent",
     "ClusterClient",
     "ClusterClientError",
@@ -55,5 +58,6 @@ __all__ = [
     "SessionLostError",
     "SessionRejectedError",
     "StaticCredentials",
+    "TlsRequiredError",
     "connect",
 ]

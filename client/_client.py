@@ -53,7 +53,7 @@ from cluster.protocol.ingress import (
     SessionKeepAlive,
     SessionMessageHeader,
 )
-from cluster.transport.tls import TlsIdentity, load_identity
+from cluster.transport.tls import TlsError, TlsIdentity, load_client_identity
 
 from ._connect import AsyncConnect, Done
 from ._credentials import CredentialsSupplier, as_credentials_supplier
@@ -72,7 +72,7 @@ from ._ingress import (
 )
 from ._session import Action, Reconnect, Session
 from ._sync import Backend, Broadcast
-from .errors import ConnectTimeoutError
+from .errors import CertsDirError, ConnectTimeoutError, TlsRequiredError
 from .events import (
     AdminResponseReceived,
     ClientEvent,
@@ -564,6 +564,8 @@ class ClusterClient:
             with anyio.fail_after(connect_timeout):
                 done, chosen = await self._handshake.drive(machine, self._response_channel)
                 self._conclude(machine, done, chosen)
+        except TlsRequiredError:  # a ConnectTimeoutError of its own, before the timeout
+            raise
         except TimeoutError:
             failures = self._writer.failures
             if failures and not self._handshake.reached_any:
@@ -622,6 +624,13 @@ def _check_positive(name: str, value: float) -> None:
         raise ValueError(f"{name} must be positive, got {value!r}")
 
 
+def _load_certs(certs_dir: str | os.PathLike[str]) -> TlsIdentity:
+    try:
+        return load_client_identity(Path(certs_dir), user="the client", preferred="app")
+    except TlsError as exc:
+        raise CertsDirError(f"certs_dir: {exc}") from None
+
+
 @asynccontextmanager
 async def connect(
     ingress_endpoints: str,
@@ -655,12 +664,16 @@ async def connect(
       with the members (whose certificates are checked), and NAME is the principal.
 
     Raises :class:`SessionRejectedError`, :class:`AuthenticationRejectedError`,
-    :class:`ConnectTimeoutError`, :class:`ValueError` (bad arguments).  Errors come out
-    as themselves, never wrapped in an ``ExceptionGroup``.
+    :class:`ConnectTimeoutError` (its message says what each member did: refused,
+    timed out, the TLS handshake's reason...), :class:`TlsRequiredError` (a
+    ``ConnectTimeoutError``, at once: every member wants TLS and no ``certs_dir`` was
+    given), :class:`CertsDirError` (``certs_dir`` is no usable client folder: a
+    member's, an expired certificate, a missing file), :class:`ValueError` (bad
+    arguments).  Errors come out as themselves, never wrapped in an ``ExceptionGroup``.
     """
     endpoints = parse_endpoints(ingress_endpoints)
     supplier = as_credentials_supplier(credentials)
-    identity = None if certs_dir is None else load_identity(Path(certs_dir))
+    identity = None if certs_dir is None else _load_certs(certs_dir)
     _check_positive("connect_timeout", connect_timeout)
     _check_positive("keepalive_interval", keepalive_interval)
     _check_positive("max_frame_size", max_frame_size)

@@ -1,11 +1,12 @@
 """The anyio shell around :class:`~client._connect.AsyncConnect`: dial members, run it.
 
-While the session is not open, three kinds of event reach the handshake from other
+While the session is not open, four kinds of event reach the handshake from other
 tasks, and wait in one queue for the task running :meth:`~Handshake.drive`::
 
     ("egress", message)     a message on any egress connection (the egress readers)
     ("connected", ingress)  a connector task reached a member
     ("lost", ingress)       an ingress connection broke or was dropped (the writer)
+    ("tls", (id, endpoint)) a member that closed our plaintext request answers a TLS hello
 
 ``drive`` feeds them to the state machine and carries out its actions: start connector
 tasks (every member at once, retrying those that refuse), send the connect request or
@@ -18,6 +19,11 @@ accepts and closes at once, a member that breaks it mid-handshake) counts as a f
 that the next round of connectors carries on from, waiting before its first dial.  The
 count lasts for the whole handshake; with no failure yet (a fresh connect, a redirect to
 the leader) the connectors dial at once.
+
+A member that closes our plaintext connect request without a word may want TLS: each
+member is then asked once (:meth:`~Handshake.probe_tls`), and when every member dialled
+speaks TLS the handshake ends at once with :class:`~client.errors.TlsRequiredError` (no
+``certs_dir``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import anyio
 import anyio.abc
 
 from cluster.protocol import encode_frame
+from cluster.transport.tls import speaks_tls, tls_required
 
 from ._connect import AsyncConnect, ConnectIngress, Done, Fail, SendMessage
 from ._endpoints import Endpoint
@@ -43,8 +50,21 @@ from ._ingress import (
 )
 from ._session import Session
 from ._sync import Backend, Broadcast
+from .errors import TlsRequiredError
 
-__all__ = ["Handshake"]
+__all__ = ["TLS_REQUIRED_WORDS", "Handshake"]
+
+TLS_REQUIRED_WORDS = "requires TLS: pass certs_dir (a client-NAME folder)"
+"""What a member that answered our TLS hello (after closing our plaintext request) did."""
+_CLOSED_PLAIN = (
+    "closed the connection without answering (is it a member's ingress port? the admin "
+    "and consensus ports speak another protocol)"
+)
+_CLOSED_TLS = (
+    "closed the TLS connection without answering (a member refuses a certificate that "
+    "way: is certs_dir a client-NAME folder of this cluster's `cluster-tool certs`? Or "
+    "is it a member's admin or consensus port?)"
+)
 
 
 class Handshake:
@@ -73,6 +93,9 @@ class Handshake:
         # handshake connections lost so far (each round of connectors backs off for them)
         self.failures = 0
         self.reached_any = False  # some member accepted a connection
+        # members asked whether they speak TLS (a plaintext client turned away), and who does
+        self._probed: set[Endpoint] = set()
+        self.tls_required: dict[int, Endpoint] = {}
 
     def on_egress(self, message: Any) -> None:
         """An egress message before the session opened: queue it (while there is room)."""
@@ -138,6 +161,30 @@ class Handshake:
         self._events.append(("connected", self._writer.new_ingress(member_id, endpoint, stream)))
         self.changed.notify()
 
+    # ------------------------------------------------------------------ TLS
+
+    def probe_tls(self, members: Mapping[int, Endpoint]) -> None:
+        """A plaintext connection was closed without an answer: ask each of ``members``
+        not asked yet whether it speaks TLS (one TLS hello each, at once, in a task of
+        its own); each that does is queued as a ``("tls", (member_id, endpoint))`` event."""
+        if self._writer.tls is not None:
+            return
+        todo = {m: e for m, e in members.items() if e not in self._probed}
+        if todo:
+            self._probed.update(todo.values())
+            self._spawn(self._probe, todo)
+
+    async def _probe(self, members: dict[int, Endpoint]) -> None:
+        async def one(member_id: int, endpoint: Endpoint) -> None:
+            if await speaks_tls(endpoint.host, endpoint.port):
+                self._writer.failures[endpoint] = TLS_REQUIRED_WORDS
+                self._events.append(("tls", (member_id, endpoint)))
+                self.changed.notify()
+
+        async with anyio.create_task_group() as tg:
+            for member_id, endpoint in members.items():
+                tg.start_soon(one, member_id, endpoint)
+
     # ------------------------------------------------------------------ the handshake
 
     async def drive(self, machine: AsyncConnect, response_channel: str) -> tuple[Done, Ingress]:
@@ -186,10 +233,17 @@ class Handshake:
             elif kind == "lost" and chosen is not None and item is chosen:
                 # a failure, however soon it broke: the next connectors back off first
                 self.failures += 1
-                if not item.received:
+                if not item.received and item.endpoint not in self.tls_required.values():
                     writer.failures[item.endpoint] = (
-                        "closed the connection without answering (is it a member's ingress "
-                        "port? the admin and consensus ports speak another protocol)"
+                        _CLOSED_TLS if writer.tls is not None else _CLOSED_PLAIN
                     )
+                    self.probe_tls(machine.targets)
                 actions.extend(machine.on_ingress_lost(chosen.member_id))
                 chosen = None
+            elif kind == "tls":
+                member_id, endpoint = item
+                self.tls_required[member_id] = endpoint
+                targets = machine.targets
+                if targets and set(targets) <= set(self.tls_required):
+                    ids = sorted(targets)
+                    raise TlsRequiredError(tls_required(ids, "certs_dir"), ids)

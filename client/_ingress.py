@@ -31,12 +31,13 @@ from typing import Any, Protocol
 
 import anyio
 import anyio.abc
-from anyio.streams.tls import TLSAttribute
+from anyio.streams.tls import TLSAttribute, TLSStream
 
 from cluster.protocol import EGRESS, FrameDecoder, ProtocolError
 from cluster.protocol.egress import NewLeaderEvent
 from cluster.protocol.framing import HEADER_LENGTH, LENGTH
 from cluster.protocol.ingress import SessionKeepAlive
+from cluster.transport.tls import closed_in_handshake, handshake_failure, speaks_tls
 
 from ._endpoints import Endpoint
 from ._session import Reconnect, Session
@@ -122,23 +123,45 @@ async def try_connect(
     certificate on the other end): the stream, or what went wrong, in words."""
     try:
         with anyio.fail_after(CONNECT_ATTEMPT_TIMEOUT):
+            raw = await anyio.connect_tcp(endpoint.host, endpoint.port)
             if tls is None:
-                return await anyio.connect_tcp(endpoint.host, endpoint.port)
-            stream = await anyio.connect_tcp(
-                endpoint.host, endpoint.port, ssl_context=tls, tls_standard_compatible=False
-            )
+                return raw
+            try:
+                stream = await TLSStream.wrap(
+                    raw,
+                    server_side=False,
+                    hostname=endpoint.host,
+                    ssl_context=tls,
+                    standard_compatible=False,
+                )
+            except BaseException:
+                await aclose_quietly(raw)
+                raise
     except TimeoutError:
         return "timed out"
     except ConnectionRefusedError:
         return "refused"
-    except ssl.SSLError as exc:
-        return f"TLS failed ({exc.reason or exc})"
+    except (ssl.SSLError, anyio.EndOfStream) as exc:
+        return await _tls_failure(endpoint, exc)
     except (OSError, anyio.BrokenResourceError) as exc:
+        if tls is not None and closed_in_handshake(exc):
+            return await _tls_failure(endpoint, exc)
         return _describe_error(exc)
     if peer_role(stream) != "member":
         await aclose_quietly(stream)
         return "not a cluster member (its certificate is no member's)"
     return stream  # type: ignore[return-value]
+
+
+async def _tls_failure(endpoint: Endpoint, exc: BaseException) -> str:
+    """Our TLS handshake with ``endpoint`` failed: why (a member that closed the
+    connection at our hello and does not answer one speaks no TLS)."""
+    if closed_in_handshake(exc) and not await speaks_tls(endpoint.host, endpoint.port):
+        return (
+            "does not speak TLS (it closed the connection at our TLS hello): leave out "
+            "certs_dir, or start the members with --certs-dir"
+        )
+    return f"TLS handshake failed: {handshake_failure(exc)}"
 
 
 _ERRNO_WORDS = {

@@ -7,8 +7,11 @@ Timeouts also derive from the built-in :class:`TimeoutError`, so
 
 from __future__ import annotations
 
+from cluster.transport.tls import TlsError
+
 __all__ = [
     "AuthenticationRejectedError",
+    "CertsDirError",
     "ClusterClientError",
     "ConnectTimeoutError",
     "EgressBacklogExceededError",
@@ -16,6 +19,7 @@ __all__ = [
     "SessionClosedError",
     "SessionLostError",
     "SessionRejectedError",
+    "TlsRequiredError",
 ]
 
 
@@ -64,6 +68,23 @@ class SessionLostError(SessionClosedError):
 
 class ConnectTimeoutError(ClusterClientError, TimeoutError):
     """No session could be established within ``connect_timeout``."""
+
+
+class TlsRequiredError(ConnectTimeoutError):
+    """Every member dialled requires TLS, and :func:`client.connect` was given no
+    ``certs_dir``: raised as soon as each has said so (it answers a TLS hello), without
+    waiting for ``connect_timeout``.  A :class:`ConnectTimeoutError`, which is what
+    ``connect()`` raised for it before (after the whole timeout).  ``member_ids``: who."""
+
+    def __init__(self, message: str, member_ids: list[int]) -> None:
+        super().__init__(message)
+        self.member_ids = member_ids
+
+
+class CertsDirError(ClusterClientError, TlsError):
+    """``certs_dir`` is not a usable ``client-<NAME>`` folder: a file is missing or bad,
+    it is a member's folder, or its certificate has expired.  Also a
+    :class:`cluster.transport.tls.TlsError`, which is what ``connect()`` raised before."""
 
 
 class NotConnectedError(ClusterClientError):
