@@ -7,7 +7,9 @@ thing; tests substitute an in-memory network with seeded faults.
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -60,6 +62,50 @@ def _socket_sender(stream: trio.SocketStream) -> SendNowait:
     return send_socket
 
 
+class ListenError(OSError):
+    """A port that cannot be listened on; its message says which and why:
+    ``cannot listen on 127.0.0.1:9010 (address already in use)`` (:func:`listen_error`).
+    ``errno`` is the socket's; ``host`` and ``port`` are what was asked for."""
+
+    host: str = ""
+    port: int = 0
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+_LISTEN_REASONS = {
+    errno.EADDRINUSE: "address already in use",
+    errno.EADDRNOTAVAIL: "no such address on this machine",
+    errno.EACCES: "permission denied",
+}
+
+
+def listen_error(host: str, port: int, exc: OSError) -> ListenError:
+    """``exc``, raised when listening on ``host:port``, as a :class:`ListenError`."""
+    if isinstance(exc, socket.gaierror):
+        reason = f"cannot resolve {host!r}: {exc.strerror or exc}"
+    else:
+        reason = _LISTEN_REASONS.get(exc.errno or 0) or str(exc.strerror or exc).lower()
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    error = ListenError(exc.errno, f"cannot listen on {where} ({reason})")
+    error.host, error.port = host, port
+    return error
+
+
+def listen_error_in(exc: BaseException) -> ListenError | None:
+    """The :class:`ListenError` that is ``exc`` or is inside it (an ``ExceptionGroup`` of
+    a nursery, at any depth), or ``None``."""
+    if isinstance(exc, ListenError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = listen_error_in(inner)
+            if found is not None:
+                return found
+    return None
+
+
 class Network(Protocol):
     async def open_stream(self, host: str, port: int) -> trio.abc.Stream:
         """Connect to ``host:port``; raise ``OSError`` if it cannot."""
@@ -75,6 +121,8 @@ class Network(Protocol):
     ) -> None:
         """Accept connections forever, running ``handler`` for each in its own task.
 
-        Reports the bound port through ``task_status`` once listening.
+        Reports the bound port through ``task_status`` once listening; raises
+        :class:`ListenError` if it cannot listen (the port is taken, the address is not
+        this machine's).
         """
         ...

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from .base import StreamHandler
+from .base import StreamHandler, listen_error
 from .tls import TlsIdentity
 
 log = logging.getLogger("cluster.transport")
@@ -42,16 +42,61 @@ def _tune(stream: trio.SocketStream) -> None:
         pass
 
 
-def _failure_reason(exc: BaseException) -> str:
-    """A handshake failure in a few words: OpenSSL's reason, or what the socket said."""
+_ALERTS = {
+    "TLSV1_ALERT_UNKNOWN_CA": "the other end does not trust our certificate's CA",
+    "SSLV3_ALERT_BAD_CERTIFICATE": "the other end refused our certificate",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN": "the other end refused our certificate",
+    "SSLV3_ALERT_CERTIFICATE_EXPIRED": "the other end says our certificate has expired",
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED": "the other end wants a certificate",
+    "WRONG_VERSION_NUMBER": "the other end does not speak TLS",
+}
+_ANOTHER_CA = frozenset({19, 20, 21})
+"""OpenSSL's verify codes for a chain that does not end at our CA (self-signed in the
+chain, unable to get the local issuer, unable to verify the first certificate)."""
+
+
+def failure_reason(exc: BaseException) -> str:
+    """A TLS failure in a few words: OpenSSL's reason (with what it means for the
+    commonest), or what the socket said."""
     cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
     if isinstance(cause, ssl.SSLCertVerificationError):
-        return f"certificate refused ({cause.verify_message})"
+        hint = ": not signed by our CA" if cause.verify_code in _ANOTHER_CA else ""
+        return f"certificate refused ({cause.verify_message}{hint})"
     if isinstance(cause, ssl.SSLEOFError) or cause is None:
         return "connection closed during the handshake"
     if isinstance(cause, ssl.SSLError) and cause.reason:
-        return str(cause.reason)
+        meaning = _ALERTS.get(cause.reason)
+        return f"{meaning} ({cause.reason})" if meaning else str(cause.reason)
     return str(cause) or type(cause).__name__
+
+
+_CONNECT_REASONS = {
+    errno.ECONNREFUSED: "connection refused",
+    errno.EHOSTUNREACH: "no route to host",
+    errno.ENETUNREACH: "network unreachable",
+    errno.ETIMEDOUT: "timed out",
+    errno.EADDRNOTAVAIL: "address not available",
+}
+
+
+def _connect_error(exc: OSError, host: str, port: int) -> OSError:
+    """Trio's ``all attempts to connect to HOST:PORT failed`` as the reason it hides in
+    its context (the attempts' errors), keeping the errno: ``[Errno 111] cannot connect
+    to 127.0.0.1:9020: connection refused``."""
+    if isinstance(exc, socket.gaierror):
+        return OSError(exc.errno, f"cannot resolve {host!r} ({exc.strerror or exc})")
+    attempts: list[BaseException] = [exc]
+    group = exc.__context__ or exc.__cause__
+    if isinstance(group, BaseExceptionGroup):
+        attempts = list(group.exceptions)
+    for code, reason in _CONNECT_REASONS.items():  # the most telling first
+        if any(isinstance(a, OSError) and a.errno == code for a in attempts):
+            return OSError(code, f"cannot connect to {host}:{port}: {reason}")
+    last = attempts[-1]
+    words = (last.strerror if isinstance(last, OSError) else None) or str(last)
+    message = f"cannot connect to {host}:{port}: {words}"
+    number: int | None = exc.errno if exc.errno is not None else getattr(last, "errno", None)
+    return OSError(number, message) if number is not None else OSError(message)
 
 
 class TcpNetwork:
@@ -86,7 +131,10 @@ class TcpNetwork:
         if that fails or takes longer."""
         what = "connecting to"
         with trio.move_on_after(self.connect_timeout):
-            stream = await trio.open_tcp_stream(host, port)
+            try:
+                stream = await trio.open_tcp_stream(host, port)
+            except OSError as exc:
+                raise _connect_error(exc, host, port) from None
             _tune(stream)
             if self.tls is None:
                 return stream
@@ -105,7 +153,7 @@ class TcpNetwork:
                 await tls_stream.do_handshake()
             except (trio.BrokenResourceError, OSError) as exc:
                 raise OSError(
-                    f"TLS handshake with {host}:{port} failed: {_failure_reason(exc)}"
+                    f"TLS handshake with {host}:{port} failed: {failure_reason(exc)}"
                 ) from None
         except BaseException:  # the error above, or the timeout's cancellation
             await trio.aclose_forcefully(stream)
@@ -120,7 +168,10 @@ class TcpNetwork:
         *,
         task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        except OSError as exc:  # one line naming the port, not a traceback
+            raise listen_error(host, port, exc) from exc
         bound = listeners[0].socket.getsockname()[1]
 
         async def handle(stream: trio.SocketStream) -> None:
@@ -192,7 +243,7 @@ class TcpNetwork:
                 await tls_stream.do_handshake()
                 return tls_stream
             except (trio.BrokenResourceError, OSError) as exc:
-                reason = _failure_reason(exc)
+                reason = failure_reason(exc)
         try:
             peer = "{}:{}".format(*stream.socket.getpeername()[:2])
         except OSError:
