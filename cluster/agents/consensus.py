@@ -19,6 +19,17 @@ place in its log is known.)
 A broken or refused link is redialled with back-off; messages sent while a link is down
 are dropped (the consensus protocol resends what matters: heartbeats, and the leader's
 replication restarts from what the follower reports).
+
+Misconfiguration is loud.  The hello carries a digest of the caller's ``--members``
+(:func:`cluster.config.members_digest`).  A hello refused for the caller's configuration
+(another cluster id, an incompatible protocol version, a member list naming other member
+ids) is answered with this member's own hello before the link closes: both ends log an
+ERROR saying why (the caller reads its outbound link for that answer).  Lists that name
+the same member ids at other addresses are an ERROR on both ends too, but the link goes on
+(a rolling ``--members`` change of one member's address must not cost the quorum).  And
+every ``unreachable_warning_interval`` (10 s) a member WARNs naming each peer its link to
+is not up, with that link's last failure (connection refused, a TLS handshake's reason,
+timed out, hello refused).
 """
 
 from __future__ import annotations
@@ -29,19 +40,48 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from ..config import MemberEndpoints
+from ..config import MemberEndpoints, members_difference
 from ..core.validate import check_consensus_message
 from ..protocol.admin import LinkStatus
 from ..protocol.codec import CONSENSUS
 from ..protocol.consensus import ConsensusMessage, MemberHello
 from ..protocol.errors import ProtocolError
-from ..protocol.framing import FrameDecoder
+from ..protocol.framing import FrameDecoder, encode_frame
 from ..protocol.version import PROTOCOL_VERSION, is_compatible, to_string
 from ..security import member_cert_error
 from ..transport.base import Network
 from ..transport.framed import FrameWriter
+from ..transport.tcp import failure_reason
 
 log = logging.getLogger("cluster.consensus.links")
+
+QUICK_END = 1.0
+"""A link that ends within this many seconds of its hello was refused (or flaps): the
+next dial backs off instead of coming straight back."""
+REFUSAL_LINGER = 0.1
+"""After answering a refused hello, how long to wait for the caller to read the answer
+and close first (so that no reset can overtake the answer)."""
+REPORT_AGAIN = 60.0
+"""One misconfiguration (the same peer, the same cause) is logged again at most this
+often (the periodic WARNING repeats it meanwhile)."""
+
+
+class _Refused(ProtocolError):
+    """A hello refused for the caller's configuration: the caller is told (this member's
+    own hello) before the link closes.  ``level``: how loud this end logs it."""
+
+    def __init__(self, message: str, level: int = logging.WARNING) -> None:
+        super().__init__(message)
+        self.level = level
+
+
+def _why_broken(exc: BaseException) -> str:
+    """A broken link's failure in a few words (a TLS alert's meaning, a socket's errno)."""
+    if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
+        return failure_reason(exc)
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
 
 
 class PeerLink:
@@ -56,6 +96,8 @@ class PeerLink:
         self.sent_messages = 0
         self.dropped_messages = 0
         self.connects = 0
+        self.last_error = "not dialled yet"
+        """Why the link is not up: how its last dial failed, or how its last link ended."""
 
     @property
     def is_connected(self) -> bool:
@@ -95,9 +137,19 @@ class PeerLinks:
         max_backlog: int = 64 << 20,
         cluster_id: int = 0,
         hello_timeout: float = 5.0,
+        members_digest: bytes = b"",
+        unreachable_warning_interval: float = 10.0,
     ) -> None:
+        """``members_digest``: :func:`cluster.config.members_digest` of this member's
+        ``--members``, sent in its hellos and compared with its peers' (empty: neither
+        sent nor compared).  ``unreachable_warning_interval``: seconds between the
+        WARNINGs naming the peers whose links are not up (0: none)."""
         self.network = network
         self.me = me
+        self.members_digest = members_digest
+        self.unreachable_warning_interval = unreachable_warning_interval
+        self._members = [me, *peers]
+        self._reported: dict[tuple[object, ...], float] = {}
         self.links = {p.member_id: PeerLink(p, max_backlog) for p in peers}
         self.member_ids = tuple(sorted([me.member_id, *self.links]))
         self.deliver = deliver
@@ -147,39 +199,214 @@ class PeerLinks:
             )
             for link in self.links.values():
                 nursery.start_soon(self._dial, link)
+            if self.links and self.unreachable_warning_interval > 0:
+                nursery.start_soon(self._warn_unreachable)
             task_status.started(port)
 
+    def _hello_frame(self) -> bytes:
+        return encode_frame(
+            MemberHello(self.me.member_id, PROTOCOL_VERSION, self.cluster_id, self.members_digest)
+        )
+
+    def _report(self, level: int, key: tuple[object, ...], message: str, *args: object) -> None:
+        """Log ``message`` at ``level``, but a repeat of ``key`` within
+        :data:`REPORT_AGAIN` seconds only at DEBUG."""
+        now = trio.current_time()
+        last = self._reported.get(key)
+        if last is not None and now - last < REPORT_AGAIN:
+            log.debug(message, *args)
+            return
+        if len(self._reported) >= 256:  # bounded, whatever callers claim to be
+            self._reported.clear()
+        self._reported[key] = now
+        log.log(level, message, *args)
+
+    async def _warn_unreachable(self) -> None:
+        """Every ``unreachable_warning_interval``: one WARNING naming each peer whose
+        link is not up, and why (its last failure), and whether a quorum is left."""
+        while True:
+            await trio.sleep(self.unreachable_warning_interval)
+            down = [link for _, link in sorted(self.links.items()) if not link.is_connected]
+            if not down:
+                continue
+            members = len(self.member_ids)
+            reachable = members - len(down)
+            quorum = members // 2 + 1
+            log.warning(
+                "cannot reach %s; %d of %d members reachable (with this one), %s",
+                ", ".join(
+                    f"member {link.member.member_id} at {link.member.host}:"
+                    f"{link.member.consensus_port} ({link.last_error})"
+                    for link in down
+                ),
+                reachable,
+                members,
+                "a quorum" if reachable >= quorum else f"no quorum ({quorum} needed)",
+            )
+
     async def _dial(self, link: PeerLink) -> None:
+        member = link.member
         delay = 0.05
         while True:
             try:
-                stream = await self.network.open_stream(
-                    link.member.host, link.member.consensus_port
-                )
-            except OSError:
+                stream = await self.network.open_stream(member.host, member.consensus_port)
+            except OSError as exc:
+                link.last_error = _why_broken(exc)
                 await trio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 continue
-            refusal = member_cert_error(stream, link.member.member_id)
+            refusal = member_cert_error(stream, member.member_id)
             if refusal:  # not the member this address should be: try again later
-                log.warning("member link to %d refused: %s", link.member.member_id, refusal)
+                link.last_error = f"wrong member: {refusal}"
+                self._report(
+                    logging.WARNING,
+                    ("certificate", member.member_id, refusal),
+                    "member link to %d refused: %s",
+                    member.member_id,
+                    refusal,
+                )
                 await trio.aclose_forcefully(stream)
                 await trio.sleep(1.0)
                 continue
-            delay = 0.05
-            writer = FrameWriter(link.max_backlog, flushed_by_owner=True)
-            writer.write_message(MemberHello(self.me.member_id, PROTOCOL_VERSION, self.cluster_id))
-            link.writer = writer
-            link.connects += 1
-            link.connected.set()
-            try:
-                await writer.run(stream)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                log.debug("link to member %d broke: %s", link.member.member_id, exc)
-            finally:
-                link.writer = None
-                link.connected = trio.Event()
+            started = trio.current_time()
+            link.last_error, refused = await self._run_link(link, stream)
+            if refused:  # a configuration that differs: no sooner than in a second
+                delay = 1.0
+            elif trio.current_time() - started < QUICK_END:
+                delay = min(delay * 2, 1.0)
+            else:
+                delay = 0.05
             await trio.sleep(delay)
+
+    async def _run_link(self, link: PeerLink, stream: trio.abc.Stream) -> tuple[str, bool]:
+        """Say hello on ``stream``, then carry this member's messages to the peer (and
+        read what the peer answers: nothing, unless it refuses the hello) until the link
+        ends; return why it ended, and whether the peer refused the hello."""
+        writer = FrameWriter(link.max_backlog, flushed_by_owner=True)
+        writer.write_raw(self._hello_frame())
+        link.writer = writer
+        link.connects += 1
+        link.connected.set()
+        started = trio.current_time()
+        wrote: tuple[str, bool] | None = None
+        read: tuple[str, bool] | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def write() -> None:
+                    nonlocal wrote
+                    try:
+                        await writer.run(stream)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                        log.debug("link to member %d broke: %s", link.member.member_id, exc)
+                        wrote = (f"link broke: {_why_broken(exc)}", False)
+                    nursery.cancel_scope.cancel()
+
+                async def read_answers() -> None:
+                    nonlocal read
+                    read = await self._read_answers(link, stream, started)
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(write)
+                nursery.start_soon(read_answers)
+        finally:
+            link.writer = None
+            link.connected = trio.Event()
+        if read is not None and (read[1] or wrote is None):
+            return read
+        return wrote or ("link closed", False)
+
+    async def _read_answers(
+        self, link: PeerLink, stream: trio.abc.Stream, started: float
+    ) -> tuple[str, bool]:
+        """Read our outbound link until it ends: a peer sends nothing on it, except its
+        own hello when it refuses ours or finds our member lists differ (logged here as
+        an ERROR, like on the peer).  Returns why the link ended, and whether refused."""
+        peer = link.member.member_id
+        decoder = FrameDecoder(1 << 16)
+        while True:
+            try:
+                data = await stream.receive_some(1 << 16)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                data, why = b"", _why_broken(exc)
+            else:
+                why = f"closed by member {peer}"
+            if not data:
+                if trio.current_time() - started < QUICK_END:
+                    return f"{why} right after our hello (refused it? see its log)", False
+                return why, False
+            answers: list[ConsensusMessage] = []
+            try:
+                decoder.decode_into(data, CONSENSUS, answers)
+            except ProtocolError as exc:
+                return f"member {peer} sent bad bytes on our link: {exc}", False
+            for answer in answers:
+                if not isinstance(answer, MemberHello):
+                    return f"member {peer} sent {type(answer).__name__} on our link", False
+                refusal = self._hello_answered(link, answer)
+                if refusal:
+                    return refusal, True
+
+    def _hello_answered(self, link: PeerLink, answer: MemberHello) -> str:
+        """What a peer's answering hello says about our configuration and its: logged as
+        an ERROR; returns why the link cannot go on ("" when it can: only addresses
+        differ in the member lists)."""
+        member = link.member
+        peer = member.member_id
+        where = f"{member.host}:{member.consensus_port}"
+        if answer.cluster_id != self.cluster_id:
+            self._report(
+                logging.ERROR,
+                ("cluster", peer, answer.cluster_id),
+                "member link to member %d at %s refused: it is a member of cluster %d, this "
+                "member of cluster %d (--cluster-id differs)",
+                peer,
+                where,
+                answer.cluster_id,
+                self.cluster_id,
+            )
+            return f"hello refused: it is of cluster {answer.cluster_id}, not {self.cluster_id}"
+        if not is_compatible(answer.protocol_version):
+            self._report(
+                logging.ERROR,
+                ("version", peer, answer.protocol_version),
+                "member link to member %d at %s refused: it speaks protocol %s, this member %s",
+                peer,
+                where,
+                to_string(answer.protocol_version),
+                to_string(PROTOCOL_VERSION),
+            )
+            return f"hello refused: protocol {to_string(answer.protocol_version)}"
+        if answer.member_id != peer:
+            self._report(
+                logging.ERROR,
+                ("who", peer, answer.member_id),
+                "member link to member %d at %s: the member there is member %d (--members "
+                "differs between them?)",
+                peer,
+                where,
+                answer.member_id,
+            )
+            return f"wrong member: member {answer.member_id} answers at {where}"
+        difference = (
+            members_difference(self._members, answer.members_digest)
+            if self.members_digest
+            else None
+        )
+        if difference is None:
+            return ""  # it refused for a reason of its own: its log says which
+        same_ids, words = difference
+        self._report(
+            logging.ERROR,
+            ("members", peer, answer.members_digest),
+            "member %d's --members differs from ours: %s; %s",
+            peer,
+            words,
+            "the link goes on (only addresses differ), but every member needs the same list"
+            if same_ids
+            else "it refuses the link (every member needs the same list)",
+        )
+        return "" if same_ids else f"hello refused: its --members differs ({words})"
 
     def close_inbound(self, member_id: int, reason: str) -> None:
         """The consensus module refused a message of ``member_id``: a protocol error on
@@ -190,29 +417,65 @@ class PeerLinks:
             log.warning("closing member link from %d: %s", member_id, reason)
             live[1].cancel()
 
-    def _hello(self, hello: MemberHello, stream: trio.abc.Stream, scope: trio.CancelScope) -> int:
-        """Check a link's first frame; return the member it names."""
+    def _hello(
+        self, hello: MemberHello, stream: trio.abc.Stream, scope: trio.CancelScope
+    ) -> tuple[int, bool]:
+        """Check a link's first frame; return the member it names, and whether to answer
+        it with our own hello (its member list differs from ours only in addresses: both
+        ends log an ERROR, the link goes on).  A hello refused for its sender's
+        configuration raises :class:`_Refused` (answered, then closed); any other refusal
+        :class:`ProtocolError` (closed)."""
         peer = hello.member_id
         if hello.cluster_id != self.cluster_id:
-            raise ProtocolError(
+            raise _Refused(
                 f"member link hello from member {peer} of cluster {hello.cluster_id}, "
-                f"this is cluster {self.cluster_id}"
+                f"this is cluster {self.cluster_id} (--cluster-id differs)",
+                logging.ERROR,
             )
-        if peer not in self.links:
-            raise ProtocolError(f"member link hello from unknown member {peer}")
         if not is_compatible(hello.protocol_version):
-            raise ProtocolError(
+            raise _Refused(
                 f"member {peer} speaks protocol {to_string(hello.protocol_version)}, "
                 f"this member {to_string(PROTOCOL_VERSION)}"
             )
         refusal = member_cert_error(stream, peer)
         if refusal:
             raise ProtocolError(f"member link hello as member {peer}: {refusal}")
+        difference = (
+            members_difference(self._members, hello.members_digest) if self.members_digest else None
+        )
+        if difference is not None and not difference[0]:
+            raise _Refused(
+                f"member {peer}'s --members differs from ours: {difference[1]}; its link is "
+                "refused (every member needs the same list)",
+                logging.ERROR,
+            )
+        if peer not in self.links:
+            raise _Refused(f"member link hello from unknown member {peer}")
         if peer in self._live:
             raise ProtocolError(f"second link for member {peer}, whose link is open")
+        if difference is not None:
+            self._report(
+                logging.ERROR,
+                ("members", peer, hello.members_digest),
+                "member %d's --members differs from ours: %s; the link goes on (only "
+                "addresses differ), but every member needs the same list",
+                peer,
+                difference[1],
+            )
         self._live[peer] = (stream, scope)
         self.inbound[peer] = self.inbound.get(peer, 0) + 1
-        return peer
+        return peer, difference is not None
+
+    async def _answer(self, stream: trio.abc.Stream, *, refused: bool) -> None:
+        """Send our hello back on an inbound link: its caller logs what differs.  When
+        ``refused``, wait (briefly) for the caller to read it and close first."""
+        with trio.move_on_after(REFUSAL_LINGER if refused else self.hello_timeout):
+            try:
+                await stream.send_all(self._hello_frame())
+                while refused and await stream.receive_some(1 << 16):
+                    pass
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
 
     async def _serve_peer(self, stream: trio.abc.Stream) -> None:
         if self._unidentified >= 2 * len(self.links) + 2:
@@ -266,9 +529,12 @@ class PeerLinks:
                     if peer < 0:
                         if not isinstance(message, MemberHello):
                             raise ProtocolError("member link did not start with MemberHello")
-                        peer = who[0] = self._hello(message, stream, scope)
+                        peer, answer = self._hello(message, stream, scope)
+                        who[0] = peer
                         scope.deadline = math.inf
                         self._unidentified -= 1
+                        if answer:
+                            await self._answer(stream, refused=False)
                         continue
                     reason = check_consensus_message(message, members, me, peer)
                     if reason is not None:
@@ -276,6 +542,11 @@ class PeerLinks:
                     deliver(message)
                 if bad is not None:
                     raise bad
+            except _Refused as exc:
+                self.protocol_errors += 1
+                self._report(exc.level, ("refused", str(exc)), "closing member link: %s", exc)
+                await self._answer(stream, refused=True)
+                return
             except ProtocolError as exc:
                 self.protocol_errors += 1
                 log.warning("closing member link from %s: %s", peer, exc)
