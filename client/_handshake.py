@@ -42,6 +42,7 @@ from ._connect import AsyncConnect, ConnectIngress, Done, Fail, SendMessage
 from ._endpoints import Endpoint
 from ._ingress import (
     NETWORK_ERRORS,
+    TLS_REQUIRED_WORDS,
     Ingress,
     IngressWriter,
     aclose_quietly,
@@ -52,10 +53,8 @@ from ._session import Session
 from ._sync import Backend, Broadcast
 from .errors import TlsRequiredError
 
-__all__ = ["TLS_REQUIRED_WORDS", "Handshake"]
+__all__ = ["Handshake"]
 
-TLS_REQUIRED_WORDS = "requires TLS: pass certs_dir (a client-NAME folder)"
-"""What a member that answered our TLS hello (after closing our plaintext request) did."""
 _CLOSED_PLAIN = (
     "closed the connection without answering (is it a member's ingress port? the admin "
     "and consensus ports speak another protocol)"

@@ -51,6 +51,7 @@ __all__ = [
     "NETWORK_ERRORS",
     "RECEIVE_SIZE",
     "RETRY_DELAY_MIN",
+    "TLS_REQUIRED_WORDS",
     "Ingress",
     "IngressWriter",
     "Uniform",
@@ -162,6 +163,11 @@ async def _tls_failure(endpoint: Endpoint, exc: BaseException) -> str:
             "certs_dir, or start the members with --certs-dir"
         )
     return f"TLS handshake failed: {handshake_failure(exc)}"
+
+
+TLS_REQUIRED_WORDS = "requires TLS: pass certs_dir (a client-NAME folder)"
+"""What a member did that closed our plaintext request and answers a TLS hello."""
+_CLOSED = "closed the connection without answering"
 
 
 _ERRNO_WORDS = {
@@ -541,8 +547,8 @@ class IngressWriter:
                     failures = 0
                 elif self._target_version == version:
                     failures += 1
-                    self._failed(lost.endpoint, "closed the connection without answering")
-                    if self._lost():
+                    self._failed(lost.endpoint, _CLOSED)
+                    if await self._lost():
                         return
                     await self._back_off(failures, version)
                     continue
@@ -557,14 +563,14 @@ class IngressWriter:
                 self.flushed.notify()
                 with anyio.move_on_after(self._lost_in()):
                     await self.ingress_changed.wait()
-                if self._lost():
+                if await self._lost():
                     return
                 continue
             stream = await try_connect(endpoint, self.tls)
             if isinstance(stream, str):
                 failures += 1
                 self._failed(endpoint, stream)
-                if self._lost():
+                if await self._lost():
                     return
                 await self._back_off(failures, version)
                 continue
@@ -599,12 +605,25 @@ class IngressWriter:
             return self.lost_after
         return max(0.0, self.trouble_since + self.lost_after - anyio.current_time())
 
-    def _lost(self) -> bool:
+    async def _lost(self) -> bool:
         """After ``lost_after`` seconds in which no connection worked and no member
-        answered, the session is lost: say so (:attr:`on_lost`) and stop trying."""
+        answered, the session is lost: say so (:attr:`on_lost`) and stop trying.
+        Without certificates, each member that last closed our connection without a
+        word is first asked whether it speaks TLS (one hello each, at once): if it does,
+        that is what the reason says (it restarted with ``--certs-dir``)."""
         since = self.trouble_since
         if since is None or anyio.current_time() - since < self.lost_after:
             return False
+        if self.tls is None:
+            closed = [e for e, what in self.failures.items() if what == _CLOSED]
+
+            async def probe(endpoint: Endpoint) -> None:
+                if await speaks_tls(endpoint.host, endpoint.port):
+                    self.failures[endpoint] = TLS_REQUIRED_WORDS
+
+            async with anyio.create_task_group() as tg:
+                for endpoint in closed:
+                    tg.start_soon(probe, endpoint)
         self.on_lost(
             "no member answered for "
             f"{self.lost_after:g} s: {describe_failures(self.failures, self._session.endpoints)}"

@@ -34,7 +34,7 @@ import cluster.certs
 from cluster import tool
 from cluster.certs import make_certs
 from cluster.config import parse_members
-from cluster.local import LocalCluster
+from cluster.local import LocalCluster, members_string
 from cluster.transport.tcp import TcpNetwork
 from cluster.transport.tls import TlsError, is_tls_problem, load_client_identity, tls_required
 
@@ -291,6 +291,34 @@ async def test_the_client_with_certificates_against_a_member_without_tls(pki: Pk
                 pass
         assert "does not speak TLS" in str(failed.value), failed.value
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # 15 s of reconnects: one loop
+async def test_a_session_whose_member_comes_back_with_tls_is_lost_naming_tls(
+    tmp_path: Path, pki: Pki
+) -> None:
+    """A plaintext session, then its only member restarts with ``--certs-dir``: after
+    the connect timeout of failed reconnects the session is lost for good, and
+    SessionLostError says the member requires TLS (it only closed the connection)."""
+    members = members_string(1)
+    plain = LocalCluster(1, "cluster.examples.echo:EchoService", tmp_path, members=members)
+    secure = LocalCluster(
+        1, "cluster.examples.echo:EchoService", tmp_path, members=members, certs=pki.ours
+    )
+    with plain:
+        async with client.connect(plain.ingress_endpoints, connect_timeout=15) as c:
+            await c.offer(b"one")
+            assert await c.receive() == b"one"
+            plain.kill(0)
+            secure.start(0)
+            try:
+                with anyio.fail_after(90), pytest.raises(client.SessionLostError) as lost:
+                    await c.receive()
+            finally:
+                secure.stop_all()
+    assert f"0={HOST}:" in str(lost.value)
+    assert "requires TLS: pass certs_dir (a client-NAME folder)" in str(lost.value), lost.value
 
 
 def test_a_client_folder_is_loaded_and_a_member_folder_names_one_next_to_it(pki: Pki) -> None:
