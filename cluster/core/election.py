@@ -76,8 +76,8 @@ def log_is_newer(a_term: int, a_position: int, b_term: int, b_position: int) -> 
 def answer_vote(
     consensus: ConsensusPort, me: int, rlog: ReplicatedLog, msg: RequestVote, granted: bool
 ) -> None:
-    """Answer a candidate's RequestVote, with this member's log."""
-    position = rlog.published_position
+    """Answer a candidate's RequestVote, with this member's (durable) log."""
+    position = rlog.archive_position
     consensus.send(
         msg.candidate_member_id,
         Vote(
@@ -151,7 +151,11 @@ class Election:
     # ------------------------------------------------------------------ helpers
 
     def _my_log(self) -> tuple[int, int]:
-        position = self.log.published_position
+        """This member's log as elections compare it: what is durable here.  Entries not
+        yet durable were acknowledged nowhere by this member, so a vote compared on the
+        durable log keeps every committed entry; and a member whose disk has stopped
+        taking writes does not hold up the others with a log it cannot keep."""
+        position = self.log.archive_position
         return self.log.terms.term_at(position), position
 
     def _is_candidate(self, need_all: bool) -> bool:
@@ -207,6 +211,8 @@ class Election:
                     and voting.promote("every member canvassed with an empty log", 0)
                 ):
                     return 0  # waits for a leader elected by others to catch it up
+                if self.log.archive_position < self.log.published_position:
+                    return 0  # nominates only once its log is durable (a stuck disk never)
                 if (
                     cfg.member_count == 1
                     or self._is_candidate(need_all=True)

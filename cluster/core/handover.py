@@ -111,11 +111,16 @@ class Handover:
         return ""
 
     def maybe_send(self) -> None:
-        """Send TimeoutNow once the target holds all of this leader's log."""
+        """Send TimeoutNow once the target holds all of this leader's log (all that is
+        durable here, for a leader whose disk has stopped taking writes: what is not
+        may never be).  Either way the election's rules decide: a target lacking a
+        committed entry is refused by the voters that hold it."""
         if self.sent or not self.active:
             return
         progress = self.progress.get(self.target)
-        if progress is None or progress.match_position < self.log.published_position:
+        rlog = self.log
+        needed = rlog.archive_position if self.step_down else rlog.published_position
+        if progress is None or progress.match_position < needed:
             return
         self.sent = True
         self.consensus.send(

@@ -618,7 +618,7 @@ Scenario = Callable[["SimCluster"], Awaitable[None]]
 def _catching_up(sn: SimNode) -> bool:
     """Is ``sn``'s member a catch-up member (new or lost state, not voting yet)?"""
     cm = getattr(sn.node, "cm", None)
-    return cm is None or cm.catching_up
+    return cm is None or cm.voting.catching_up
 
 
 class SimCluster:

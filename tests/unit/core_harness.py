@@ -81,6 +81,9 @@ class Storage:
     def remove_terms_from(self, position: int) -> None:
         pass
 
+    def save_voting(self) -> None:
+        self.voting = True
+
 
 class MemoryShell:
     """The driver's shell for one member: its "archive" is a bytearray that takes each
@@ -100,6 +103,8 @@ class MemoryShell:
         self.member = cm.config.member_id
         self.now = now
         self.events = on_event
+        self.stuck = False
+        """The archive takes no writes (a full or failing disk)."""
 
     @property
     def applied_position(self) -> int:
@@ -111,6 +116,8 @@ class MemoryShell:
 
     def persist(self) -> None:
         cm = self.cm
+        if self.stuck:
+            return
         truncate = cm.log.pending_truncate
         if truncate is not None:
             del self.disk[truncate:]
@@ -151,7 +158,7 @@ def ship_log(
 
 
 class Cluster:
-    def __init__(self, n: int, seed: int = 0) -> None:
+    def __init__(self, n: int, seed: int = 0, *, catching_up: bool = False) -> None:
         self.rng = random.Random(seed)
         self.net = Net(self.rng)
         self.now = SECOND
@@ -160,32 +167,46 @@ class Cluster:
         self.applied: dict[int, int] = {}
         self.leaders: dict[int, int] = {}  # term -> leader
         self.down: set[int] = set()
+        self.n = n
+        self.seed = seed
+        self.stuck: set[int] = set()
+        """Members whose archive takes no writes (a full or failing disk)."""
+        self.ever_committed = b""
+        """The longest log prefix any member has ever had committed (never lost)."""
         for i in range(n):
-            cm = ConsensusModule(
-                ConsensusConfig(
-                    member_id=i,
-                    member_ids=tuple(range(n)),
-                    leader_heartbeat_timeout_ns=SECOND,
-                    election_timeout_ns=300 * MS,
-                    startup_canvass_timeout_ns=2 * SECOND,
-                ),
-                NullEgress(),
-                consensus=self.net.port(i),
-                storage=Storage(),
-                rng=random.Random(seed * 100 + i),
-            )
-            self.members[i] = cm
-            self.disk[i] = bytearray()
-            self.applied[i] = 0
-            cm.enter_election(self.now, "start-up", is_startup=True)
+            self._start(i, catching_up=catching_up)
+
+    def _start(self, i: int, *, catching_up: bool, generation: int = 0) -> None:
+        """Member ``i`` starting on an empty disk (``catching_up``: a new or wiped one)."""
+        cm = ConsensusModule(
+            ConsensusConfig(
+                member_id=i,
+                member_ids=tuple(range(self.n)),
+                leader_heartbeat_timeout_ns=SECOND,
+                election_timeout_ns=300 * MS,
+                startup_canvass_timeout_ns=2 * SECOND,
+            ),
+            NullEgress(),
+            consensus=self.net.port(i),
+            storage=Storage(),
+            catching_up=catching_up,
+            rng=random.Random(self.seed * 100 + i + 1000 * generation),
+        )
+        self.members[i] = cm
+        self.disk[i] = bytearray()
+        self.applied[i] = 0
+        cm.enter_election(self.now, "start-up", is_startup=True)
+
+    def wipe(self, i: int, generation: int = 1) -> None:
+        """Member ``i`` restarts on a new, empty disk: a catch-up member."""
+        self.net.queue = [m for m in self.net.queue if i not in (m[0], m[1])]
+        self._start(i, catching_up=True, generation=generation)
 
     def persist(self, i: int) -> None:
         """Drive member ``i`` with the driver the node uses (its shell: a bytearray)."""
-        drive(
-            self.members[i],
-            MemoryShell(self.members[i], self.disk[i], self.applied, self.now),
-            self.now,
-        )
+        shell = MemoryShell(self.members[i], self.disk[i], self.applied, self.now)
+        shell.stuck = i in self.stuck
+        drive(self.members[i], shell, self.now)
 
     def step(self, dt: int = 10 * MS) -> None:
         self.now += dt
@@ -229,6 +250,12 @@ class Cluster:
         longest = max(committed, key=len, default=b"")
         for c in committed:
             assert longest.startswith(c), "committed logs diverge"
+        ever = self.ever_committed
+        if len(longest) > len(ever):
+            assert longest.startswith(ever), "a committed entry was lost or changed"
+            self.ever_committed = longest
+        else:
+            assert ever.startswith(longest), "a committed entry was lost or changed"
 
     def leader(self) -> ConsensusModule | None:
         ready = [cm for i, cm in self.members.items() if cm.is_ready_leader and i not in self.down]
