@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import os
 import random
 import secrets
 import signal
@@ -48,16 +47,8 @@ from .agents.stalls import StallWatch
 from .agents.timings import Timings
 from .agents.upkeep import ArchiveVerifier, LeaderWatchdog, save_node_state
 from .agents.worker import WorkerThread, run_in_thread, run_inline
-from .archive.errors import ArchiveCorruptionError, ArchiveError
-from .archive.identity import DataDirError
-from .config import (
-    ConfigError,
-    NodeConfig,
-    describe,
-    format_ingress_endpoints,
-    load_config,
-    load_object,
-)
+from .archive.errors import ArchiveCorruptionError
+from .config import NodeConfig, format_ingress_endpoints, members_digest
 from .core.auth import Authenticator
 from .core.base import (
     ConsensusConfig,
@@ -76,7 +67,7 @@ from .protocol.admin import MemberStatus
 from .protocol.consensus import ConsensusMessage
 from .protocol.enums import ClusterAction, ModuleState, Role
 from .recovery import recover
-from .security import admin_authorisation, check_exposure, configure_logging, network_for
+from .security import admin_authorisation
 from .service import ClusteredService
 from .status import member_status
 from .transport.base import Network
@@ -133,6 +124,8 @@ class Node:
         self.authenticator = authenticator
         self.ingress_port = self.member.ingress_port
         self._ready = trio.Event()
+        self.role_changed = trio.Event()
+        """Set (and replaced) each time this member's role changes."""
         self._stopping = False
         self._nursery: trio.Nursery | None = None
         self.started_ns = self.now_ns()
@@ -184,6 +177,7 @@ class Node:
             max_frame_size=max(cfg.max_frame_size, 2 << 20),
             cluster_id=cfg.cluster_id,
             hello_timeout=cfg.handshake_timeout / 1e9,
+            members_digest=members_digest(self.members),
         )
         terms = TermHistory(
             [
@@ -310,6 +304,29 @@ class Node:
         the messages already in the inbox."""
         control = self.cm.control
         return await self.inbox.call(lambda now: control.request(action, now, terminate=terminate))
+
+    async def transfer_leadership(
+        self, to: int | None = None, reason: str = ""
+    ) -> tuple[bool, str]:
+        """Hand leadership to member ``to`` (None: the most up-to-date voting follower)
+        and wait, at most the election timeout and a heartbeat interval, until another
+        member leads (:mod:`cluster.core.handover`)."""
+        cm = self.cm
+        term = cm.leadership_term_id
+        why = await self.inbox.call(lambda now: cm.handover.start(now, to, reason or "requested"))
+        if why:
+            return False, f"cannot hand leadership over: {why}"
+        target = cm.handover.target
+        cfg = self.config
+        with trio.move_on_after((cfg.election_timeout + cfg.leader_heartbeat_interval) / 1e9):
+            while cm.role is Role.LEADER:
+                await self.role_changed.wait()
+        if cm.role is Role.LEADER:
+            return False, f"member {target} did not take leadership over: still leading term {term}"
+        return (
+            True,
+            f"member {self.config.member_id} handed leadership of term {term} to member {target}",
+        )
 
     def status(self) -> MemberStatus:
         """This member's :class:`MemberStatus` (``describe`` on the admin port)."""
@@ -455,6 +472,8 @@ class Node:
             self.timings.cycle(began)
 
     def _on_role_change(self, role: Role) -> None:
+        self.role_changed.set()
+        self.role_changed = trio.Event()
         self.timings.reset()
         if self.config.archive_io == "auto":
             self.archive_agent.inline = role is not Role.LEADER
@@ -610,6 +629,11 @@ class Node:
         if self._stopping or self._nursery is None:
             return
         self._stopping = True
+        if self.cm.is_ready_leader and len(self.members) > 1:
+            # hand leadership over first: the others go on within a round trip, not a
+            # leader heartbeat timeout
+            ok, message = await self.transfer_leadership(reason="this member is stopping")
+            (log.info if ok else log.warning)("%s", message)
         self.cm.control.leave(ModuleState.TERMINATING)
         with trio.move_on_after(drain_timeout) as scope:
             await self.archive_agent.wait_idle()
@@ -636,55 +660,10 @@ class Node:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .errorlog import install as install_error_log
+    """``python -m cluster.node`` and ``cluster-node`` (:func:`cluster.launch.main`)."""
+    from .launch import main as launch
 
-    install_error_log()  # first: `cluster-tool errors` shows the start-up warnings too
-    try:
-        config = load_config(argv)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    configure_logging(config.log_level)
-    try:
-        service_cls = load_object(config.service, "service")
-        authenticator = (
-            load_object(config.authenticator, "authenticator")() if config.authenticator else None
-        )
-        try:
-            service = service_cls()
-        except TypeError as exc:  # an abstract service: no on_take_snapshot/on_start
-            raise ConfigError(f"service {config.service!r}: {exc}") from None
-        if not isinstance(service, ClusteredService):
-            raise ConfigError(f"service {config.service!r} is not a ClusteredService")
-        check_exposure(config)
-        network = network_for(config)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    log.info(
-        "starting member %d (pid %d) with\n%s", config.member_id, os.getpid(), describe(config)
-    )
-    node = Node(config, service, authenticator=authenticator, network=network)
-    try:
-        trio.run(partial(node.run, freeze_gc=True))
-    except DataDirError as exc:
-        log.error("cannot start: %s", exc)
-        return 2
-    except ArchiveError as exc:
-        log.error("cannot start: %s", exc)
-        return 1
-    except ConfigError as exc:
-        log.error("%s", exc)
-        return 2
-    except OSError as exc:
-        log.error("node stopped: %s", exc)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    except Exception as exc:  # an ExceptionGroup from the agents' nursery, or any bug
-        log.error("node stopped by an unexpected error: %r", exc, exc_info=exc)
-        return 1
-    return 0
+    return launch(argv)
 
 
 if __name__ == "__main__":

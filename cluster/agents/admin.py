@@ -24,11 +24,13 @@ Queries (their ``body`` is JSON):
   12 s: ...").
 
 Commands that change the cluster (``snapshot``, ``suspend``, ``resume``, ``shutdown``,
-``abort``, ``invalidate-latest-snapshot``) put a cluster action on the log (the request
-enters the node's inbox like any other message; leader only, Aeron's refusals
-otherwise) or edit the recording log.  **They are refused unless the connection comes from a
-loopback address** (127.0.0.0/8 or ::1): the admin port has no authentication, so a
-member bound to a routable address still only lets its own host change it.  Streams that
+``abort``, ``invalidate-latest-snapshot``, ``transfer-leadership``) put a cluster
+action on the log (the request enters the node's inbox like any other message; leader
+only, Aeron's refusals otherwise), edit the recording log, or hand leadership over
+(``transfer-leadership``, with ``to`` a member id, or none: the leader picks).  **They
+are refused unless the connection comes from a loopback address** (127.0.0.0/8 or ::1):
+the admin port has no authentication, so a member bound to a routable address still
+only lets its own host change it.  Streams that
 are not sockets (the in-memory simulator's) count as local.  Queries are open to anyone
 who can reach the port: firewall it like the consensus port.
 """
@@ -66,7 +68,15 @@ log = logging.getLogger("cluster.admin")
 
 DEFAULT_SNAPSHOT_TIMEOUT = 30.0
 MUTATING = frozenset(
-    {"snapshot", "suspend", "resume", "shutdown", "abort", "invalidate-latest-snapshot"}
+    {
+        "snapshot",
+        "suspend",
+        "resume",
+        "shutdown",
+        "abort",
+        "invalidate-latest-snapshot",
+        "transfer-leadership",
+    }
 )
 _ENTRY_TYPES = {
     ENTRY_TYPE_TERM: "TERM",
@@ -133,6 +143,13 @@ class AdminTarget(Protocol):
         """Return once more than ``after`` snapshots have been taken."""
         ...
 
+    async def transfer_leadership(
+        self, to: int | None = None, reason: str = ""
+    ) -> tuple[bool, str]:
+        """Hand this leader's leadership to member ``to`` (None: the most up-to-date
+        voting follower) and wait until another member leads; ``(done, message)``."""
+        ...
+
     @property
     def snapshots(self) -> SnapshotAgent:
         """Its snapshots: taken, failed (and why)."""
@@ -165,6 +182,7 @@ class AdminServer:
             "shutdown": self._shutdown,
             "abort": self._abort,
             "invalidate-latest-snapshot": self._invalidate_latest_snapshot,
+            "transfer-leadership": self._transfer_leadership,
         }
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
@@ -349,6 +367,19 @@ class AdminServer:
 
     async def _abort(self, command: AdminCommand) -> AdminReply:
         return await self._simple_action(command, ClusterAction.ABORT)
+
+    async def _transfer_leadership(self, command: AdminCommand) -> AdminReply:
+        cid = command.correlation_id
+        to: int | None = None
+        if "to" in command.args:
+            try:
+                to = int(command.args["to"])
+            except ValueError:
+                return AdminReply(cid, False, f"bad member id {command.args['to']!r}")
+        ok, message = await self.node.transfer_leadership(to, "requested on the admin port")
+        if ok:
+            log.info("%s (requested on the admin port)", message)
+        return AdminReply(cid, ok, message)
 
     async def _invalidate_latest_snapshot(self, command: AdminCommand) -> AdminReply:
         invalidated = self.node.recording_log.invalidate_latest_snapshot()

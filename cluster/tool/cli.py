@@ -36,6 +36,8 @@ _HELP = {
     "resume": "resume after suspend",
     "shutdown": "snapshot, then every member stops",
     "abort": "every member stops, no snapshot",
+    "transfer-leadership": "the leader hands leadership to --to N (default: its most "
+    "up-to-date follower) and waits until it leads",
     "invalidate-latest-snapshot": "mark the latest snapshot invalid in the recording log "
     "(of --member N, or of every member)",
     "certs": "make the cluster's certificates in --out DIR (no cluster needed)",
@@ -100,7 +102,8 @@ def build_parser() -> UsageParser:
         allow_abbrev=False,  # `--member 1` is not `--members 1`
         description="Query and control a Triarch cluster through its members' admin ports.",
         epilog="`cluster-tool COMMAND --help` shows a command's options.  Cluster actions "
-        "(snapshot, suspend, resume, shutdown, abort) go to the leader, or to --member; "
+        "(snapshot, suspend, resume, shutdown, abort, transfer-leadership) go to the leader, "
+        "or to --member; "
         "members accept them only from their own host (or, with TLS, an admin principal).  "
         "Exit codes: 0 ok, 1 refused, failed or a member down, 2 usage.",
     )
@@ -132,6 +135,15 @@ def build_parser() -> UsageParser:
                 type=duration_seconds,
                 default=argparse.SUPPRESS,
                 help="how long to wait for the snapshot to be taken (default 30s)",
+            )
+        if name == "transfer-leadership":
+            sub.add_argument(
+                "--to",
+                type=int,
+                default=None,
+                metavar="N",
+                help="the member to hand leadership to (default: the leader picks the most "
+                "up-to-date voting follower)",
             )
         if name == "errors":
             sub.add_argument(
@@ -210,6 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{args.command} takes no --snapshot-timeout")
     if member is not None and member not in {m.member_id for m in members}:
         parser.error(f"--member {member} is not in --members")
+    to = getattr(args, "to", None)
+    if to is not None and to not in {m.member_id for m in members}:
+        parser.error(f"--to {to} is not in --members")
     try:
         use_certs(args.certs_dir)
     except TlsError as exc:
@@ -221,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         snapshot_timeout=args.snapshot_timeout or 30.0,
         member=member,
         limit=getattr(args, "limit", None),
+        to=to,
     )
     try:
         return trio.run(run, opts, args.command)

@@ -15,7 +15,7 @@ from ..transport.tls import is_tls_problem
 from . import loop, render
 from .client import Result, Unreachable, describe_all, find_leader, request, request_all
 
-ACTIONS = ("snapshot", "suspend", "resume", "shutdown", "abort")
+ACTIONS = ("snapshot", "suspend", "resume", "shutdown", "abort", "transfer-leadership")
 
 
 @dataclass
@@ -26,6 +26,8 @@ class Options:
     snapshot_timeout: float = 30.0
     member: int | None = None
     limit: int | None = None
+    to: int | None = None
+    """``transfer-leadership --to``: the member to hand leadership to."""
 
     @property
     def json(self) -> bool:
@@ -177,6 +179,10 @@ async def cmd_action(opts: Options, command: str) -> int:
     if command == "snapshot":
         args["timeout"] = f"{opts.snapshot_timeout:g}"
         timeout += opts.snapshot_timeout
+    elif command == "transfer-leadership":
+        if opts.to is not None:
+            args["to"] = str(opts.to)
+        timeout += 15.0  # the leader waits for the hand-over: an election timeout or so
     try:
         reply = await request(member, command, args, timeout)
     except Unreachable as exc:

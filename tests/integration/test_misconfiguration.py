@@ -437,10 +437,6 @@ def test_a_node_refuses_members_typos_with_exit_code_2(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="cluster/node.py main() must turn a ListenError into exit code 2 (issue 31)",
-    strict=True,
-)
 def test_a_node_on_a_port_in_use_exits_2_naming_it(tmp_path: Path) -> None:
     consensus, admin = free_ports(2)
     with taken_port() as port:

@@ -1,0 +1,87 @@
+"""The node's command line: ``python -m cluster.node`` and ``cluster-node``.
+
+Settings (:func:`cluster.config.load_config`), the service and authenticator classes,
+the exposure check, then :meth:`cluster.node.Node.run`, with what ends it turned into an
+exit code: 0 a clean stop; 2 a mistake the operator can fix (a setting, a port in use, a
+data directory of another member or held by another process), with one line naming it;
+1 anything else (a damaged archive, an unexpected error, logged with its traceback).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from functools import partial
+
+import trio
+
+from .archive.errors import ArchiveError
+from .archive.identity import DataDirError
+from .config import ConfigError, describe, load_config, load_object
+from .node import Node
+from .security import check_exposure, configure_logging, network_for
+from .service import ClusteredService
+from .transport.base import ListenError, listen_error_in
+
+log = logging.getLogger("cluster.node")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .errorlog import install as install_error_log
+
+    install_error_log()  # first: `cluster-tool errors` shows the start-up warnings too
+    try:
+        config = load_config(argv)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(config.log_level)
+    try:
+        service_cls = load_object(config.service, "service")
+        authenticator = (
+            load_object(config.authenticator, "authenticator")() if config.authenticator else None
+        )
+        try:
+            service = service_cls()
+        except TypeError as exc:  # an abstract service: no on_take_snapshot/on_start
+            raise ConfigError(f"service {config.service!r}: {exc}") from None
+        if not isinstance(service, ClusteredService):
+            raise ConfigError(f"service {config.service!r} is not a ClusteredService")
+        check_exposure(config)
+        network = network_for(config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    log.info(
+        "starting member %d (pid %d) with\n%s", config.member_id, os.getpid(), describe(config)
+    )
+    node = Node(config, service, authenticator=authenticator, network=network)
+    try:
+        trio.run(partial(node.run, freeze_gc=True))
+    except DataDirError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    except ArchiveError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    except ListenError as exc:  # before OSError, which it is: a port in use, named
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        log.error("node stopped: %s", exc)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # an ExceptionGroup from the agents' nursery, or any bug
+        listen_error = listen_error_in(exc)
+        if listen_error is not None:  # a port in use: one line naming it, no traceback
+            print(f"error: {listen_error}", file=sys.stderr)
+            return 2
+        log.error("node stopped by an unexpected error: %r", exc, exc_info=exc)
+        return 1
+    return 0
