@@ -526,6 +526,16 @@ SETTINGS: tuple[Setting, ...] = (
         format_duration,
     ),
     Setting(
+        "initial-cluster-state",
+        "auto",
+        _choice("auto", "new"),
+        "how a new (empty) data directory starts: auto, as a catch-up member that votes "
+        "once a leader has caught it up, or once every member answers with an empty log "
+        "(a brand-new cluster); new, voting at once: only for the first start of a "
+        "brand-new cluster some of whose members are not there yet (never for a replaced "
+        "disk: it could vote a stale member in); a directory that exists ignores it",
+    ),
+    Setting(
         "slow-tick-interval",
         10_000_000,
         _positive(parse_duration_ns),
@@ -678,6 +688,7 @@ class NodeConfig:
     leader_heartbeat_interval: int = 200_000_000
     election_timeout: int = 1_000_000_000
     startup_canvass_timeout: int = 60_000_000_000
+    initial_cluster_state: str = "auto"
     slow_tick_interval: int = 10_000_000
     max_concurrent_sessions: int = 10
     max_pending_sessions: int = 16

@@ -68,7 +68,11 @@ class DataDir:
         self.identity = settle_identity(
             directory,
             found,
-            Identity(config.cluster_id, config.member_id, voting=had_state),
+            Identity(
+                config.cluster_id,
+                config.member_id,
+                voting=had_state or config.initial_cluster_state == "new",
+            ),
             self.node_state,
             self.archive.position,
         )

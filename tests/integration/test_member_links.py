@@ -53,6 +53,7 @@ class Cluster:
                     dir=str(tmp_path / f"n{i}"),
                     startup_canvass_timeout=500_000_000,
                     leader_heartbeat_timeout=2_000_000_000,
+                    initial_cluster_state="new",  # two of three members, brand new
                 ),
                 KeyValueService(),
             )

@@ -56,6 +56,7 @@ class SecureCluster:
                 certs_dir=str(self.certs / f"member-{i}"),
                 admin_principals="admin",
                 startup_canvass_timeout=500_000_000,
+                initial_cluster_state="new",  # two of three members, brand new
             )
             self.nodes.append(Node(config, KeyValueService(), network=network_for(config)))
 
