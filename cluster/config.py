@@ -166,6 +166,8 @@ def _retention(text: Any) -> int:
 
 
 def _cluster_id(text: Any) -> int:
+    if str(text).strip().lower() == "auto":
+        return -1  # the data directory's
     value = _int(text)
     if not 0 <= value < 1 << 31:
         raise ValueError(f"must be in 0..{(1 << 31) - 1}, got {text!r}")
@@ -455,9 +457,12 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "cluster-id",
-        0,
+        -1,
         _cluster_id,
-        "this cluster's id: a member link from a member of another cluster is refused",
+        "this cluster's id: a member link from a member of another cluster is refused, and "
+        "so is a data directory of another cluster; auto: the id the data directory "
+        "records, or 0 for a new one",
+        lambda value: "auto" if value < 0 else str(value),
     ),
     Setting(
         "certs-dir",
@@ -676,7 +681,8 @@ SETTINGS: tuple[Setting, ...] = (
 class NodeConfig:
     member_id: int = 0
     members: str = ""
-    cluster_id: int = 0
+    cluster_id: int = -1
+    """-1: the one the data directory records, or 0 for a new directory."""
     dir: str = "cluster-data"
     service: str = "cluster.examples.kv:KeyValueService"
     authenticator: str = ""

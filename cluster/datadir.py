@@ -51,8 +51,11 @@ class DataDir:
     def _open(self, config: NodeConfig) -> None:
         directory = self.path
         found = read_identity(directory)
+        cluster_id = config.cluster_id
+        if cluster_id < 0:  # not given: the directory's
+            cluster_id = found.cluster_id if found is not None else 0
         if found is not None:
-            check_identity(directory, found, config.cluster_id, config.member_id)
+            check_identity(directory, found, cluster_id, config.member_id)
         had_state = has_state(directory)
         self.recording_log = RecordingLog.open(directory)
         latest = self.recording_log.get_latest_snapshot(CM_SERVICE_ID)
@@ -69,7 +72,7 @@ class DataDir:
             directory,
             found,
             Identity(
-                config.cluster_id,
+                cluster_id,
                 config.member_id,
                 voting=had_state or config.initial_cluster_state == "new",
             ),

@@ -175,7 +175,7 @@ class Node:
             self._deliver_consensus,
             delivered=self._consensus_delivered,
             max_frame_size=max(cfg.max_frame_size, 2 << 20),
-            cluster_id=cfg.cluster_id,
+            cluster_id=self.identity.cluster_id,
             hello_timeout=cfg.handshake_timeout / 1e9,
             members_digest=members_digest(self.members),
         )

@@ -304,6 +304,7 @@ def test_every_setting_settable_from_each_layer(tmp_path: Path) -> None:
         "leader-heartbeat-interval": ("50ms", 50 * MS),
         "election-timeout": ("2s", 2 * SECOND),
         "startup-canvass-timeout": ("5s", 5 * SECOND),
+        "initial-cluster-state": ("new", "new"),
         "slow-tick-interval": ("5ms", 5 * MS),
         "max-concurrent-sessions": ("7", 7),
         "max-pending-sessions": ("9", 9),
