@@ -328,6 +328,11 @@ class Node:
             f"member {self.config.member_id} handed leadership of term {term} to member {target}",
         )
 
+    def stop(self) -> None:
+        """Stop as SIGTERM does (``cluster-tool stop``), after the current reply."""
+        if self._nursery is not None:
+            self._nursery.start_soon(self.shutdown, name="stop")
+
     def status(self) -> MemberStatus:
         """This member's :class:`MemberStatus` (``describe`` on the admin port)."""
         now = self.now_ns()

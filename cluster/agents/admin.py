@@ -27,7 +27,8 @@ Commands that change the cluster (``snapshot``, ``suspend``, ``resume``, ``shutd
 ``abort``, ``invalidate-latest-snapshot``, ``transfer-leadership``) put a cluster
 action on the log (the request enters the node's inbox like any other message; leader
 only, Aeron's refusals otherwise), edit the recording log, or hand leadership over
-(``transfer-leadership``, with ``to`` a member id, or none: the leader picks).  **They
+(``transfer-leadership``, with ``to`` a member id, or none: the leader picks), or stop
+this one member as SIGTERM does (``stop``).  **They
 are refused unless the connection comes from a loopback address** (127.0.0.0/8 or ::1):
 the admin port has no authentication, so a member bound to a routable address still
 only lets its own host change it.  Streams that
@@ -76,6 +77,7 @@ MUTATING = frozenset(
         "abort",
         "invalidate-latest-snapshot",
         "transfer-leadership",
+        "stop",
     }
 )
 _ENTRY_TYPES = {
@@ -143,6 +145,10 @@ class AdminTarget(Protocol):
         """Return once more than ``after`` snapshots have been taken."""
         ...
 
+    def stop(self) -> None:
+        """Stop this member as SIGTERM does (a leader hands leadership over first)."""
+        ...
+
     async def transfer_leadership(
         self, to: int | None = None, reason: str = ""
     ) -> tuple[bool, str]:
@@ -183,6 +189,7 @@ class AdminServer:
             "abort": self._abort,
             "invalidate-latest-snapshot": self._invalidate_latest_snapshot,
             "transfer-leadership": self._transfer_leadership,
+            "stop": self._stop,
         }
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
@@ -380,6 +387,11 @@ class AdminServer:
         if ok:
             log.info("%s (requested on the admin port)", message)
         return AdminReply(cid, ok, message)
+
+    async def _stop(self, command: AdminCommand) -> AdminReply:
+        log.info("stopping (requested on the admin port)")
+        self.node.stop()
+        return AdminReply(command.correlation_id, True, "stopping (a leader hands over first)")
 
     async def _invalidate_latest_snapshot(self, command: AdminCommand) -> AdminReply:
         invalidated = self.node.recording_log.invalidate_latest_snapshot()

@@ -35,6 +35,7 @@ from prometheus_client.registry import Collector
 from ..core.consensus import ConsensusModule
 from ..protocol.admin import MemberStatus
 from ..status import sees_quorum as status_sees_quorum
+from ..transport.base import listen_error
 
 log = logging.getLogger("cluster.metrics")
 
@@ -236,7 +237,10 @@ class MetricsServer:
         self.requests = 0
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        try:
+            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        except OSError as exc:  # a port in use: exit code 2 naming it
+            raise listen_error(self.host, self.port, exc) from exc
         task_status.started(listeners[0].socket.getsockname()[1])
         await trio.serve_listeners(self._handle, listeners)
 

@@ -36,6 +36,7 @@ _HELP = {
     "resume": "resume after suspend",
     "shutdown": "snapshot, then every member stops",
     "abort": "every member stops, no snapshot",
+    "stop": "stop --member N alone, as SIGTERM does (a leader hands leadership over first)",
     "transfer-leadership": "the leader hands leadership to --to N (default: its most "
     "up-to-date follower) and waits until it leads",
     "invalidate-latest-snapshot": "mark the latest snapshot invalid in the recording log "
@@ -220,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{args.command} takes no --member")
     if args.snapshot_timeout is not None and args.command != "snapshot":
         parser.error(f"{args.command} takes no --snapshot-timeout")
+    if args.command == "stop" and member is None:
+        parser.error("stop needs --member N (the member to stop)")
     if member is not None and member not in {m.member_id for m in members}:
         parser.error(f"--member {member} is not in --members")
     to = getattr(args, "to", None)

@@ -15,7 +15,7 @@ from ..transport.tls import is_tls_problem
 from . import loop, render
 from .client import Result, Unreachable, describe_all, find_leader, request, request_all
 
-ACTIONS = ("snapshot", "suspend", "resume", "shutdown", "abort", "transfer-leadership")
+ACTIONS = ("snapshot", "suspend", "resume", "shutdown", "abort", "transfer-leadership", "stop")
 
 
 @dataclass

@@ -134,11 +134,24 @@ def test_transfer_leadership_on_demand(tmp_path: Path) -> None:
                     assert again.returncode == 0, again.stderr
                     await wait_for(lambda: c.leader_member_id != to, 10, "a second hand-over")
                     await load.wait_acks_sent_after(trio.current_time(), 100, 30)
+                    # `stop` of the leader alone: it hands over first, then exits 0
+                    leader = c.leader_member_id
+                    stopped = await trio.to_thread.run_sync(
+                        lambda: tool(cluster, "stop", "--member", str(leader))
+                    )
+                    assert stopped.returncode == 0, stopped.stderr
+                    code = await trio.to_thread.run_sync(lambda: cluster.processes[leader].wait(30))
+                    assert code == 0
+                    await wait_for(lambda: c.leader_member_id != leader, 10, "a third leader")
+                    await load.wait_acks_sent_after(trio.current_time(), 100, 30)
                 refused = await trio.to_thread.run_sync(
                     lambda: tool(cluster, "transfer-leadership", "--to", "7")
                 )
                 assert refused.returncode == 2
                 assert "--to 7 is not in --members" in refused.stderr
+                unnamed = await trio.to_thread.run_sync(lambda: tool(cluster, "stop"))
+                assert unnamed.returncode == 2
+                assert "stop needs --member N" in unnamed.stderr
                 assert await unreadable(kv, load.acked) == []
                 report("transfer-leadership", handover=took, acked=len(load.acked))
                 assert took < HANDOVER_BOUND

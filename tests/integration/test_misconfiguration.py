@@ -448,6 +448,24 @@ def test_a_node_on_a_port_in_use_exits_2_naming_it(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
+def test_a_metrics_port_in_use_exits_2_naming_it(tmp_path: Path) -> None:
+    ingress, consensus, admin = free_ports(3)
+    with taken_port() as port:
+        done = node_process(
+            tmp_path,
+            "--members",
+            f"0={HOST}:{ingress}:{consensus}:{admin}",
+            "--metrics-port",
+            str(port),
+        )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: cannot listen on {HOST}:{port} (address already in use)"
+    )
+    assert "Traceback" not in done.stderr
+
+
 def test_a_failed_connect_says_why_in_words() -> None:
     """Trio's "all attempts to connect to HOST:PORT failed" hides the reason in its
     context; a member's WARNING names it (and the errno stays)."""
