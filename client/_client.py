@@ -35,7 +35,6 @@ import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -53,10 +52,10 @@ from cluster.protocol.ingress import (
     SessionKeepAlive,
     SessionMessageHeader,
 )
-from cluster.transport.tls import TlsError, TlsIdentity, load_client_identity
+from cluster.transport.tls import TlsIdentity
 
 from ._connect import AsyncConnect, Done
-from ._credentials import CredentialsSupplier, as_credentials_supplier
+from ._credentials import CredentialsSupplier, as_credentials_supplier, load_certs
 from ._endpoints import Endpoint, format_endpoints, parse_endpoints
 from ._exception_groups import raise_unwrapped
 from ._handshake import Handshake
@@ -72,7 +71,7 @@ from ._ingress import (
 )
 from ._session import Action, Reconnect, Session
 from ._sync import Backend, Broadcast
-from .errors import CertsDirError, ConnectTimeoutError, TlsRequiredError
+from .errors import ConnectTimeoutError, TlsRequiredError
 from .events import (
     AdminResponseReceived,
     ClientEvent,
@@ -624,13 +623,6 @@ def _check_positive(name: str, value: float) -> None:
         raise ValueError(f"{name} must be positive, got {value!r}")
 
 
-def _load_certs(certs_dir: str | os.PathLike[str]) -> TlsIdentity:
-    try:
-        return load_client_identity(Path(certs_dir), user="the client", preferred="app")
-    except TlsError as exc:
-        raise CertsDirError(f"certs_dir: {exc}") from None
-
-
 @asynccontextmanager
 async def connect(
     ingress_endpoints: str,
@@ -673,7 +665,7 @@ async def connect(
     """
     endpoints = parse_endpoints(ingress_endpoints)
     supplier = as_credentials_supplier(credentials)
-    identity = None if certs_dir is None else _load_certs(certs_dir)
+    identity = None if certs_dir is None else load_certs(certs_dir)
     _check_positive("connect_timeout", connect_timeout)
     _check_positive("keepalive_interval", keepalive_interval)
     _check_positive("max_frame_size", max_frame_size)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+from cluster.transport.tls import TlsError, TlsIdentity, load_client_identity
+
+from .errors import CertsDirError
 
 __all__ = ["CredentialsSupplier", "StaticCredentials", "as_credentials_supplier"]
 
@@ -52,3 +58,12 @@ def as_credentials_supplier(credentials: bytes | CredentialsSupplier | None) -> 
         "credentials must be bytes, a CredentialsSupplier or None, "
         f"not {type(credentials).__name__}"
     )
+
+
+def load_certs(certs_dir: str | os.PathLike[str]) -> TlsIdentity:
+    """A client's certificate folder (``client-NAME``), or :class:`CertsDirError`
+    saying why it is not one (a member's folder, an expired certificate, a missing file)."""
+    try:
+        return load_client_identity(Path(certs_dir), user="the client", preferred="app")
+    except TlsError as exc:
+        raise CertsDirError(f"certs_dir: {exc}") from None

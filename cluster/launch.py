@@ -1,4 +1,5 @@
-"""The node's command line: ``python -m cluster.node`` and ``cluster-node``.
+"""The node's command line: ``python -m cluster.node`` (which runs this module) and
+``cluster-node``.
 
 Settings (:func:`cluster.config.load_config`), the service and authenticator classes,
 the exposure check, then :meth:`cluster.node.Node.run`, with what ends it turned into an
@@ -85,3 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("node stopped by an unexpected error: %r", exc, exc_info=exc)
         return 1
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

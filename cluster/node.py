@@ -23,9 +23,8 @@ import logging
 import random
 import secrets
 import signal
-import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -126,6 +125,8 @@ class Node:
         self._ready = trio.Event()
         self.role_changed = trio.Event()
         """Set (and replaced) each time this member's role changes."""
+        self.closed = trio.Event()
+        """Set once :meth:`run` has ended and released the data directory (its lock)."""
         self._stopping = False
         self._nursery: trio.Nursery | None = None
         self.started_ns = self.now_ns()
@@ -572,7 +573,11 @@ class Node:
         collector's reach (:func:`gc.freeze`), so a full collection walks only what was
         made since: 12-27 ms of stopped event loop less each on the 2-core machine."""
         self.started_ns = self.now_ns()
-        await self.run_blocking(self._open_storage)
+        try:
+            await self.run_blocking(self._open_storage)
+        except BaseException:
+            self.closed.set()  # nothing was opened
+            raise
         self.stalls.start()
         try:
             self._build()
@@ -628,14 +633,17 @@ class Node:
                 if self._log_writer is not None:
                     self._log_writer.close()
                 self.datadir.close()
+                self.closed.set()
 
     async def shutdown(self, drain_timeout: float = 5.0) -> None:
         """Graceful stop: no new ingress, log flushed to disk and applied, egress flushed."""
         if self._stopping or self._nursery is None:
             return
         self._stopping = True
-        if self.cm.is_ready_leader and len(self.members) > 1:
-            # hand leadership over first: the others go on within a round trip, not a
+        alone = self.cm.control.module_state in (ModuleState.ACTIVE, ModuleState.SUSPENDED)
+        if alone and self.cm.is_ready_leader and len(self.members) > 1:
+            # this member alone stops (not a SHUTDOWN or ABORT of the cluster): it hands
+            # leadership over first, so the others go on within a round trip, not a
             # leader heartbeat timeout
             ok, message = await self.transfer_leadership(reason="this member is stopping")
             (log.info if ok else log.warning)("%s", message)
@@ -664,12 +672,7 @@ class Node:
         self._nursery.cancel_scope.cancel()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m cluster.node`` and ``cluster-node`` (:func:`cluster.launch.main`)."""
-    from .launch import main as launch
+if __name__ == "__main__":  # python -m cluster.node: the command line is cluster.launch's
+    import runpy
 
-    return launch(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    runpy.run_module("cluster.launch", run_name="__main__", alter_sys=True)

@@ -21,8 +21,9 @@ from cluster import tool
 from cluster.certs import make_certs
 from cluster.config import NodeConfig, parse_members
 from cluster.examples.kv import KeyValueClient, KeyValueService
+from cluster.launch import main
 from cluster.local import free_ports
-from cluster.node import Node, main
+from cluster.node import Node
 from cluster.protocol import PROTOCOL_VERSION, encode_frame
 from cluster.protocol.consensus import MemberHello
 from cluster.protocol.enums import AdminResponseCode

@@ -63,6 +63,7 @@ class Cluster3:
         self.config = {**FAST, **config}
         self.nodes: dict[int, Node] = {}
         self.scopes: dict[int, trio.CancelScope] = {}
+        self.stopped: dict[int, Node] = {}
         self.authenticator: Callable[[], Authenticator | None] = lambda: None
 
     @property
@@ -75,6 +76,9 @@ class Cluster3:
         return ",".join(parts)
 
     async def start(self, i: int) -> Node:
+        previous = self.stopped.pop(i, None)
+        if previous is not None:  # a crashed or stopped node lets go of its directory
+            await previous.closed.wait()
         config = NodeConfig(
             member_id=i, members=self.members, dir=str(self.tmp_path / f"node-{i}"), **self.config
         )
@@ -97,10 +101,10 @@ class Cluster3:
 
     def crash(self, i: int) -> None:
         self.scopes.pop(i).cancel()
-        self.nodes.pop(i)
+        self.stopped[i] = self.nodes.pop(i)
 
     async def stop(self, i: int) -> None:
-        node = self.nodes.pop(i)
+        node = self.stopped[i] = self.nodes.pop(i)
         await node.shutdown()
         self.scopes.pop(i)
 
