@@ -28,6 +28,7 @@ least as up to date as ours, compared by ``(last log term, log position)``.
 from __future__ import annotations
 
 import enum
+import logging
 import random
 from typing import Protocol
 
@@ -43,6 +44,12 @@ from . import quorum
 from .base import ConsensusConfig, ConsensusPort
 from .log import ReplicatedLog
 from .voting import VotingRights
+
+log = logging.getLogger("cluster.consensus")
+
+
+WAITING_LOG_INTERVAL_NS = 10_000_000_000
+"""How often a catch-up member without a leader says why it does not vote."""
 
 
 class ElectionState(enum.IntEnum):
@@ -141,6 +148,7 @@ class Election:
         self.next_status_ns = now_ns
         self.nominate_at_ns = 0
         self.ballot_deadline_ns = 0
+        self._next_waiting_log_ns = 0
         self.transfer = transfer
         """Its leader handed leadership to this member (TimeoutNow): it nominates at once,
         and its RequestVote says so (``VOTE_TRANSFER``)."""
@@ -191,6 +199,31 @@ class Election:
         self.votes.clear()
         self.next_status_ns = now_ns
 
+    def _say_why_waiting(self, now_ns: int) -> None:
+        """A catch-up member with no leader WARNs every 10 s why it does not vote."""
+        if now_ns < self._next_waiting_log_ns:
+            return
+        first = self._next_waiting_log_ns == 0
+        self._next_waiting_log_ns = now_ns + WAITING_LOG_INTERVAL_NS
+        if first:
+            return  # the first canvass round has only just gone out
+        canvass = self.canvass
+        silent = [m for m in self.config.others if m not in canvass]
+        holding = [m for m in self.config.others if m in canvass and canvass[m][1] > 0]
+        detail = []
+        if silent:
+            detail.append(f"no answer from member(s) {', '.join(map(str, silent))}")
+        if holding:
+            detail.append(f"member(s) {', '.join(map(str, holding))} hold a log")
+        log.warning(
+            "member %d is a catch-up member (its data directory is new or lost its state) "
+            "and no leader has caught it up: it votes once a leader elected by the others "
+            "does, or, for a brand-new cluster, once every member answers with an empty "
+            "log (%s)",
+            self.config.member_id,
+            "; ".join(detail) or "every member answered",
+        )
+
     def _count_votes(self) -> None:
         if quorum.has_quorum(sum(self.votes.values()), self.config.member_count):
             self.won_term = self.terms.candidate_term_id  # Raft: a majority suffices
@@ -210,6 +243,7 @@ class Election:
                     self._is_new_cluster()
                     and voting.promote("every member canvassed with an empty log", 0)
                 ):
+                    self._say_why_waiting(now_ns)
                     return 0  # waits for a leader elected by others to catch it up
                 if self.log.archive_position < self.log.published_position:
                     return 0  # nominates only once its log is durable (a stuck disk never)
