@@ -82,11 +82,15 @@ class Handover:
             return "this member is not the ready leader"
         if self.active:
             return f"a hand-over to member {self.target} is already under way"
-        timeout = self.config.leader_heartbeat_timeout_ns
+        # heard within a few heartbeat intervals (a follower reports at least once an
+        # interval): one silent for longer may be gone, and a hand-over to it would only
+        # cost an election timeout
+        cfg = self.config
+        lately = min(3 * cfg.leader_heartbeat_interval_ns, cfg.leader_heartbeat_timeout_ns)
         candidates = [
             p
             for p in self.progress
-            if p.voter and now_ns - p.last_heard_ns < timeout and (to is None or p.member_id == to)
+            if p.voter and now_ns - p.last_heard_ns < lately and (to is None or p.member_id == to)
         ]
         if not candidates:
             if to is not None and to not in self.config.others:

@@ -222,3 +222,43 @@ def test_replacing_a_failed_member_under_a_writer_loses_nothing(tmp_path: Path) 
 
     with local_cluster(3, tmp_path) as cluster:
         trio.run(main, cluster)
+
+
+def test_replacing_a_failed_member_on_a_new_address(tmp_path: Path) -> None:
+    """README's procedure for a new address: the failed member's entry changes in
+    --members; the others restart one at a time with the new list (a leader hands over
+    as it stops), then the new member starts with it on an empty disk, catches up and
+    votes; the writer's acknowledged writes all read back."""
+
+    async def main(cluster: LocalCluster) -> None:
+        with trio.fail_after(240):
+            async with kv_session(cluster.ingress_endpoints, attempts=3) as (c, kv):
+                load = Load(kv, "moved")
+                async with running(load):
+                    await load.wait_acks_sent_after(0.0, 200, 30)
+                    failed = next(i for i in range(3) if i != c.leader_member_id)
+                    cluster.kill(failed)
+                    shutil.rmtree(cluster.directory / f"node-{failed}")
+                    moved = members_string(1).partition("=")[2]  # new free ports
+                    entries = cluster.members.split(",")
+                    entries[failed] = f"{failed}={moved}"
+                    cluster.members = ",".join(entries)
+                    survivors = [i for i in range(3) if i != failed]
+                    leader = c.leader_member_id
+                    for member in sorted(survivors, key=lambda m: m == leader):  # leader last
+                        cluster.stop(member)  # SIGTERM: a leader hands over first
+                        await restart(cluster, member)
+                        await load.wait_acks_sent_after(trio.current_time(), 50, 60)
+                    await restart(cluster, failed)
+                    await wait_for(
+                        lambda: "is a voting member again" in node_log(cluster, failed),
+                        60,
+                        f"member {failed} to be caught up on its new address",
+                        interval=0.2,
+                    )
+                    await load.wait_acks_sent_after(trio.current_time(), 200, 60)
+                assert await unreadable(kv, load.acked) == []
+                report("member replaced on a new address", acked=len(load.acked))
+
+    with local_cluster(3, tmp_path) as cluster:
+        trio.run(main, cluster)
