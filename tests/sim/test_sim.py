@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -481,3 +482,37 @@ def test_compaction_racing_a_lagging_follower(tmp_path: Path) -> None:
         13, 3, tmp_path, scenario, clients=3, archive_retention=1, segment_size=4 << 10
     )
     assert result.stats["compactions"] >= 3
+
+
+@pytest.mark.parametrize("role", ["leader", "follower"])
+def test_a_wiped_member_rejoins_as_a_catch_up_member(tmp_path: Path, role: str) -> None:
+    """A member (the leader, or a follower) loses its disk under load and restarts on an
+    empty one: it votes for nobody until caught up, then votes again; the checker sees
+    every acknowledged write kept.  Then the issue's case: with the wiped member caught
+    up, another member is wiped, and so on round the cluster."""
+
+    async def scenario(sim: SimCluster) -> None:
+        def voting(i: int) -> bool:
+            cm = getattr(sim.nodes[i].node, "cm", None)
+            return sim.nodes[i].running and cm is not None and not cm.voting.catching_up
+
+        def catching_up(i: int) -> bool:
+            cm = getattr(sim.nodes[i].node, "cm", None)
+            return sim.nodes[i].running and cm is not None and cm.voting.catching_up
+
+        await sim.start_workload()
+        leader = await sim.wait_for_leader()
+        await sim.sleep(1.0)
+        first = leader if role == "leader" else (leader + 1) % 3
+        for victim in (first, (first + 1) % 3, (first + 2) % 3):
+            await sim.wipe(victim)
+            await sim.sleep(0.5)
+            await sim.restart(victim)
+            await sim.wait_for(
+                f"member {victim} up, catching up", partial(catching_up, victim), 5.0
+            )
+            await sim.wait_for(f"member {victim} votes again", partial(voting, victim), 15.0)
+            await sim.sleep(0.5)
+
+    _, result = _sim(21, 3, tmp_path, scenario, clients=3)
+    assert result.stats["wipes"] == 3
