@@ -183,9 +183,12 @@ class Election:
 
     def _is_new_cluster(self) -> bool:
         """Every configured member has canvassed with an empty log, this one's too: the
-        cluster is brand new, nothing was ever acknowledged, and a new member may vote.
+        cluster is brand new, nothing was ever acknowledged, and a new member may vote
+        (and a cluster of one, whose own log, whatever is left of it, is all there is).
         (Two empty members of three are not enough: the third may hold what a quorum
         that included their lost disks acknowledged.)"""
+        if self.config.member_count == 1:
+            return True  # its own log is all there is: nobody else holds anything
         if self.log.published_position != 0 or len(self.log.terms):
             return False
         canvass = self.canvass
@@ -241,7 +244,12 @@ class Election:
                 voting = self.voting
                 if voting.catching_up and not (
                     self._is_new_cluster()
-                    and voting.promote("every member canvassed with an empty log", 0)
+                    and voting.promote(
+                        "a cluster of one"
+                        if cfg.member_count == 1
+                        else "every member canvassed with an empty log",
+                        self.log.published_position,
+                    )
                 ):
                     self._say_why_waiting(now_ns)
                     return 0  # waits for a leader elected by others to catch it up

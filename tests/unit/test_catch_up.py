@@ -12,11 +12,13 @@ import logging
 import random
 
 import pytest
-from core_harness import Cluster
+from core_harness import SECOND, Cluster, NullEgress
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cluster.core.base import ConsensusConfig
 from cluster.core.consensus import ConsensusModule
+from cluster.core.terms import TermHistory
 from cluster.protocol.consensus import (
     APPEND_POSITION_CATCHING_UP,
     APPEND_POSITION_VERIFIED,
@@ -203,3 +205,18 @@ def test_random_faults_with_replaced_disks_never_lose_a_committed_entry(seed: in
     assert len({bytes(c.disk[i][:end]) for i in c.members}) == 1
     assert bytes(c.disk[leader.config.member_id][:end]).startswith(c.ever_committed)
     c.run_until(lambda: voting(c) == set(range(n)))
+
+
+def test_a_cluster_of_one_whose_state_was_lost_still_leads() -> None:
+    """Nobody else can catch a lone member up: its own log is all there is."""
+    cm = ConsensusModule(
+        ConsensusConfig(member_id=0, member_ids=(0,)),
+        NullEgress(),
+        log_position=4096,
+        terms=TermHistory([(0, 0)]),
+        catching_up=True,
+    )
+    cm.enter_election(SECOND, "start-up", is_startup=True)
+    cm.consensus_work(SECOND)
+    assert not cm.voting.catching_up
+    assert cm.role is Role.LEADER
