@@ -550,15 +550,20 @@ class SessionManager(SessionAdmission):
                 self.counters.timed_out_sessions += 1
                 self._close(session, CloseReason.TIMEOUT, now_ns)
                 work += 1
+            elif session.has_open_event_pending and session.opened_log_position <= commit:
+                # retry an OK that found no room, before anything else the session is
+                # sent (the heartbeat below matched every tick and used to shadow this)
+                self._send_open_event(session)
             elif session.has_new_leader_event_pending and session.egress_connected:
                 if self._send_new_leader_event(session):
                     work += 1
-            elif session.own_connection and session.egress_connected:
-                if now_ns >= session.heartbeat_ns:  # the client's sign that we still lead
-                    session.heartbeat_ns = now_ns + EGRESS_HEARTBEAT_NS
-                    self._send_new_leader_event(session)
-            elif session.has_open_event_pending and session.opened_log_position <= commit:
-                self._send_open_event(session)  # retry a send that found no room
+            elif (
+                session.own_connection
+                and session.egress_connected
+                and now_ns >= session.heartbeat_ns
+            ):  # the client's sign that we still lead
+                session.heartbeat_ns = now_ns + EGRESS_HEARTBEAT_NS
+                self._send_new_leader_event(session)
         return work
 
     def _send_new_leader_event(self, session: ClusterSession) -> bool:

@@ -1304,3 +1304,24 @@ def test_a_stranger_cannot_resume_a_session_it_does_not_hold() -> None:
     assert closed.code is EventCode.CLOSED
     cm.on_message(CLIENT, T0 + 4 * MS)
     assert cm.on_ingress_message(msg(cm, sid), T0 + 4 * MS)
+
+
+def test_an_ok_that_could_not_be_queued_is_retried_on_the_sessions_own_connection() -> None:
+    """The OK found no room when its open event committed; the slow tick sends it again,
+    also for a session whose egress rides its ingress connection (the once-a-second
+    NewLeaderEvent used to shadow the retry there: the client never got its OK)."""
+    cm, egress, reader = make()
+    sid = cm.session_manager.next_session_id
+    cm.on_message(CLIENT, T0)
+    cm.on_message(SessionConnectRequest(50, 7, pv.PROTOCOL_VERSION, "", b""), T0)
+    cm.on_slow_tick(T0 + MS)
+    egress.accept = False  # the connection's backlog is full
+    commit_all(cm, reader)
+    assert not [e for e in egress.events(sid) if e.code is EventCode.OK]
+    assert cm.sessions[sid].has_open_event_pending
+    egress.accept = True
+    for tick in range(1, 30):
+        cm.on_slow_tick(T0 + tick * 100 * MS)
+    (ok,) = [e for e in egress.events(sid) if e.code is EventCode.OK]
+    assert ok.cluster_session_id == sid
+    assert not cm.sessions[sid].has_open_event_pending
