@@ -643,8 +643,8 @@ class ConsensusModule:
                 work = election.do_work(now_ns)
                 self._after_election(now_ns)
                 return work
-        if not self.is_ready_leader or self.handover.active:
-            return 0  # a leader handing over takes no new work
+        if not self.is_ready_leader or self.handover.active or not self.control.active:
+            return 0  # a leader handing over, or SUSPENDED, takes no new work
         return append_due(
             self.log, self.leadership_term_id, self.service_messages, self.timers, now_ns
         )
@@ -656,8 +656,7 @@ class ConsensusModule:
         work += sessions.answer_held_resumes(now_ns)
         if self.role is Role.LEADER:
             if self.is_ready_leader:
-                work += sessions.process_pending(now_ns)
-                work += sessions.check(now_ns)
+                work += sessions.tick(now_ns, active=self.control.active)
             if not self.replication.on_slow_tick(now_ns):
                 self.enter_election(now_ns, "inactive follower quorum")
                 work += 1

@@ -143,6 +143,11 @@ class ClusterControl:
         if state > self.module_state:
             self.module_state = state
 
+    @property
+    def active(self) -> bool:
+        """ACTIVE: the leader takes new work (SUSPENDED quiesces it until RESUME)."""
+        return self.module_state is ModuleState.ACTIVE
+
     def apply(self, action: ClusterAction) -> None:
         """Enter the module state ``action`` leads to (RESUME sequences what was held;
         actions that change no state, SNAPSHOT, SHUTDOWN, ABORT, change nothing here)."""

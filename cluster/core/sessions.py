@@ -523,9 +523,18 @@ class SessionManager(SessionAdmission):
             session.has_open_event_pending = False
             session.secret = b""
 
-    def check(self, now_ns: int) -> int:
+    def tick(self, now_ns: int, *, active: bool) -> int:
+        """A ready leader's slow tick: pending sessions move on and open ones are
+        checked; while the module is not ACTIVE (SUSPENDED) nothing that appends an
+        entry happens (opens, closes, timeouts wait for RESUME, as Aeron gates them)."""
+        work = self.process_pending(now_ns) if active else 0
+        return work + self.check(now_ns, quiesced=not active)
+
+    def check(self, now_ns: int, *, quiesced: bool = False) -> int:
         """Open sessions: egress re-dials, closes asked for by the service, timeouts,
-        NewLeaderEvents and OKs still to send (a ready leader, every slow tick)."""
+        NewLeaderEvents and OKs still to send (a ready leader, every slow tick).
+        ``quiesced`` (the module is SUSPENDED): nothing is closed (no entry is appended);
+        the rest goes on, so clients still hear from their leader."""
         work = 0
         timeout = self.config.session_timeout_ns
         commit = self.log.commit_position
@@ -542,15 +551,19 @@ class SessionManager(SessionAdmission):
                     session.egress_up_since_ns = now_ns
                 elif now_ns - session.egress_up_since_ns >= EGRESS_STABLE_NS:
                     session.egress_backoff_ns = 0  # it held: the next loss re-dials soon
-            if session.state is State.CLOSING:
-                self._close(session, session.close_reason or CloseReason.SERVICE_ACTION, now_ns)
-                work += 1
-            elif now_ns - session.time_of_last_activity_ns > timeout:
-                log.info("session %d timed out", session.cluster_session_id)
-                self.counters.timed_out_sessions += 1
-                self._close(session, CloseReason.TIMEOUT, now_ns)
-                work += 1
-            elif session.has_open_event_pending and session.opened_log_position <= commit:
+            if not quiesced:  # closes and timeouts append an entry: they wait for RESUME
+                if session.state is State.CLOSING:
+                    reason = session.close_reason or CloseReason.SERVICE_ACTION
+                    self._close(session, reason, now_ns)
+                    work += 1
+                    continue
+                if now_ns - session.time_of_last_activity_ns > timeout:
+                    log.info("session %d timed out", session.cluster_session_id)
+                    self.counters.timed_out_sessions += 1
+                    self._close(session, CloseReason.TIMEOUT, now_ns)
+                    work += 1
+                    continue
+            if session.has_open_event_pending and session.opened_log_position <= commit:
                 # retry an OK that found no room, before anything else the session is
                 # sent (the heartbeat below matched every tick and used to shadow this)
                 self._send_open_event(session)

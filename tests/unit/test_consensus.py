@@ -1325,3 +1325,31 @@ def test_an_ok_that_could_not_be_queued_is_retried_on_the_sessions_own_connectio
     (ok,) = [e for e in egress.events(sid) if e.code is EventCode.OK]
     assert ok.cluster_session_id == sid
     assert not cm.sessions[sid].has_open_event_pending
+
+
+def test_suspended_leader_appends_nothing_until_resumed() -> None:
+    """SUSPEND quiesces, as Aeron gates on ACTIVE (issue 32): session opens, session
+    timeouts, timers and service messages all wait; RESUME releases them."""
+    cm, _, reader = make(session_timeout_ns=2 * SECOND)
+    idle = open_session(cm, reader, T0)
+    ok, _ = cm.control.request(ClusterAction.SUSPEND, T0)
+    assert ok
+    commit_all(cm, reader)
+    suspended_at = cm.log.published_position
+    newcomer = connect(cm, T0 + MS, correlation_id=102, source=IngressSource(9, "127.0.0.1"))
+    cm.timers.schedule(7, cm.log.cluster_time(T0) + 10)
+    cm.service_messages.enqueue(b"from the service")
+    for tick in range(1, 60):  # 6 s: three session timeouts, every timer due
+        cm.on_slow_tick(T0 + tick * 100 * MS)
+    assert cm.log.published_position == suspended_at  # not one entry of any kind
+    assert cm.sessions[idle].state is State.OPEN
+    assert newcomer not in cm.sessions
+    ok, _ = cm.control.request(ClusterAction.RESUME, T0 + 6 * SECOND)
+    assert ok
+    cm.on_slow_tick(T0 + 6 * SECOND + 10 * MS)
+    commit_all(cm, reader)
+    kinds = {type(m) for m in reader.messages()}
+    assert {SessionOpenEvent, SessionCloseEvent, TimerEvent, SessionMessageHeader} <= kinds
+    closes = {m.cluster_session_id: m.close_reason for m in reader.messages(SessionCloseEvent)}
+    assert closes == {idle: CloseReason.TIMEOUT}
+    assert newcomer in cm.sessions
