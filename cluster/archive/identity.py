@@ -84,23 +84,6 @@ def _read_pid(fd: int) -> int | None:
         return None
 
 
-def holder_pid(directory: Path) -> int | None:
-    """The pid of the live process holding ``directory``, or None (offline tools)."""
-    path = directory / LOCK_FILE
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            return _read_pid(fd)
-        return None  # nobody holds it
-    finally:
-        os.close(fd)
-
-
 def read_identity(directory: Path) -> Identity | None:
     """The directory's recorded identity (None: the file is not there)."""
     path = directory / IDENTITY_FILE

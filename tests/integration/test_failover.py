@@ -56,8 +56,10 @@ CONNECT_TIMEOUT = 24.0
 
 
 @contextmanager
-def local_cluster(nodes: int, directory: Path) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(nodes, KV, directory, extra_args=NODE_ARGS)
+def local_cluster(
+    nodes: int, directory: Path, args: Sequence[str] = NODE_ARGS
+) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(nodes, KV, directory, extra_args=args)
     try:
         cluster.start_all(timeout=20)
         yield cluster

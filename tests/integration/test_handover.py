@@ -14,14 +14,12 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 import trio
-from test_failover import Load, kv_session, report, running, unreadable, wait_for
+from test_failover import Load, kv_session, local_cluster, report, running, unreadable, wait_for
 from test_full_disk import fill_up, small_disk
 
 from cluster.local import LocalCluster
@@ -38,20 +36,6 @@ NODE_ARGS = [  # the default leader heartbeat timeout (10 s): a hand-over must b
     "20s",
 ]
 HANDOVER_BOUND = 3.0  # seconds, against a 10 s heartbeat timeout
-
-
-@contextmanager
-def local_cluster(directory: Path, nodes: int = 3) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(nodes, KV, directory, extra_args=NODE_ARGS)
-    try:
-        cluster.start_all(timeout=20)
-        yield cluster
-    finally:
-        for proc in cluster.processes.values():
-            if proc.poll() is None:
-                with suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGCONT)
-        cluster.stop_all()
 
 
 def tool(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -78,11 +62,6 @@ def logged_at(cluster: LocalCluster, member_id: int, text: str) -> float:
     raise AssertionError(f"member {member_id} never logged {text!r}")
 
 
-async def handed_over(cluster: LocalCluster, load: Load, fault: float) -> float:
-    """Seconds from ``fault`` to the first acknowledged write sent after it."""
-    return await load.failover_time(fault, limit=15.0)
-
-
 def test_sigterm_of_the_leader_hands_leadership_over(tmp_path: Path) -> None:
     async def main(cluster: LocalCluster) -> None:
         with trio.fail_after(120):
@@ -93,7 +72,7 @@ def test_sigterm_of_the_leader_hands_leadership_over(tmp_path: Path) -> None:
                     old, term = c.leader_member_id, c.leadership_term_id
                     fault = trio.current_time()
                     cluster.signal(old, signal.SIGTERM)
-                    took = await handed_over(cluster, load, fault)
+                    took = await load.failover_time(fault, limit=15.0)
                     await load.wait_acks_sent_after(fault, 200, 30)
                     assert c.leader_member_id != old
                     assert c.leadership_term_id > term
@@ -105,7 +84,7 @@ def test_sigterm_of_the_leader_hands_leadership_over(tmp_path: Path) -> None:
                 report("SIGTERM of the leader", handover=took, acked=len(load.acked))
                 assert took < HANDOVER_BOUND
 
-    with local_cluster(tmp_path) as cluster:
+    with local_cluster(3, tmp_path, NODE_ARGS) as cluster:
         trio.run(main, cluster)
 
 
@@ -124,7 +103,7 @@ def test_transfer_leadership_on_demand(tmp_path: Path) -> None:
                     )
                     assert done.returncode == 0, done.stderr
                     assert f"to member {to}" in done.stdout
-                    took = await handed_over(cluster, load, fault)
+                    took = await load.failover_time(fault, limit=15.0)
                     await load.wait_acks_sent_after(fault, 200, 30)
                     await wait_for(lambda: c.leader_member_id == to, 10, "the client to follow")
                     # and once more, the leader choosing
@@ -156,7 +135,7 @@ def test_transfer_leadership_on_demand(tmp_path: Path) -> None:
                 report("transfer-leadership", handover=took, acked=len(load.acked))
                 assert took < HANDOVER_BOUND
 
-    with local_cluster(tmp_path) as cluster:
+    with local_cluster(3, tmp_path, NODE_ARGS) as cluster:
         trio.run(main, cluster)
 
 
@@ -203,5 +182,5 @@ def test_a_leader_whose_disk_fills_hands_leadership_over(tmp_path: Path) -> None
                     assert 9.5 < aside - full < 10.0 + HANDOVER_BOUND
                     assert leads - aside < HANDOVER_BOUND
 
-        with local_cluster(disks) as cluster:
+        with local_cluster(3, disks, NODE_ARGS) as cluster:
             trio.run(main, cluster)
