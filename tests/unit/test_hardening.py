@@ -408,3 +408,16 @@ def test_an_append_inside_one_of_its_records_is_refused() -> None:
     assert check_records(bytes(disk)) is None
     assert cm.counters.invalid_messages == 1
     assert len(disk) == 9  # the first record, whole
+
+
+def test_a_hand_over_message_is_checked_like_the_others() -> None:
+    """TimeoutNow from the wire: a term out of range, a hand-over to another member, or
+    one naming a leader other than the link's sender is refused; the real one passes."""
+    from cluster.protocol.consensus import TimeoutNow
+
+    members = (0, 1, 2)
+    assert check_consensus_message(TimeoutNow(4, 1, 0), members, 0, sender=1) is None
+    assert check_consensus_message(TimeoutNow((1 << 62) + 1, 1, 0), members, 0, sender=1)
+    assert check_consensus_message(TimeoutNow(4, 1, 2), members, 0, sender=1)
+    assert check_consensus_message(TimeoutNow(4, 2, 0), members, 0, sender=1)
+    assert check_consensus_message(TimeoutNow(4, 0, 0), members, 0, sender=None)

@@ -216,3 +216,12 @@ def test_digest_differs_exactly_when_the_lists_differ(ids: list[int], data: st.D
     same_ids, words = members_difference(members, members_digest(changed)) or (None, "")
     assert same_ids is True
     assert f"entries for member {members[k].member_id} differ" in words
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=4096))
+def test_a_strangers_members_digest_is_described_never_raises(digest: bytes) -> None:
+    """Whatever bytes a hello carries as its digest, comparing them says how the lists
+    differ (or that they do not) and never raises."""
+    found = members_difference(MEMBERS, digest)
+    assert found is None or isinstance(found[1], str)
