@@ -1,4 +1,4 @@
-"""Egress channel: cluster -> client (Aeron template ids 1, 2, 6, 7, 27)."""
+"""Egress channel: cluster -> client (Aeron template ids 1, 2, 6, 7, 27; Triarch's own 28, 29)."""
 
 from __future__ import annotations
 
@@ -45,4 +45,44 @@ class AdminResponse(Message, tag=27):
     payload: bytes = b""
 
 
-EgressMessage = SessionMessageHeader | SessionEvent | NewLeaderEvent | Challenge | AdminResponse
+SERVICE_ERROR_REQUEST_BYTES = 4096
+"""At most this many bytes of the message the service raised on go back in a
+:class:`ServiceErrorEvent` (its ``request``), so the sender can tell which one it was."""
+
+
+class ServiceErrorEvent(Message, tag=28):
+    """The clustered service raised on a message of this session (Triarch's: Aeron hands
+    the error to the service's error handler only).  Every member raised on the same log
+    entry, which ends at ``log_position``; the leader tells the sender, whose
+    ``receive()`` raises :class:`client.ServiceError`.  The session stays open."""
+
+    cluster_session_id: Int64
+    leadership_term_id: Int64
+    log_position: Int64
+    timestamp: Int64
+    error_type: str
+    message: str
+    #: the message's payload, cut to :data:`SERVICE_ERROR_REQUEST_BYTES`
+    request: bytes = b""
+
+
+class RepliesDropped(Message, tag=29):
+    """Replies to this session were dropped while it had no connection (between a lost
+    connection and its resume), or found no room on it: ``count`` since the last such
+    event.  Sent once the session is reachable again; the client counts them and reports
+    them as an event (Triarch's: Aeron's egress drops them without a word)."""
+
+    cluster_session_id: Int64
+    leadership_term_id: Int64
+    count: Int64
+
+
+EgressMessage = (
+    SessionMessageHeader
+    | SessionEvent
+    | NewLeaderEvent
+    | Challenge
+    | AdminResponse
+    | ServiceErrorEvent
+    | RepliesDropped
+)

@@ -21,6 +21,10 @@ class CloseReason(enum.IntEnum):
     CLIENT_ACTION = 0
     SERVICE_ACTION = 1
     TIMEOUT = 2
+    #: Triarch's, after the seeds' three: the cluster was shut down (``cluster-tool
+    #: shutdown``), or aborted (``cluster-tool abort``), with the session open
+    SHUTDOWN = 3
+    ABORT = 4
 
 
 class ClusterAction(enum.IntEnum):
