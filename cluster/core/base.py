@@ -70,6 +70,9 @@ class Counters:
     """Resume requests with a wrong secret."""
     dropped_connect_requests: int = 0
     """Connect requests dropped unanswered: more waiting for an answer than the limit."""
+    service_errors: int = 0
+    """Exceptions the clustered service raised from a callback (caught, on every member
+    alike: ``--on-service-error``); ``triarch_service_errors_total``."""
 
 
 class IngressSource:

@@ -4,14 +4,24 @@ The container is Aeron's ClusteredServiceAgent in miniature: it decodes each com
 record, keeps the service's view of client sessions, stamps egress replies with the
 timestamp of the log entry being processed (seed 002), fakes egress on followers, and
 routes the service's requests (close a session, timers) to the consensus module.
+
+An exception a service callback raises is caught around the call, on every member
+alike: the entry counts as applied (the log position moves past it as if the callback
+had returned) and the container's :class:`~cluster.core.service_errors.ServiceErrorPolicy`
+says what else happens (log it and go on, or stop the member with
+:class:`~cluster.core.service_errors.ServiceFailure`); it is counted
+(``Counters.service_errors``) and, on the leader, a client whose message it was gets a
+``ServiceErrorEvent``.  The ``try`` costs nothing on the hot path until something raises.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 
 from ..archive.record import RECORD_HEADER, RECORD_HEADER_LENGTH, iter_records
 from ..protocol.codec import DECODE_ERRORS, LOG
+from ..protocol.egress import SERVICE_ERROR_REQUEST_BYTES, ServiceErrorEvent
 from ..protocol.enums import CloseReason, Role
 from ..protocol.ingress import SessionMessageHeader
 from ..protocol.log import (
@@ -27,6 +37,9 @@ from ..service import ClientSession, ClusteredService
 from .base import EgressPort
 from .consensus import ConsensusModule
 from .pending import is_service_message
+from .service_errors import ServiceErrorPolicy, error_text, error_type
+
+log = logging.getLogger("cluster.service")
 
 _LEADER = Role.LEADER  # a module global is found faster than an enum's member
 _unpack_record = RECORD_HEADER.unpack_from
@@ -85,7 +98,10 @@ class ServiceContainer:
         *,
         member_id: int,
         clock_ns: Callable[[], int],
+        on_error: ServiceErrorPolicy | None = None,
     ) -> None:
+        """``on_error``: what to do when a service callback raises (by default: log
+        it and go on, :class:`ServiceErrorPolicy`)."""
         self.service = service
         self.cm = consensus_module
         self.egress = egress
@@ -99,6 +115,7 @@ class ServiceContainer:
         self.applied_messages = 0
         self.max_session_id = 0
         self.on_cluster_action: Callable[[int, ClusterActionRequest], None] | None = None
+        self.on_error = on_error or ServiceErrorPolicy(clock_ns=clock_ns)
 
     def restore_sessions(self, records: list[ClientSessionRecord]) -> None:
         for record in records:
@@ -140,12 +157,28 @@ class ServiceContainer:
     # ---- lifecycle ----------------------------------------------------------------
 
     def start(self, snapshot: bytes | None = None) -> None:
-        self.service.on_start(self, snapshot)
+        """``on_start``; if it raises, the member cannot start:
+        :class:`~cluster.core.service_errors.ServiceFailure` (logged), whatever the policy."""
+        try:
+            self.service.on_start(self, snapshot)
+        except Exception as exc:
+            raise self.on_error.failed_to_start(exc, self.log_position) from exc
 
     def set_role(self, role: Role) -> None:
         if role is not self.role:
             self.role = role
-            self.service.on_role_change(role)
+            try:
+                self.service.on_role_change(role)
+            except Exception as exc:
+                self._service_error("on_role_change", exc)
+
+    def terminate(self) -> None:
+        """``on_terminate`` (the node is stopping): an exception is logged, not raised."""
+        try:
+            self.service.on_terminate(self)
+        except Exception as exc:
+            self.cm.counters.service_errors += 1
+            log.error("the service's on_terminate raised %r", exc, exc_info=exc)
 
     # ---- the log ------------------------------------------------------------------
 
@@ -197,7 +230,10 @@ class ServiceContainer:
                     session = sessions.get(message.cluster_session_id)
                     if session is not None:
                         self.applied_messages += 1
-                        service.on_session_message(session, timestamp, message.payload)
+                        try:
+                            service.on_session_message(session, timestamp, message.payload)
+                        except Exception as exc:
+                            self._message_failed(exc, session, message)
                         continue
                 elif mirror is not None:
                     mirror(message, position, now_ns)
@@ -216,7 +252,10 @@ class ServiceContainer:
                     self.log_position = end
                     self.time = message.timestamp
                     self.applied_messages += 1
-                    service.on_session_message(session, message.timestamp, message.payload)
+                    try:
+                        service.on_session_message(session, message.timestamp, message.payload)
+                    except Exception as exc:
+                        self._message_failed(exc, session, message)
                     continue
             apply_message(message, end)
         return records[-1][1] - base_position if records else 0
@@ -231,29 +270,76 @@ class ServiceContainer:
             session = self.sessions.get(session_id)
             if session is not None:
                 self.applied_messages += 1
-                service.on_session_message(session, message.timestamp, message.payload)
+                try:
+                    service.on_session_message(session, message.timestamp, message.payload)
+                except Exception as exc:
+                    self._message_failed(exc, session, message)
             elif is_service_message(session_id):
                 self.cm.service_messages.sweep(-session_id)
                 self.applied_messages += 1
-                service.on_session_message(None, message.timestamp, message.payload)
+                try:
+                    service.on_session_message(None, message.timestamp, message.payload)
+                except Exception as exc:
+                    self._service_error("on_session_message", exc, "a service message")
         elif isinstance(message, SessionOpenEvent):
             session = _ClientSession(self, message)
             self.sessions[session.id] = session
             if session.id > self.max_session_id:
                 self.max_session_id = session.id
-            service.on_session_open(session, message.timestamp)
+            try:
+                service.on_session_open(session, message.timestamp)
+            except Exception as exc:
+                self._service_error("on_session_open", exc, f"session {session.id}")
         elif isinstance(message, SessionCloseEvent):
             closed = self.sessions.pop(message.cluster_session_id, None)
             if closed is not None:
                 closed.is_closing = True
-                service.on_session_close(
-                    closed, message.timestamp, CloseReason(message.close_reason)
-                )
+                try:
+                    service.on_session_close(
+                        closed, message.timestamp, CloseReason(message.close_reason)
+                    )
+                except Exception as exc:
+                    self._service_error("on_session_close", exc, f"session {closed.id}")
         elif isinstance(message, TimerEvent):
             self.cm.timers.cancel(message.correlation_id)  # on every member, leader too
-            service.on_timer_event(message.correlation_id, message.timestamp)
+            try:
+                service.on_timer_event(message.correlation_id, message.timestamp)
+            except Exception as exc:
+                self._service_error("on_timer_event", exc, f"timer {message.correlation_id}")
         elif isinstance(message, NewLeadershipTermEvent):
             self.leadership_term_id = message.leadership_term_id
-            service.on_new_leadership_term_event(message)
+            try:
+                service.on_new_leadership_term_event(message)
+            except Exception as exc:
+                self._service_error("on_new_leadership_term_event", exc)
         elif isinstance(message, ClusterActionRequest) and self.on_cluster_action:
             self.on_cluster_action(position, message)
+
+    # ---- service errors (never on the hot path) -----------------------------------
+
+    def _service_error(self, callback: str, exc: Exception, where: str = "") -> None:
+        """A callback raised: counted, then the policy's (which may raise
+        :class:`~cluster.core.service_errors.ServiceFailure` to stop the member)."""
+        self.cm.counters.service_errors += 1
+        self.on_error.on_error(callback, exc, self.log_position, where)
+
+    def _message_failed(
+        self, exc: Exception, session: _ClientSession, message: SessionMessageHeader
+    ) -> None:
+        """``on_session_message`` raised on a client's message: the policy's, then (the
+        leader only: followers fake the egress) the client hears of it."""
+        self._service_error("on_session_message", exc, f"session {session.id}")
+        if self.role is not _LEADER or session.is_closing or session.id not in self.sessions:
+            return
+        self.egress.send(
+            session.id,
+            ServiceErrorEvent(
+                session.id,
+                self.leadership_term_id,
+                self.log_position,
+                message.timestamp,
+                error_type(exc),
+                error_text(exc),
+                bytes(message.payload[:SERVICE_ERROR_REQUEST_BYTES]),
+            ),
+        )
