@@ -280,6 +280,16 @@ SETTINGS: tuple[Setting, ...] = (
         "service", "cluster.examples.kv:KeyValueService", str, "the clustered service, MODULE:CLASS"
     ),
     Setting(
+        "on-service-error",
+        "continue",
+        _choice("continue", "stop"),
+        "what a member does when a service callback raises (every member raises on the "
+        "same log entry alike): continue, log it (once per distinct error with its "
+        "traceback), count it (triarch_service_errors_total), tell the client whose message "
+        "it was (client.ServiceError) and go on past the entry; stop, log it and exit with "
+        "code 1 (a restart replays the entry and stops again)",
+    ),
+    Setting(
         "authenticator",
         "",
         str,
@@ -483,6 +493,7 @@ class NodeConfig:
     """-1: the one the data directory records, or 0 for a new directory."""
     dir: str = "cluster-data"
     service: str = "cluster.examples.kv:KeyValueService"
+    on_service_error: str = "continue"
     authenticator: str = ""
     admin_principals: str = ""
     certs_dir: str = ""

@@ -5,7 +5,10 @@ Settings (:func:`cluster.config.load_config`), the service and authenticator cla
 the exposure check, then :meth:`cluster.node.Node.run`, with what ends it turned into an
 exit code: 0 a clean stop; 2 a mistake the operator can fix (a setting, a port in use, a
 data directory of another member or held by another process), with one line naming it;
-1 anything else (a damaged archive, an unexpected error, logged with its traceback).
+1 anything else (a damaged archive, an unexpected error, logged with its traceback;
+a service callback that raised with ``--on-service-error stop``, or an ``on_start`` that
+raised: one ERROR line naming the callback, the log position and the exception, with the
+service's traceback, logged when it happened).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import trio
 from .archive.errors import ArchiveError
 from .archive.identity import DataDirError
 from .config import ConfigError, describe, load_config, load_object
+from .core.service_errors import ServiceFailure
 from .node import Node
 from .security import check_exposure, configure_logging, network_for
 from .service import ClusteredService
@@ -61,6 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     node = Node(config, service, authenticator=authenticator, network=network)
     try:
         trio.run(partial(node.run, freeze_gc=True))
+    except ServiceFailure:  # logged (with the service's traceback) where it was raised
+        return 1
     except DataDirError as exc:
         log.error("cannot start: %s", exc)
         return 2
@@ -83,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if listen_error is not None:  # a port in use: one line naming it, no traceback
             print(f"error: {listen_error}", file=sys.stderr)
             return 2
+        if isinstance(exc, BaseExceptionGroup) and exc.split(ServiceFailure)[1] is None:
+            return 1  # a ServiceFailure in a task (a snapshot installed from the leader)
         log.error("node stopped by an unexpected error: %r", exc, exc_info=exc)
         return 1
     return 0

@@ -60,6 +60,7 @@ from .core.base import (
 from .core.consensus import ConsensusModule
 from .core.driver import drive
 from .core.service_container import ServiceContainer
+from .core.service_errors import ServiceErrorPolicy, ServiceFailure
 from .core.terms import TermHistory
 from .datadir import DataDir
 from .protocol.admin import MemberStatus
@@ -134,6 +135,9 @@ class Node:
         self.stalls = StallWatch(config.stall_threshold, self.epoch_offset_ns)
         self.archive_errors = 0
         """Records of this member's archive found corrupt (never shipped)."""
+        self.failure: ServiceFailure | None = None
+        """Why the service stopped this member (``--on-service-error stop``): raised by
+        :meth:`run` once every agent has stopped."""
 
     @property
     def data_dir(self) -> Path:
@@ -215,7 +219,10 @@ class Node:
             token=self._token,
         )
         self.container = ServiceContainer(
-            self.service, self.cm, self.egress, member_id=cfg.member_id, clock_ns=self.now_ns
+            *(self.service, self.cm, self.egress),
+            member_id=cfg.member_id,
+            clock_ns=self.now_ns,
+            on_error=ServiceErrorPolicy(cfg.on_service_error, self.now_ns),
         )
         self.snapshots = SnapshotAgent(
             self.data_dir,
@@ -394,10 +401,18 @@ class Node:
         a task switch per hop costs more than the work.  Only what has to wait (a write
         behind another, a truncation, a retry after a failed write) goes to the archive
         agent's task, which kicks again once it is done."""
+        if self.failure is not None:
+            return  # stopping: nothing more is applied (the failed chunk would be again)
         self.watchdog.push()
         now = self.now_ns()
         self.timings.before_drive(self.cm, now)
-        drive(self.cm, self, now)
+        try:
+            drive(self.cm, self, now)
+        except ServiceFailure as failure:  # logged where it was raised
+            self.failure = failure
+            if self._nursery is not None:
+                self._nursery.cancel_scope.cancel()  # run() raises it once all stopped
+            return
         self.timings.after_drive(self.cm, now)
         self.inbox.resume()
 
@@ -625,10 +640,12 @@ class Node:
                     gc.freeze()
                 self._ready.set()
                 task_status.started(self)
+            if self.failure is not None:
+                raise self.failure
         finally:
             self.stalls.stop()
             try:
-                self.service.on_terminate(self.container)
+                self.container.terminate()
             finally:
                 if self._log_writer is not None:
                     self._log_writer.close()

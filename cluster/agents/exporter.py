@@ -135,6 +135,17 @@ class StatusCollector(Collector):
         )
         yield counter("triarch_snapshots_total", "snapshots this member took", s.snapshots_taken)
         yield counter(
+            "triarch_snapshot_failures_total",
+            "snapshots this member could not take or write (it goes on without them)",
+            s.counters.get("snapshot_failures", 0),
+        )
+        yield counter(
+            "triarch_service_errors_total",
+            "exceptions the clustered service raised from a callback (caught on every "
+            "member alike: --on-service-error)",
+            s.counters.get("service_errors", 0),
+        )
+        yield counter(
             "triarch_protocol_errors_total",
             "connections closed for bad bytes (ingress and member links)",
             s.ingress.protocol_errors + s.link_protocol_errors,

@@ -153,6 +153,7 @@ class SnapshotAgent:
         """The snapshot could not be written: nothing of it is left, and the log still
         holds everything it would have covered (recovery replays from the last one)."""
         self.failed += 1
+        self.cm.counters.snapshot_failures += 1
         self.last_error = self.disk.failed(
             "snapshot", exc, f"at log position {position}", retried=False, needed=size
         )
@@ -165,6 +166,7 @@ class SnapshotAgent:
         """The service could not give its state: no snapshot is written (an empty one
         would lose the state on the next restart); the log keeps everything."""
         self.failed += 1
+        self.cm.counters.snapshot_failures += 1
         self.last_error = f"snapshot at log position {position} failed: {exc}"
         log.error("%s; the node goes on without it", self.last_error, exc_info=exc.__cause__)
         self.cm.control.on_snapshot(position, self.last_error)

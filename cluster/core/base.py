@@ -73,6 +73,10 @@ class Counters:
     service_errors: int = 0
     """Exceptions the clustered service raised from a callback (caught, on every member
     alike: ``--on-service-error``); ``triarch_service_errors_total``."""
+    snapshot_failures: int = 0
+    """Snapshots this member could not take or write (the service's snapshot callback
+    raised, a full disk); the member goes on, the log keeps everything;
+    ``triarch_snapshot_failures_total``."""
 
 
 class IngressSource:

@@ -297,6 +297,7 @@ def test_every_setting_settable_from_each_layer(tmp_path: Path) -> None:
         "insecure": ("yes", True),
         "cluster-id": ("42", 42),
         "service": ("m:C", "m:C"),
+        "on-service-error": ("STOP", "stop"),
         "authenticator": ("a:B", "a:B"),
         "admin-principals": ("root,ops", "root,ops"),
         "session-timeout": ("3s", 3 * SECOND),
