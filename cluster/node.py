@@ -250,7 +250,7 @@ class Node:
             inline=cfg.archive_io != "thread",
             storage=self.storage,
         )
-        self.log_agent = LogAgent(self.cm, self.container, self.log_buffer, self._kick)
+        self.log_agent = LogAgent(self.cm, self.container, self.log_buffer, self._kick, self.links)
         self.catchup = CatchUp(self, self._kick)  # compaction, snapshots to/from members
         self.ingress = IngressAgent(
             self.network,
@@ -410,8 +410,8 @@ class Node:
             drive(self.cm, self, now)
         except ServiceFailure as failure:  # logged where it was raised
             self.failure = failure
-            if self._nursery is not None:
-                self._nursery.cancel_scope.cancel()  # run() raises it once all stopped
+            if self._nursery is not None:  # run() raises it once all stopped
+                self._nursery.start_soon(self.log_agent.stop, self._nursery.cancel_scope)
             return
         self.timings.after_drive(self.cm, now)
         self.inbox.resume()

@@ -12,7 +12,11 @@ node's :class:`~cluster.archive.disk.DiskHealth` hears of each failure and of th
 write that succeeds after them (one ERROR when the disk fills, not one per retry).
 
 The **log agent** applies records up to the commit position, in order, through the
-:class:`~cluster.core.service_container.ServiceContainer`.
+:class:`~cluster.core.service_container.ServiceContainer`.  When the service stops the
+member (``--on-service-error stop``: a
+:class:`~cluster.core.service_errors.ServiceFailure`), it ends the node
+(:meth:`LogAgent.stop`): a leader first tells its followers the commit position, so
+that they apply the same entry, raise alike and stop too.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from ..archive.storage import NodeStorage
 from ..core.consensus import ConsensusModule
 from ..core.service_container import ServiceContainer
 from ..protocol.enums import Role
+from .consensus import PeerLinks
 from .worker import acquire
 
 log = logging.getLogger("cluster.log")
@@ -55,6 +60,9 @@ messages)."""
 MIRROR_CHUNK = 256 << 10
 """Log bytes a follower applies per step: it has no replies to send, only the event loop
 to keep turning."""
+
+STOP_NOTICE_S = 1.0
+"""How long a leader stopped by its service waits for its commit position to leave."""
 
 
 class _NotYet(Exception):
@@ -335,11 +343,13 @@ class LogAgent:
         container: ServiceContainer,
         log_buffer: LogBuffer,
         drive: Callable[[], None],
+        links: PeerLinks | None = None,
     ) -> None:
         self.cm = cm
         self.container = container
         self.log_buffer = log_buffer
         self.drive = drive
+        self.links = links
         self.wake = trio.Event()
 
     @property
@@ -395,3 +405,16 @@ class LogAgent:
             await self.wake.wait()
             self.wake = trio.Event()
             self.drive()
+
+    async def stop(self, scope: trio.CancelScope) -> None:
+        """The service stopped this member (a ``ServiceFailure``; the node applies
+        nothing more): a leader first sends its followers the commit position, which
+        covers the entry the service raised on, so that they apply it, raise alike and
+        stop too (else they would elect a leader of their own that meets it in turn);
+        then the node's agents end (``scope``)."""
+        if self.cm.role is Role.LEADER and self.links is not None:
+            self.cm.replication.send_commit_position(every=True)
+            self.links.flush()
+            with trio.move_on_after(STOP_NOTICE_S):
+                await self.links.wait_sent()
+        scope.cancel()
