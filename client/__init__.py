@@ -9,9 +9,10 @@
 
 from __future__ import annotations
 
-from ._client import MAX_PENDING_BYTES, ClusterClient, connect
+from ._client import MAX_PENDING_BYTES, ClusterClient
 from ._connect import ConnectState
 from ._credentials import CredentialsSupplier, StaticCredentials
+from ._open import connect
 from .errors import (
     AuthenticationRejectedError,
     CertsDirError,
@@ -19,6 +20,7 @@ from .errors import (
     ConnectTimeoutError,
     EgressBacklogExceededError,
     NotConnectedError,
+    ServiceError,
     SessionClosedError,
     SessionLostError,
     SessionRejectedError,
@@ -31,6 +33,7 @@ from .events import (
     Disconnected,
     EventsMissed,
     NewLeader,
+    RepliesDropped,
     SessionClosed,
     SessionEventReceived,
 )
@@ -52,6 +55,8 @@ __all__ = [
     "EventsMissed",
     "NewLeader",
     "NotConnectedError",
+    "RepliesDropped",
+    "ServiceError",
     "SessionClosed",
     "SessionClosedError",
     "SessionEventReceived",

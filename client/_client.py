@@ -1,4 +1,5 @@
-"""The anyio shell: :class:`ClusterClient` and :func:`connect`, its tasks and sockets.
+"""The anyio shell: :class:`ClusterClient`, its tasks and sockets (:func:`connect`, in
+:mod:`client._open`, makes one for an ``async with`` block).
 
 Wire model: ingress is one TCP connection to the leader, and by default the cluster
 sends the session's egress back on it (an empty ``response_channel``; Aeron's response
@@ -14,7 +15,7 @@ frames, the received messages, what an egress message means).  This module owns 
 public API and wires the tasks; :mod:`client._handshake` and :mod:`client._ingress` hold
 the rest of the shell.
 
-Tasks, all in one task group owned by :func:`connect`::
+Tasks, all in one task group owned by :func:`~client._open.connect`::
 
     accept loop        (dial-back only) accepts egress connections, one reader each
     egress readers     decode frames, dispatch messages (bad frames close that connection)
@@ -31,17 +32,15 @@ The first two are here, the connectors in :mod:`client._handshake`, the rest in
 from __future__ import annotations
 
 import itertools
-import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 import anyio.abc
 from anyio.streams.tls import TLSStream
 
-from cluster.protocol import DEFAULT_MAX_FRAME_SIZE, EGRESS, FrameDecoder, ProtocolError
+from cluster.protocol import EGRESS, FrameDecoder, ProtocolError
 from cluster.protocol.codec import encode_into
 from cluster.protocol.egress import AdminResponse, SessionEvent
 from cluster.protocol.enums import AdminRequestType, CloseReason
@@ -55,21 +54,12 @@ from cluster.protocol.ingress import (
 from cluster.transport.tls import TlsIdentity
 
 from ._connect import AsyncConnect, Done
-from ._credentials import CredentialsSupplier, as_credentials_supplier, load_certs
-from ._endpoints import Endpoint, format_endpoints, parse_endpoints
-from ._exception_groups import raise_unwrapped
+from ._credentials import CredentialsSupplier
+from ._dial import NETWORK_ERRORS, aclose_quietly, describe_failures, peer_role
+from ._endpoints import Endpoint, format_endpoints
 from ._handshake import Handshake
-from ._ingress import (
-    NETWORK_ERRORS,
-    RECEIVE_SIZE,
-    RETRY_DELAY_MIN,
-    Ingress,
-    IngressWriter,
-    aclose_quietly,
-    describe_failures,
-    peer_role,
-)
-from ._session import Action, Reconnect, Session
+from ._ingress import RECEIVE_SIZE, RETRY_DELAY_MIN, Ingress, IngressWriter
+from ._session import Action, Dropped, Reconnect, Redial, Session
 from ._sync import Backend, Broadcast
 from .errors import ConnectTimeoutError, TlsRequiredError
 from .events import (
@@ -77,11 +67,12 @@ from .events import (
     ClientEvent,
     EventHub,
     NewLeader,
+    RepliesDropped,
     SessionClosed,
     SessionEventReceived,
 )
 
-__all__ = ["ClusterClient", "connect"]
+__all__ = ["ClusterClient"]
 
 MAX_PENDING_BYTES = 4 << 20
 """Offers wait (backpressure) while this much ingress is queued but not yet sent."""
@@ -150,8 +141,7 @@ class ClusterClient:
         )
         self._events = EventHub(backend)
         writer.on_event = self._events.emit
-        # Bound once: receive() uses them per message (the deque is never replaced).
-        self._backlog = session.backlog
+        # Bound once: receive() uses it per message.
         self._backlog_ready = session.backlog_ready
 
     def __repr__(self) -> str:
@@ -207,6 +197,13 @@ class ClusterClient:
     def close_reason(self) -> str | None:
         """Why the session closed (``"TIMEOUT"``, ``"CLIENT_ACTION"``...), or ``None``."""
         return self._session.close_reason
+
+    @property
+    def replies_dropped(self) -> int:
+        """Replies the cluster dropped while this session was between connections (it
+        says how many once the session resumes; each time, a :class:`RepliesDropped`
+        event)."""
+        return self._session.replies_dropped
 
     # ------------------------------------------------------------------ public API
 
@@ -312,7 +309,9 @@ class ClusterClient:
         """Wait for the next application message on the egress and return its payload.
 
         Messages that arrived before the session closed are still returned; after them
-        this raises :class:`SessionClosedError`.  If more than ``max_egress_backlog``
+        this raises :class:`SessionClosedError`.  Where the service raised on one of
+        this session's messages, this raises :class:`ServiceError` in the place of its
+        reply, once; the session stays open.  If more than ``max_egress_backlog``
         messages were waiting, raises :class:`EgressBacklogExceededError`.
         """
         return (await self.receive_message()).payload
@@ -322,25 +321,20 @@ class ClusterClient:
         await self._backend.checkpoint_if_cancelled()
         while not self._backlog_ready():
             await self._egress_ready.wait()
-        return self._backlog.popleft()
+        return self._session.take()
 
     async def receive_many(self, max_messages: int = 4096) -> list[bytes]:
         """Wait for the next application message, then return the payloads of all that
         are waiting (at most ``max_messages``), oldest first: the way to drain a burst.
 
-        Raises like :meth:`receive`."""
+        Raises like :meth:`receive`; a :class:`ServiceError` ends the list before it
+        and is raised by the next call."""
         if max_messages < 1:
             raise ValueError(f"max_messages must be positive, got {max_messages!r}")
         await self._backend.checkpoint_if_cancelled()
         while not self._backlog_ready():
             await self._egress_ready.wait()
-        backlog = self._backlog
-        if len(backlog) <= max_messages:
-            payloads = [m.payload for m in backlog]
-            backlog.clear()
-            return payloads
-        pop = backlog.popleft
-        return [pop().payload for _ in range(max_messages)]
+        return self._session.take_payloads(max_messages)
 
     async def request_snapshot(self, *, timeout: float = 5.0) -> AdminResponse:  # noqa: ASYNC109
         """Ask the cluster to take a snapshot; return the matching ``AdminResponse``.
@@ -550,6 +544,10 @@ class ClusterClient:
         """Do what the session decided an egress message means."""
         if isinstance(action, Reconnect):
             self._writer.on_reconnect(action)
+        elif isinstance(action, Redial):
+            self._writer.on_redial(action)
+        elif isinstance(action, Dropped):
+            self._events.emit(RepliesDropped(action.count, self._session.replies_dropped))
         else:
             self._mark_closed(action.reason)
 
@@ -616,81 +614,3 @@ def _check_payload(payload: object) -> None:
             f"a message must be bytes, bytearray or memoryview, not {type(payload).__name__}"
             + (" (encode the text first, e.g. text.encode())" if isinstance(payload, str) else "")
         )
-
-
-def _check_positive(name: str, value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{name} must be positive, got {value!r}")
-
-
-@asynccontextmanager
-async def connect(
-    ingress_endpoints: str,
-    *,
-    credentials: bytes | CredentialsSupplier | None = None,
-    egress_host: str | None = None,
-    connect_timeout: float = 5.0,
-    keepalive_interval: float = 1.0,
-    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-    max_egress_backlog: int = 100_000,
-    certs_dir: str | os.PathLike[str] | None = None,
-) -> AsyncIterator[ClusterClient]:
-    """Open a session with the cluster; close it when the block ends.
-
-    ``async with client.connect("0=127.0.0.1:9010,1=127.0.0.1:9011") as c:``
-
-    - ``ingress_endpoints``: ``"member_id=host:port,..."``; every member is tried at once,
-      and a follower redirects the client to the leader.
-    - ``credentials``: bytes sent in the connect request, or a
-      :class:`~client.CredentialsSupplier` (which also answers challenges).
-    - ``egress_host``: by default (None) the cluster sends the session's egress back on
-      the client's ingress connection, so members dial nobody and a client behind a
-      firewall or NAT works; given an address, the client listens there and the leader
-      dials it (Aeron's response channel; members must be able to reach it).
-    - ``connect_timeout``: seconds to get a session before :class:`ConnectTimeoutError`.
-    - ``keepalive_interval``: idle seconds before a ``SessionKeepAlive`` is sent.
-    - ``max_frame_size``: largest frame accepted on egress or offered on ingress.
-    - ``max_egress_backlog``: received application messages held before ``receive()``
-      fails with :class:`~client.errors.EgressBacklogExceededError`.
-    - ``certs_dir``: a ``client-<NAME>`` folder from ``cluster-tool certs``: mutual TLS
-      with the members (whose certificates are checked), and NAME is the principal.
-
-    Raises :class:`SessionRejectedError`, :class:`AuthenticationRejectedError`,
-    :class:`ConnectTimeoutError` (its message says what each member did: refused,
-    timed out, the TLS handshake's reason...), :class:`TlsRequiredError` (a
-    ``ConnectTimeoutError``, at once: every member wants TLS and no ``certs_dir`` was
-    given), :class:`CertsDirError` (``certs_dir`` is no usable client folder: a
-    member's, an expired certificate, a missing file), :class:`ValueError` (bad
-    arguments).  Errors come out as themselves, never wrapped in an ``ExceptionGroup``.
-    """
-    endpoints = parse_endpoints(ingress_endpoints)
-    supplier = as_credentials_supplier(credentials)
-    identity = None if certs_dir is None else load_certs(certs_dir)
-    _check_positive("connect_timeout", connect_timeout)
-    _check_positive("keepalive_interval", keepalive_interval)
-    _check_positive("max_frame_size", max_frame_size)
-    _check_positive("max_egress_backlog", max_egress_backlog)
-    user_error: BaseException | None = None
-    try:
-        async with anyio.create_task_group() as tg:
-            client = ClusterClient(
-                endpoints,
-                credentials=supplier,
-                egress_host=egress_host,
-                keepalive_interval=keepalive_interval,
-                max_frame_size=max_frame_size,
-                max_egress_backlog=max_egress_backlog,
-                identity=identity,
-            )
-            try:
-                await tg.start(client._run)
-                await client._establish(connect_timeout)
-                try:
-                    yield client
-                except BaseException as exc:
-                    user_error = exc
-                    raise
-            finally:
-                await client.close()
-    except BaseExceptionGroup as group:
-        raise_unwrapped(group, user_error)

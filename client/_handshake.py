@@ -39,16 +39,9 @@ from cluster.protocol import encode_frame
 from cluster.transport.tls import speaks_tls, tls_required
 
 from ._connect import AsyncConnect, ConnectIngress, Done, Fail, SendMessage
+from ._dial import NETWORK_ERRORS, TLS_REQUIRED_WORDS, aclose_quietly, try_connect
 from ._endpoints import Endpoint
-from ._ingress import (
-    NETWORK_ERRORS,
-    TLS_REQUIRED_WORDS,
-    Ingress,
-    IngressWriter,
-    aclose_quietly,
-    backoff_delay,
-    try_connect,
-)
+from ._ingress import Ingress, IngressWriter, backoff_delay
 from ._session import Session
 from ._sync import Backend, Broadcast
 from .errors import TlsRequiredError

@@ -21,26 +21,32 @@ whose send failed is queued again ahead of newer frames, to go to the next conne
 
 from __future__ import annotations
 
-import errno
 import math
 import random
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Any, Protocol
 
 import anyio
 import anyio.abc
-from anyio.streams.tls import TLSAttribute, TLSStream
 
 from cluster.protocol import EGRESS, FrameDecoder, ProtocolError
 from cluster.protocol.egress import NewLeaderEvent
 from cluster.protocol.framing import HEADER_LENGTH, LENGTH
 from cluster.protocol.ingress import SessionKeepAlive
-from cluster.transport.tls import closed_in_handshake, handshake_failure, speaks_tls
+from cluster.transport.tls import speaks_tls
 
+from ._dial import (
+    CLOSED_WORDS,
+    NETWORK_ERRORS,
+    TLS_REQUIRED_WORDS,
+    aclose_quietly,
+    describe_failures,
+    try_connect,
+)
 from ._endpoints import Endpoint
-from ._session import Reconnect, Session
+from ._session import Reconnect, Redial, Session
 from ._sync import Backend, Broadcast
 from .events import ClientEvent, Connected, Disconnected
 
@@ -48,19 +54,14 @@ __all__ = [
     "BACKOFF_BASE",
     "BACKOFF_CAP",
     "CONNECTION_PROVEN_AFTER",
-    "NETWORK_ERRORS",
     "RECEIVE_SIZE",
     "RETRY_DELAY_MIN",
-    "TLS_REQUIRED_WORDS",
     "Ingress",
     "IngressWriter",
     "Uniform",
-    "aclose_quietly",
     "backoff_delay",
-    "try_connect",
 ]
 
-CONNECT_ATTEMPT_TIMEOUT = 1.0  # one TCP connect attempt
 RETRY_DELAY_MIN = 0.05
 RECONNECT_ATTEMPTS = 5  # to the same leader, before waiting for a NewLeaderEvent
 LEADER_SILENCE = 3.0
@@ -72,13 +73,6 @@ BACKOFF_CAP = 2.0  # the longest back-off before one redial
 # useful: losing it starts the back-off over, so the next redial happens at once.
 CONNECTION_PROVEN_AFTER = 2.0
 RECEIVE_SIZE = 1 << 18
-
-NETWORK_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    anyio.BrokenResourceError,
-    anyio.ClosedResourceError,
-    anyio.EndOfStream,
-)
 
 
 _READ_ERRORS: tuple[type[BaseException], ...] = (ProtocolError, *NETWORK_ERRORS)
@@ -110,115 +104,6 @@ def backoff_delay(
     return float(rng.uniform(ceiling / 2, ceiling))
 
 
-async def aclose_quietly(resource: anyio.abc.AsyncResource) -> None:
-    """Close ``resource`` even while cancelled, ignoring network errors."""
-    with anyio.CancelScope(shield=True):
-        with suppress(*NETWORK_ERRORS):
-            await resource.aclose()
-
-
-async def try_connect(
-    endpoint: Endpoint, tls: ssl.SSLContext | None = None
-) -> anyio.abc.SocketStream | str:
-    """One TCP connect attempt (with ``tls``: and a TLS handshake, with a member's
-    certificate on the other end): the stream, or what went wrong, in words."""
-    try:
-        with anyio.fail_after(CONNECT_ATTEMPT_TIMEOUT):
-            raw = await anyio.connect_tcp(endpoint.host, endpoint.port)
-            if tls is None:
-                return raw
-            try:
-                stream = await TLSStream.wrap(
-                    raw,
-                    server_side=False,
-                    hostname=endpoint.host,
-                    ssl_context=tls,
-                    standard_compatible=False,
-                )
-            except BaseException:
-                await aclose_quietly(raw)
-                raise
-    except TimeoutError:
-        return "timed out"
-    except ConnectionRefusedError:
-        return "refused"
-    except (ssl.SSLError, anyio.EndOfStream) as exc:
-        return await _tls_failure(endpoint, exc)
-    except (OSError, anyio.BrokenResourceError) as exc:
-        if tls is not None and closed_in_handshake(exc):
-            return await _tls_failure(endpoint, exc)
-        return _describe_error(exc)
-    if peer_role(stream) != "member":
-        await aclose_quietly(stream)
-        return "not a cluster member (its certificate is no member's)"
-    return stream  # type: ignore[return-value]
-
-
-async def _tls_failure(endpoint: Endpoint, exc: BaseException) -> str:
-    """Our TLS handshake with ``endpoint`` failed: why (a member that closed the
-    connection at our hello and does not answer one speaks no TLS)."""
-    if closed_in_handshake(exc) and not await speaks_tls(endpoint.host, endpoint.port):
-        return (
-            "does not speak TLS (it closed the connection at our TLS hello): leave out "
-            "certs_dir, or start the members with --certs-dir"
-        )
-    return f"TLS handshake failed: {handshake_failure(exc)}"
-
-
-TLS_REQUIRED_WORDS = "requires TLS: pass certs_dir (a client-NAME folder)"
-"""What a member did that closed our plaintext request and answers a TLS hello."""
-_CLOSED = "closed the connection without answering"
-
-
-_ERRNO_WORDS = {
-    errno.ECONNREFUSED: "refused",
-    errno.ETIMEDOUT: "timed out",
-    errno.EHOSTUNREACH: "unreachable",
-    errno.ENETUNREACH: "unreachable",
-}
-
-
-def _describe_error(exc: BaseException) -> str:
-    inner = exc.__cause__ or exc.__context__
-    if isinstance(inner, BaseExceptionGroup) and inner.exceptions:
-        inner = inner.exceptions[-1]
-    if isinstance(inner, OSError):
-        return _describe_error(inner)
-    if isinstance(exc, OSError) and exc.errno in _ERRNO_WORDS:
-        return _ERRNO_WORDS[exc.errno]
-    text = str(exc).lower()
-    for words in ("refused", "timed out", "unreachable", "name or service not known"):
-        if words in text:
-            return "refused" if words == "refused" else words
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror.lower()
-    return text or type(exc).__name__
-
-
-def describe_failures(failures: Mapping[Endpoint, str], members: Mapping[int, Endpoint]) -> str:
-    """``"0=127.0.0.1:9010 refused, ..."``: what each member did on its last dial."""
-    ids = {endpoint: member_id for member_id, endpoint in members.items()}
-    words = [
-        f"{ids[endpoint]}={endpoint} {what}" if endpoint in ids else f"{endpoint} {what}"
-        for endpoint, what in failures.items()
-    ]
-    return ", ".join(words) or "none was dialled"
-
-
-def peer_role(stream: anyio.abc.AnyByteStream) -> str | None:
-    """The OU of the peer's certificate on a TLS stream (None without one)."""
-    try:
-        cert = stream.extra(TLSAttribute.peer_certificate)
-    except anyio.TypedAttributeLookupError:
-        return None
-    subject: Any = (cert or {}).get("subject", ())
-    for rdn in subject:
-        for key, value in rdn:
-            if key == "organizationalUnitName":
-                return str(value)
-    return None
-
-
 class Ingress:
     """One ingress TCP connection to a member; its watcher task runs under ``scope``."""
 
@@ -229,6 +114,7 @@ class Ingress:
         "last_heard",
         "member_id",
         "received",
+        "redirected",
         "scope",
         "send_nowait",
         "silent",
@@ -247,6 +133,7 @@ class Ingress:
         self.received = False  # a message from the node arrived on it
         self.last_heard = anyio.current_time()  # when something last arrived (or it opened)
         self.silent = False  # given up because the node said nothing for too long
+        self.redirected = False  # given up because its member named the leader we have
         # the session's messages may go on it: the leader's (the handshake's connection,
         # or the leader accepted the resume: its NewLeaderEvent came on it)
         self.confirmed = True
@@ -311,6 +198,7 @@ class IngressWriter:
         self._reconnect_exhausted = False
         self._target_version = 0
         self._rotation = 0  # members skipped after a silent connection (own_egress)
+        self._redial_leader = False  # the next dial goes to the leader (a Redial)
         #: the cluster sends egress on the ingress connection (no egress listener): the
         #: maintain loop then looks for the leader among all members itself
         self.own_egress = False
@@ -405,6 +293,21 @@ class IngressWriter:
             self.drop(ingress, f"member {action.member_id} leads now")
         self.ingress_changed.notify()
         self.data_ready.notify()
+
+    def on_redial(self, action: Redial) -> None:
+        """A member that does not lead named the leader this session has: leave it and
+        dial the leader next.  Unlike a new leader this is no fresh start: the failures
+        so far keep counting, so a leader that stays away is dialled less and less often
+        (the back-off grows), yet a leader that was only paused is back on the line
+        within a back-off of its return."""
+        self._redial_leader = True
+        ingress = self.ingress
+        if ingress is not None and ingress.member_id != action.member_id:
+            ingress.redirected = True
+            self.drop(
+                ingress,
+                f"member {ingress.member_id} does not lead: member {action.member_id} does",
+            )
 
     # ------------------------------------------------------------------ sending
 
@@ -543,11 +446,13 @@ class IngressWriter:
                 proven = not lost.silent and (
                     lost.received or anyio.current_time() - opened_at >= CONNECTION_PROVEN_AFTER
                 )
-                if proven:
+                if lost.redirected:
+                    pass  # it named the leader: dial it now, the failures still counting
+                elif proven:
                     failures = 0
                 elif self._target_version == version:
                     failures += 1
-                    self._failed(lost.endpoint, _CLOSED)
+                    self._failed(lost.endpoint, CLOSED_WORDS)
                     if await self._lost():
                         return
                     await self._back_off(failures, version)
@@ -615,7 +520,7 @@ class IngressWriter:
         if since is None or anyio.current_time() - since < self.lost_after:
             return False
         if self.tls is None:
-            closed = [e for e, what in self.failures.items() if what == _CLOSED]
+            closed = [e for e, what in self.failures.items() if what == CLOSED_WORDS]
 
             async def probe(endpoint: Endpoint) -> None:
                 if await speaks_tls(endpoint.host, endpoint.port):
@@ -633,9 +538,11 @@ class IngressWriter:
     def _target(self, failures: int) -> tuple[int, Endpoint | None]:
         """The member to dial next: the leader; with egress on the ingress connection,
         the leader first and then, failure after failure, every other member in turn
-        (one that does not lead answers with a REDIRECT)."""
+        (one that does not lead answers with a REDIRECT: to a new leader, or back to
+        this one, :meth:`on_redial`)."""
         session = self._session
-        if not self.own_egress:
+        if not self.own_egress or self._redial_leader:
+            self._redial_leader = False
             return session.leader_member_id, session.leader_endpoint
         order = [session.leader_member_id] if session.leader_endpoint is not None else []
         order += sorted(m for m in session.endpoints if m != session.leader_member_id)

@@ -10,6 +10,8 @@ received but not yet taken (``backlog``).
 Egress messages of an open session go in through :meth:`Session.on_egress`::
 
     SessionMessageHeader  appended to the backlog                 -> None
+    ServiceErrorEvent     appended to the backlog (receive raises) -> None
+    RepliesDropped        counted                                 -> Dropped
     AdminResponse         handed to the request_snapshot() waiting -> None
     NewLeaderEvent        term, leader and endpoints updated; the
                           queued frames re-encoded for the new term -> Reconnect
@@ -28,12 +30,18 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
 from cluster.protocol import INGRESS, FrameDecoder, encode_frame, encode_frames_into
-from cluster.protocol.egress import AdminResponse, NewLeaderEvent, SessionEvent
+from cluster.protocol.egress import (
+    AdminResponse,
+    NewLeaderEvent,
+    RepliesDropped,
+    ServiceErrorEvent,
+    SessionEvent,
+)
 from cluster.protocol.enums import CloseReason, EventCode
 from cluster.protocol.ingress import SessionMessageHeader, SessionResumeRequest
 from cluster.protocol.version import PROTOCOL_VERSION
@@ -43,11 +51,12 @@ from ._endpoints import Endpoint, parse_endpoints
 from .errors import (
     EgressBacklogExceededError,
     NotConnectedError,
+    ServiceError,
     SessionClosedError,
     SessionLostError,
 )
 
-__all__ = ["Action", "AdminWaiter", "Closed", "Reconnect", "Session"]
+__all__ = ["Action", "AdminWaiter", "Closed", "Dropped", "Reconnect", "Redial", "Session"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +69,31 @@ class Reconnect:
 
 
 @dataclass(frozen=True, slots=True)
+class Redial:
+    """A member that does not lead named the leader this session already has (one it
+    could not reach, or that went silent: paused, or cut off from this client only):
+    leave that member and dial the leader again, the back-off going on growing."""
+
+    member_id: int
+    endpoint: Endpoint
+
+
+@dataclass(frozen=True, slots=True)
 class Closed:
     """The cluster closed the session: mark it closed with ``reason``, wake every task."""
 
     reason: str
 
 
-Action = Reconnect | Closed
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """``count`` replies to this session were dropped while it was away: tell the
+    application (an event; :attr:`Session.replies_dropped` counts them all)."""
+
+    count: int
+
+
+Action = Reconnect | Redial | Closed | Dropped
 
 
 @dataclass(slots=True)
@@ -102,6 +129,7 @@ class Session:
         "closing",
         "cluster_session_id",
         "endpoints",
+        "errors_waiting",
         "leader_endpoint",
         "leader_member_id",
         "leadership_term_id",
@@ -110,6 +138,7 @@ class Session:
         "max_frame_size",
         "open",
         "pending",
+        "replies_dropped",
         "session_secret",
     )
 
@@ -143,7 +172,11 @@ class Session:
         self.pending = bytearray()
 
         # Egress: received application messages, admin requests awaiting a response.
-        self.backlog: deque[SessionMessageHeader] = deque()
+        # Received messages, and the service's errors in their place (ServiceErrorEvent,
+        # ``errors_waiting`` of them: while none waits, the backlog is plain messages).
+        self.backlog: deque[SessionMessageHeader | ServiceErrorEvent] = deque()
+        self.errors_waiting = 0
+        self.replies_dropped = 0
         self.backlog_exceeded = False
         self._admin: dict[int, AdminWaiter] = {}
 
@@ -245,6 +278,38 @@ class Session:
             raise NotConnectedError("the client has no session")
         return False
 
+    def take(self) -> SessionMessageHeader:
+        """The oldest received message (one waits: :meth:`backlog_ready`); raises
+        :class:`ServiceError` if the service raised on the message in its place."""
+        message = self.backlog.popleft()
+        if type(message) is ServiceErrorEvent:
+            self.errors_waiting -= 1
+            raise _service_error(message)
+        return message  # type: ignore[return-value]
+
+    def take_payloads(self, max_messages: int) -> list[bytes]:
+        """The payloads of the received messages, oldest first, at most
+        ``max_messages`` (one waits), up to the first of the service's errors; that
+        error is raised when it comes first (:meth:`take`)."""
+        backlog = self.backlog
+        if not self.errors_waiting:  # only messages: the fast path
+            messages = cast("deque[SessionMessageHeader]", backlog)
+            if len(messages) <= max_messages:
+                payloads = [m.payload for m in messages]
+                messages.clear()
+                return payloads
+            pop = messages.popleft
+            return [pop().payload for _ in range(max_messages)]
+        if type(backlog[0]) is ServiceErrorEvent:
+            self.take()  # raises
+        taken: list[bytes] = []
+        while len(taken) < max_messages and backlog:
+            message = backlog[0]
+            if type(message) is ServiceErrorEvent:
+                break
+            taken.append(cast(SessionMessageHeader, backlog.popleft()).payload)
+        return taken
+
     def add_admin_waiter(self, correlation_id: int, wake: Callable[[], None]) -> AdminWaiter:
         """Expect the ``AdminResponse`` to ``correlation_id``; ``wake`` is called once."""
         waiter = AdminWaiter(wake)
@@ -261,12 +326,12 @@ class Session:
         if isinstance(message, SessionMessageHeader):
             if message.cluster_session_id != session_id or self.backlog_exceeded:
                 return None
-            if len(self.backlog) >= self.max_egress_backlog:
-                self.backlog_exceeded = True
-                self.backlog.clear()
+            backlog = self.backlog
+            if len(backlog) < self.max_egress_backlog:  # the hot path, inline
+                backlog.append(message)
+                self._wake_receivers()
             else:
-                self.backlog.append(message)
-            self._wake_receivers()
+                self._to_backlog(message)
         elif isinstance(message, SessionEvent):
             if message.cluster_session_id != session_id:
                 return None
@@ -284,22 +349,45 @@ class Session:
             if waiter is not None and waiter.response is None:
                 waiter.response = message
                 waiter.wake()
+        elif isinstance(message, ServiceErrorEvent):
+            if message.cluster_session_id == session_id and not self.backlog_exceeded:
+                self.errors_waiting += 1
+                self._to_backlog(message)
+        elif (
+            isinstance(message, RepliesDropped)
+            and message.cluster_session_id == session_id
+            and message.count > 0
+        ):
+            self.replies_dropped += message.count
+            return Dropped(message.count)
         return None
 
-    def _on_redirect(self, event: SessionEvent) -> Reconnect | None:
+    def _to_backlog(self, message: SessionMessageHeader | ServiceErrorEvent) -> None:
+        if len(self.backlog) >= self.max_egress_backlog:
+            self.backlog_exceeded = True
+            self.backlog.clear()
+            self.errors_waiting = 0
+        else:
+            self.backlog.append(message)
+        self._wake_receivers()
+
+    def _on_redirect(self, event: SessionEvent) -> Reconnect | Redial | None:
         """A member this client resumed on does not lead: go to the one that does.
-        A REDIRECT naming no leader (an election is on), or the leader and term this
-        client has (a leader it could not reach), means: wait here, this member will say
-        when the leader changes.  The same member leading a newer term is a new leader."""
-        if (
-            event.leadership_term_id < self.leadership_term_id
-            or event.leader_member_id < 0
-            or (
-                event.leader_member_id == self.leader_member_id
-                and event.leadership_term_id == self.leadership_term_id
-            )
-        ):
+        A REDIRECT naming no leader (an election is on) means: wait here, this member
+        will say when the leader changes.  One naming the leader and term this client
+        has (a leader it could not reach: paused, or cut off from this client only)
+        means: dial that leader again (:class:`Redial`), for it still leads, as far as
+        the cluster knows: waiting here would let the session time out on a leader
+        that merely paused.  The same member leading a newer term is a new leader."""
+        if event.leadership_term_id < self.leadership_term_id or event.leader_member_id < 0:
             return None
+        if (
+            event.leader_member_id == self.leader_member_id
+            and event.leadership_term_id == self.leadership_term_id
+        ):
+            if self.leader_endpoint is None:
+                return None
+            return Redial(self.leader_member_id, self.leader_endpoint)
         if event.detail:
             with suppress(ValueError):
                 self.endpoints = parse_endpoints(event.detail)
@@ -334,3 +422,9 @@ class Session:
             self.pending = self.retarget(self.pending)
         self.leader_endpoint = endpoint
         return Reconnect(event.leader_member_id, self.leader_endpoint)
+
+
+def _service_error(event: ServiceErrorEvent) -> ServiceError:
+    return ServiceError(
+        event.error_type, event.message, event.log_position, event.timestamp, bytes(event.request)
+    )

@@ -7,6 +7,7 @@ Timeouts also derive from the built-in :class:`TimeoutError`, so
 
 from __future__ import annotations
 
+from cluster.protocol.enums import CloseReason
 from cluster.transport.tls import TlsError
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "ConnectTimeoutError",
     "EgressBacklogExceededError",
     "NotConnectedError",
+    "ServiceError",
     "SessionClosedError",
     "SessionLostError",
     "SessionRejectedError",
@@ -50,20 +52,51 @@ class AuthenticationRejectedError(ClusterClientError):
 class SessionClosedError(ClusterClientError):
     """The session is closed; no more messages can be offered or received.
 
-    ``reason`` is the cluster's close reason name (``"TIMEOUT"``, ``"SERVICE_ACTION"``,
-    ``"CLIENT_ACTION"``) when the cluster closed the session, or ``"CLIENT_ACTION"`` when
-    this client closed it.
+    ``reason`` is the cluster's close reason name when the cluster closed the session
+    (``"TIMEOUT"``, ``"SERVICE_ACTION"``, ``"CLIENT_ACTION"``, ``"SHUTDOWN"``,
+    ``"ABORT"``: :class:`cluster.protocol.enums.CloseReason`), also when it was closed
+    while this client was away and learnt on its resume; ``"CLIENT_ACTION"`` when this
+    client closed it; otherwise what happened (``"resumed on another connection"``...).
+    ``close_reason`` is the :class:`~cluster.protocol.enums.CloseReason` when ``reason``
+    names one, else ``None``.
     """
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"cluster session closed: {reason or 'no reason given'}")
         self.reason = reason
+        self.close_reason: CloseReason | None = CloseReason.__members__.get(reason)
 
 
 class SessionLostError(SessionClosedError):
     """The session is gone for good on this client's side: no member answered for the
     connect timeout (``reason`` says what each did on its last dial).  The cluster
     closes the session when its session timeout passes."""
+
+
+class ServiceError(ClusterClientError):
+    """The clustered service raised on one of this session's messages.
+
+    Raised by ``receive()`` (and its kin) in the place of that message's reply, in
+    order; the session stays open and the next ``receive()`` goes on.  Every member
+    raised on the same log entry, so the cluster is consistent: the message was applied
+    as far as the service got before it raised.  ``error_type`` is the exception's type
+    (``"ValueError"``, ``"mymodule.MyError"``), ``message`` its text, ``log_position``
+    where the entry ends in the log, ``timestamp`` its cluster time, and ``request`` the
+    message's payload (its first 4,096 bytes), to tell which one it was.
+    """
+
+    def __init__(
+        self, error_type: str, message: str, log_position: int, timestamp: int, request: bytes
+    ) -> None:
+        super().__init__(
+            f"the service raised {error_type} on this session's message "
+            f"(log position {log_position}): {message}"
+        )
+        self.error_type = error_type
+        self.message = message
+        self.log_position = log_position
+        self.timestamp = timestamp
+        self.request = request
 
 
 class ConnectTimeoutError(ClusterClientError, TimeoutError):

@@ -36,6 +36,7 @@ __all__ = [
     "Disconnected",
     "EventsMissed",
     "NewLeader",
+    "RepliesDropped",
     "SessionClosed",
     "SessionEventReceived",
 ]
@@ -86,6 +87,16 @@ class Disconnected:
 
 
 @dataclass(frozen=True, slots=True)
+class RepliesDropped:
+    """The cluster dropped ``count`` replies to this session while it was between
+    connections (a lost connection, a pause): the service sent them, the client never
+    saw them.  ``total``: how many so far (:attr:`ClusterClient.replies_dropped`)."""
+
+    count: int
+    total: int
+
+
+@dataclass(frozen=True, slots=True)
 class SessionClosed:
     """The session is closed (by the cluster, by this client, or lost): the last event."""
 
@@ -106,6 +117,7 @@ ClientEvent = (
     | AdminResponseReceived
     | Connected
     | Disconnected
+    | RepliesDropped
     | SessionClosed
     | EventsMissed
 )

@@ -61,6 +61,7 @@ from .core.consensus import ConsensusModule
 from .core.driver import drive
 from .core.service_container import ServiceContainer
 from .core.service_errors import ServiceErrorPolicy, ServiceFailure
+from .core.sessions import STALL_NS
 from .core.terms import TermHistory
 from .datadir import DataDir
 from .protocol.admin import MemberStatus
@@ -559,6 +560,9 @@ class Node:
             deadline += interval
             await trio.sleep_until(deadline)
             now = self.now_ns()
+            late = int((trio.current_time() - deadline) * 1e9)
+            if late >= STALL_NS:  # this process did not run: not its clients' fault
+                self.cm.session_manager.forgive_stall(late)
             self.cm.on_slow_tick(now)
             self.timings.sample(self.cm.followers, now)  # a leader's (else none)
             self._kick()

@@ -37,7 +37,7 @@ from ..archive.storage import NodeStorage
 from ..core.consensus import ConsensusModule
 from ..core.service_container import ServiceContainer
 from ..core.snapshot import take_snapshot
-from ..protocol.enums import CLUSTER_ACTION_FLAG_TERMINATE, ClusterAction
+from ..protocol.enums import CLUSTER_ACTION_FLAG_TERMINATE, CloseReason, ClusterAction
 from ..protocol.log import ClusterActionRequest
 from ..service import ServiceStateError
 
@@ -90,8 +90,9 @@ class SnapshotAgent:
         terminate = action.action is ClusterAction.ABORT or (
             action.action is ClusterAction.SNAPSHOT and shutdown
         )
-        if terminate and live:
-            self.cm.control.leave()
+        if terminate and live:  # a leader tells every session's client why it ends
+            aborted = action.action is ClusterAction.ABORT
+            self.cm.control.leave(reason=CloseReason.ABORT if aborted else CloseReason.SHUTDOWN)
         if action.action is ClusterAction.SNAPSHOT:
             self._take(position, action, terminate=terminate and live)
         elif terminate and live:

@@ -70,6 +70,9 @@ class Counters:
     """Resume requests with a wrong secret."""
     dropped_connect_requests: int = 0
     """Connect requests dropped unanswered: more waiting for an answer than the limit."""
+    leader_stalls: int = 0
+    """Times this member found it had not run for a second or more (a pause, a VM
+    steal) while it held sessions: the gap was not counted against their timeouts."""
     service_errors: int = 0
     """Exceptions the clustered service raised from a callback (caught, on every member
     alike: ``--on-service-error``); ``triarch_service_errors_total``."""
@@ -123,6 +126,13 @@ class EgressPort(Protocol):
 
     def close(self, egress_id: int) -> None:
         """Flush what is queued, then close the egress connection."""
+
+    def take_dropped(self, egress_id: int) -> int:
+        """How many of the service's replies to ``egress_id`` were dropped (no
+        connection, or no room on it) since the last call; the count starts over."""
+
+    def put_back_dropped(self, egress_id: int, count: int) -> None:
+        """Count ``count`` dropped replies again (taken, but they could not be told)."""
 
 
 class ConsensusPort(Protocol):

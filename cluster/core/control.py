@@ -22,6 +22,7 @@ from ..protocol.enums import (
     CLUSTER_ACTION_FLAG_TERMINATE,
     AdminRequestType,
     AdminResponseCode,
+    CloseReason,
     ClusterAction,
     ModuleState,
 )
@@ -41,10 +42,14 @@ MAX_SNAPSHOT_WAITERS = 1_000
 
 
 class ControlView(TermView, Protocol):
-    """The consensus module as cluster control sees it: its term, and its egress."""
+    """The consensus module as cluster control sees it: its term, its egress and its
+    sessions."""
 
     @property
     def egress(self) -> EgressPort: ...
+
+    @property
+    def session_manager(self) -> SessionManager: ...
 
 
 class ClusterControl:
@@ -136,10 +141,15 @@ class ClusterControl:
             return f"Unable to SNAPSHOT: {self.disk_problem}"
         return ""
 
-    def leave(self, state: ModuleState = ModuleState.QUITTING) -> None:
-        """The member is on its way out: a terminating action (SHUTDOWN, ABORT) applied
-        live (QUITTING), then the node draining (TERMINATING).  Operators see it in
-        ``describe``, so a clean stop is not taken for a crash."""
+    def leave(
+        self, state: ModuleState = ModuleState.QUITTING, *, reason: CloseReason | None = None
+    ) -> None:
+        """The member is on its way out: a terminating action (SHUTDOWN, ABORT: its
+        ``reason``) applied live (QUITTING), then the node draining (TERMINATING).
+        Operators see it in ``describe``, so a clean stop is not taken for a crash; a
+        leader tells every session's client CLOSED with the ``reason`` first."""
+        if reason is not None and self.module_state < ModuleState.QUITTING:
+            self.view.session_manager.end_all(reason)
         if state > self.module_state:
             self.module_state = state
 

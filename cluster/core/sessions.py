@@ -27,20 +27,25 @@ session that named a response channel and sends it a NewLeaderEvent.  Sessions w
 egress rides their ingress connection get a NewLeaderEvent every
 :data:`~cluster.core.session.EGRESS_HEARTBEAT_NS`: silence tells their client to look for
 the leader.  Connect requests until the session opens are
-:class:`~cluster.core.admission.SessionAdmission`'s part.  Only the consensus module
-calls this manager; log entries go out through the ``append`` callable it is given.
+:class:`~cluster.core.admission.SessionAdmission`'s part; resumes on a new connection,
+and close reasons told after the fact, are
+:class:`~cluster.core.resumption.SessionResumption`'s.  A member that did not run for a
+second or more (paused) does not count that time against its sessions' timeouts
+(:meth:`SessionManager.forgive_stall`: the shell sees its own slow tick come late).
+Only the consensus module calls this manager; log entries go out through the
+``append`` callable it is given.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import random
 import secrets
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from ..protocol import version as protocol_version
-from ..protocol.egress import NewLeaderEvent, SessionEvent
+from ..protocol.egress import NewLeaderEvent, RepliesDropped, SessionEvent
 from ..protocol.enums import CloseReason, EventCode
 from ..protocol.ingress import (
     ChallengeResponse,
@@ -54,6 +59,7 @@ from .admission import SessionAdmission
 from .auth import Authenticator
 from .base import ConsensusConfig, Counters, EgressPort, IngressSource, TermView
 from .log import ReplicatedLog
+from .resumption import SessionResumption
 from .session import (
     EGRESS_HEARTBEAT_NS,
     SECRET_BYTES,
@@ -78,8 +84,13 @@ a hundred times a second."""
 
 EGRESS_STABLE_NS = 2_000_000_000
 
+STALL_NS = 1_000_000_000
+"""A slow tick (due every 10 ms) this late means the member itself stalled (a GC, a VM
+steal, SIGSTOP): its clients could not reach it, so the shell has the time forgiven
+(:meth:`SessionManager.forgive_stall`), not counted against their session timeouts."""
 
-class SessionManager(SessionAdmission):
+
+class SessionManager(SessionAdmission, SessionResumption):
     """Pending, redirected, rejected and open sessions of one member."""
 
     def __init__(
@@ -111,6 +122,9 @@ class SessionManager(SessionAdmission):
         self.next_session_id = 1
         self._next_local_egress_id = -1
         self._awaiting_ok: list[ClusterSession] = []
+        #: why recently closed sessions were closed, and their secret's hash (to tell
+        #: only their holder): a resume after the fact hears the reason
+        self.closed_reasons: OrderedDict[int, tuple[CloseReason, bytes]] = OrderedDict()
         #: resumes that came to this member while it was not the ready leader:
         #: (connection, request, since, when last told, the leader it was told of)
         self.held_resumes: list[tuple[IngressSource, SessionResumeRequest, int, int, int]] = []
@@ -136,101 +150,6 @@ class SessionManager(SessionAdmission):
             return True
         self.counters.foreign_session_messages += 1
         return False
-
-    def on_resume(self, request: SessionResumeRequest, source: IngressSource, now_ns: int) -> None:
-        """A connection proves it holds an open session (see the module docstring)."""
-        view = self.view
-        if not view.is_ready_leader:
-            # REDIRECT to the leader this member knows (none during an election), and
-            # hold on: told again every second, and at once when the leader changes
-            config = self.config  # room for every open session and then some
-            if (
-                len(self.held_resumes)
-                >= config.max_concurrent_sessions + config.max_pending_sessions
-            ):
-                self.held_resumes.pop(0)  # the oldest asks again
-            told = self._redirect_held(source, request)
-            self.held_resumes.append((source, request, now_ns, now_ns, told))
-            return
-        session = self.sessions.get(request.cluster_session_id)
-        if session is None or session.state is not State.OPEN:
-            self._reply(source, request, EventCode.CLOSED, "no such open session")
-            return
-        if not session.secret_hash or not hmac.compare_digest(
-            secret_hash(bytes(request.session_secret)), session.secret_hash
-        ):
-            self.counters.rejected_resumes += 1
-            self._reply(source, request, EventCode.ERROR, "session secret rejected")
-            return
-        if session.source is not None and session.source is not source and session.own_connection:
-            self.egress.close(session.egress_id)  # detach from the old connection
-        session.source = source
-        source.trusted = True
-        session.time_of_last_activity_ns = now_ns
-        if session.own_connection:
-            self.egress.attach(session.egress_id, source)
-            session.egress_connected = True
-            session.has_new_leader_event_pending = True
-        self._send_new_leader_event(session)
-
-    def answer_held_resumes(self, now_ns: int) -> int:
-        """Resumes that came while no leader was known (every slow tick): answered
-        as soon as one is (REDIRECT, or taken by this member once it is the ready
-        leader); meanwhile told every second that an election is on (REDIRECT naming
-        no leader: the client waits instead of trying elsewhere).  Dropped when their
-        connection closes or after a session timeout."""
-        if not self.held_resumes:
-            return 0
-        timeout = self.config.session_timeout_ns
-        held, self.held_resumes = self.held_resumes, []
-        if self.view.is_ready_leader:
-            for source, request, since, _noticed, _told in held:
-                if not source.closed and now_ns - since <= timeout:
-                    self.on_resume(request, source, now_ns)
-            return len(held)
-        leader = self._known_leader()
-        for entry in held:
-            source, request, since, noticed, told = entry
-            if source.closed or now_ns - since > timeout:
-                continue
-            if leader != told or now_ns - noticed >= EGRESS_HEARTBEAT_NS:
-                told = self._redirect_held(source, request)
-                entry = (source, request, since, now_ns, told)
-            self.held_resumes.append(entry)
-        return 0
-
-    def _known_leader(self) -> int:
-        view = self.view
-        return -1 if view.in_election else view.leader_member_id
-
-    def _redirect_held(self, source: IngressSource, request: SessionResumeRequest) -> int:
-        leader = self._known_leader()
-        detail = self.config.ingress_endpoints if leader >= 0 else ""
-        self._reply(source, request, EventCode.REDIRECT, detail, leader=leader)
-        return leader
-
-    def _reply(
-        self,
-        source: IngressSource,
-        request: SessionResumeRequest,
-        code: EventCode,
-        detail: str,
-        *,
-        leader: int | None = None,
-    ) -> None:
-        view = self.view
-        self.egress.reply(
-            source,
-            SessionEvent(
-                cluster_session_id=request.cluster_session_id,
-                correlation_id=request.correlation_id,
-                leadership_term_id=view.leadership_term_id,
-                leader_member_id=view.leader_member_id if leader is None else leader,
-                code=code,
-                version=protocol_version.PROTOCOL_VERSION,
-                detail=detail,
-            ),
-        )
 
     def on_source_closed(self, source: IngressSource) -> None:
         """A client's ingress connection closed: sessions not yet open that came on it
@@ -409,6 +328,7 @@ class SessionManager(SessionAdmission):
         held = {s.cluster_session_id: s.source for s in self.sessions.values()}
         self.sessions.clear()
         for session_id, stream_id, channel, principal, hashed in sessions:
+            self.closed_reasons.pop(session_id, None)  # its close never committed
             session = ClusterSession(session_id, session_id, 0, stream_id, channel, now_ns)
             session.state = State.OPEN
             session.encoded_principal = principal
@@ -442,7 +362,12 @@ class SessionManager(SessionAdmission):
     ) -> None:
         """A session event of another leader's was applied here."""
         if isinstance(message, SessionCloseEvent):
-            self.sessions.pop(message.cluster_session_id, None)
+            closed = self.sessions.pop(message.cluster_session_id, None)
+            self.egress.take_dropped(message.cluster_session_id)  # forget its count
+            if closed is not None:
+                self._remember_closed(
+                    closed.cluster_session_id, message.close_reason, closed.secret_hash
+                )
             return
         session = ClusterSession(
             message.cluster_session_id,
@@ -579,12 +504,31 @@ class SessionManager(SessionAdmission):
                 self._send_new_leader_event(session)
         return work
 
+    def forgive_stall(self, gap_ns: int) -> None:
+        """The shell found this member did not run for ``gap_ns`` (its slow tick came
+        that late: SIGSTOP, a VM steal, a long GC; see :data:`STALL_NS`): no client could
+        reach it meanwhile, so the time does not count against any session's timeout."""
+        if not self.sessions:
+            return
+        log.warning(
+            "this member stalled for %.1f s (paused, or starved of CPU): its sessions'"
+            " timeouts are extended by as much",
+            gap_ns / 1e9,
+        )
+        self.counters.leader_stalls += 1
+        for session in self.sessions.values():
+            session.time_of_last_activity_ns += gap_ns
+
     def _send_new_leader_event(self, session: ClusterSession) -> bool:
+        """Tell the session who leads (at a resume, a new leader, and every second as
+        the sign that this leader lives); then how many replies to it were dropped
+        since it was last told (:class:`RepliesDropped`)."""
         if not session.egress_connected:
             return False
         view = self.view
-        if self.egress.send(
-            session.egress_id,
+        egress, egress_id = self.egress, session.egress_id
+        if egress.send(
+            egress_id,
             NewLeaderEvent(
                 leadership_term_id=view.leadership_term_id,
                 cluster_session_id=session.cluster_session_id,
@@ -593,6 +537,16 @@ class SessionManager(SessionAdmission):
             ),
         ):
             session.has_new_leader_event_pending = False
+            dropped = egress.take_dropped(egress_id)
+            if dropped and not egress.send(
+                egress_id,
+                RepliesDropped(
+                    cluster_session_id=session.cluster_session_id,
+                    leadership_term_id=view.leadership_term_id,
+                    count=dropped,
+                ),
+            ):
+                egress.put_back_dropped(egress_id, dropped)
             return True
         return False
 
@@ -617,5 +571,7 @@ class SessionManager(SessionAdmission):
         session.close_reason = reason
         session.state = State.CLOSED
         del self.sessions[session.cluster_session_id]
+        self._remember_closed(session.cluster_session_id, reason, session.secret_hash)
         self.send_event(session, EventCode.CLOSED, reason.name)
         self.egress.close(session.egress_id)
+        self.egress.take_dropped(session.egress_id)  # forget its count

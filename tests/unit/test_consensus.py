@@ -87,6 +87,8 @@ class RecordingEgress:
     sent: list[Sent] = field(default_factory=list)
     accept: bool = True
     cm: ConsensusModule | None = None
+    dropped: dict[int, int] = field(default_factory=dict)
+    """Replies dropped per session, as the shell counts them (tests set them)."""
 
     def connect(self, egress_id: int, channel: str) -> None:
         self.calls.append(("connect", egress_id, channel))
@@ -111,6 +113,12 @@ class RecordingEgress:
 
     def close(self, egress_id: int) -> None:
         self.calls.append(("close", egress_id))
+
+    def take_dropped(self, egress_id: int) -> int:
+        return self.dropped.pop(egress_id, 0)
+
+    def put_back_dropped(self, egress_id: int, count: int) -> None:
+        self.dropped[egress_id] = self.dropped.get(egress_id, 0) + count
 
     # helpers
     def messages(self, egress_id: int | None = None, kind: type | None = None) -> list[Any]:

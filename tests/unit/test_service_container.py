@@ -54,6 +54,12 @@ class RecordingEgress:
         self.calls.append(("send", message.cluster_session_id, message))
         return self.accept
 
+    def take_dropped(self, egress_id: int) -> int:
+        return 0
+
+    def put_back_dropped(self, egress_id: int, count: int) -> None:
+        pass
+
     def replies(self) -> list[tuple[int, SessionMessageHeader]]:
         return [
             (c[1], c[2])

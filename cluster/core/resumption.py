@@ -1,0 +1,186 @@
+"""Resumption: an open session's client on a new connection, and what it is told.
+
+:class:`SessionResumption` is the half of :class:`~cluster.core.sessions.SessionManager`
+that handles a connection proving it holds an open session (a SessionResumeRequest with
+the secret that OK carried), after a broken connection, a pause or a leader change:
+
+* at a ready leader the session moves to the new connection; the old one, if still
+  open, hears CLOSED (:data:`MOVED`) so that whoever holds it learns at once;
+* at a member that is not the ready leader the resume is held and answered REDIRECT
+  (naming the leader, or none during an election) every second until a leader is
+  known, and taken by this member if it becomes the ready leader;
+* a resume of a session that was closed meanwhile hears why (its CloseReason's name:
+  TIMEOUT, SERVICE_ACTION...), if it proves it held the session; the last
+  :data:`MAX_CLOSED_REMEMBERED` closes are remembered, on every member (leaders when
+  they close, followers from the log);
+* SHUTDOWN and ABORT tell every open session CLOSED with their reason before the
+  cluster stops (:meth:`SessionResumption.end_all`).
+
+The manager holds the state; this class only groups the code that works on it.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections import OrderedDict
+
+from ..protocol import version as protocol_version
+from ..protocol.egress import SessionEvent
+from ..protocol.enums import CloseReason, EventCode
+from ..protocol.ingress import SessionResumeRequest
+from .base import ConsensusConfig, Counters, EgressPort, IngressSource, TermView
+from .session import EGRESS_HEARTBEAT_NS, ClusterSession, State, secret_hash
+
+MAX_CLOSED_REMEMBERED = 4096
+"""Closed sessions whose close reason a member remembers, to answer a resume that comes
+after the fact with that reason (the oldest are forgotten first: their clients hear
+"no such open session")."""
+
+MOVED = "resumed on another connection"
+"""The CLOSED detail a session's old connection hears when another one resumes it."""
+
+
+class SessionResumption:
+    """Resumes, held resumes, and the reasons of closes (see the module)."""
+
+    # the state, owned by SessionManager
+    config: ConsensusConfig
+    egress: EgressPort
+    view: TermView
+    counters: Counters
+    sessions: dict[int, ClusterSession]
+    closed_reasons: OrderedDict[int, tuple[CloseReason, bytes]]
+    held_resumes: list[tuple[IngressSource, SessionResumeRequest, int, int, int]]
+
+    def send_event(
+        self, session: ClusterSession, code: EventCode, detail: str, secret: bytes = b""
+    ) -> bool:
+        raise NotImplementedError
+
+    def _send_new_leader_event(self, session: ClusterSession) -> bool:
+        raise NotImplementedError
+
+    def on_resume(self, request: SessionResumeRequest, source: IngressSource, now_ns: int) -> None:
+        """A connection proves it holds an open session (see the module docstring)."""
+        view = self.view
+        if not view.is_ready_leader:
+            # REDIRECT to the leader this member knows (none during an election), and
+            # hold on: told again every second, and at once when the leader changes
+            config = self.config  # room for every open session and then some
+            if (
+                len(self.held_resumes)
+                >= config.max_concurrent_sessions + config.max_pending_sessions
+            ):
+                self.held_resumes.pop(0)  # the oldest asks again
+            told = self._redirect_held(source, request)
+            self.held_resumes.append((source, request, now_ns, now_ns, told))
+            return
+        session = self.sessions.get(request.cluster_session_id)
+        if session is None or session.state is not State.OPEN:
+            self._reply(source, request, EventCode.CLOSED, self._why_closed(request))
+            return
+        if not session.secret_hash or not hmac.compare_digest(
+            secret_hash(bytes(request.session_secret)), session.secret_hash
+        ):
+            self.counters.rejected_resumes += 1
+            self._reply(source, request, EventCode.ERROR, "session secret rejected")
+            return
+        old = session.source
+        if old is not None and old is not source:
+            if not old.closed:  # its holder there hears it at once, not by a timeout
+                self.send_event(session, EventCode.CLOSED, MOVED)
+            if session.own_connection:
+                self.egress.close(session.egress_id)  # detach from the old connection
+        session.source = source
+        source.trusted = True
+        session.time_of_last_activity_ns = now_ns
+        if session.own_connection:
+            self.egress.attach(session.egress_id, source)
+            session.egress_connected = True
+            session.has_new_leader_event_pending = True
+        self._send_new_leader_event(session)
+
+    def _why_closed(self, request: SessionResumeRequest) -> str:
+        """The reason a session that is not open was closed, for the client that holds
+        its secret (its CloseReason's name); anyone else hears it is not open."""
+        closed = self.closed_reasons.get(request.cluster_session_id)
+        if closed is not None and hmac.compare_digest(
+            secret_hash(bytes(request.session_secret)), closed[1]
+        ):
+            return closed[0].name
+        return "no such open session"
+
+    def _remember_closed(self, session_id: int, reason: CloseReason, hashed: bytes) -> None:
+        closed = self.closed_reasons
+        closed[session_id] = (reason, hashed)
+        while len(closed) > MAX_CLOSED_REMEMBERED:
+            closed.popitem(last=False)
+
+    def end_all(self, reason: CloseReason) -> None:
+        """The cluster stops (SHUTDOWN, ABORT: ``reason``): every open session's client
+        is told CLOSED with the reason now, while this leader can still say it.  Nothing
+        goes on the log (it ends at the action); a restarted cluster times them out."""
+        if not self.view.is_ready_leader:
+            return
+        for session in self.sessions.values():
+            self._remember_closed(session.cluster_session_id, reason, session.secret_hash)
+            self.send_event(session, EventCode.CLOSED, reason.name)
+
+    def answer_held_resumes(self, now_ns: int) -> int:
+        """Resumes that came while no leader was known (every slow tick): answered
+        as soon as one is (REDIRECT, or taken by this member once it is the ready
+        leader); meanwhile told every second that an election is on (REDIRECT naming
+        no leader: the client waits instead of trying elsewhere).  Dropped when their
+        connection closes or after a session timeout."""
+        if not self.held_resumes:
+            return 0
+        timeout = self.config.session_timeout_ns
+        held, self.held_resumes = self.held_resumes, []
+        if self.view.is_ready_leader:
+            for source, request, since, _noticed, _told in held:
+                if not source.closed and now_ns - since <= timeout:
+                    self.on_resume(request, source, now_ns)
+            return len(held)
+        leader = self._known_leader()
+        for entry in held:
+            source, request, since, noticed, told = entry
+            if source.closed or now_ns - since > timeout:
+                continue
+            if leader != told or now_ns - noticed >= EGRESS_HEARTBEAT_NS:
+                told = self._redirect_held(source, request)
+                entry = (source, request, since, now_ns, told)
+            self.held_resumes.append(entry)
+        return 0
+
+    def _known_leader(self) -> int:
+        view = self.view
+        return -1 if view.in_election else view.leader_member_id
+
+    def _redirect_held(self, source: IngressSource, request: SessionResumeRequest) -> int:
+        leader = self._known_leader()
+        detail = self.config.ingress_endpoints if leader >= 0 else ""
+        self._reply(source, request, EventCode.REDIRECT, detail, leader=leader)
+        return leader
+
+    def _reply(
+        self,
+        source: IngressSource,
+        request: SessionResumeRequest,
+        code: EventCode,
+        detail: str,
+        *,
+        leader: int | None = None,
+    ) -> None:
+        view = self.view
+        self.egress.reply(
+            source,
+            SessionEvent(
+                cluster_session_id=request.cluster_session_id,
+                correlation_id=request.correlation_id,
+                leadership_term_id=view.leadership_term_id,
+                leader_member_id=view.leader_member_id if leader is None else leader,
+                code=code,
+                version=protocol_version.PROTOCOL_VERSION,
+                detail=detail,
+            ),
+        )
