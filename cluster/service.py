@@ -19,6 +19,22 @@ start, naming what is missing).  A service that keeps no state says so by derivi
 returns something other than bytes, fails loudly: an ERROR in the node's log and an ERROR
 ``AdminResponse`` to the client that asked, never an empty snapshot.
 
+**Exceptions.**  An :class:`Exception` raised by a callback applied from the log
+(:meth:`~ClusteredService.on_session_message`, ``on_session_open``, ``on_session_close``,
+``on_timer_event``, ``on_new_leadership_term_event``) or by ``on_role_change`` is caught
+by the member.  Every member applies the same entry to the same state, so every member
+raises on it alike, and their states stay equal: the entry counts as applied (the log
+position moves past it; whatever the callback changed before it raised stays changed, on
+every member) and the member goes on with the next one.  The error is logged at ERROR
+(with its traceback the first time a distinct error is seen), listed by ``cluster-tool
+errors`` and counted (``triarch_service_errors_total``); for a client's message the
+leader tells the sender, whose ``receive()`` raises ``client.ServiceError`` in the place
+of the reply, and the session stays open.  With ``--on-service-error stop`` the member
+logs one ERROR line instead and exits with code 1 (every member stops at that entry, and
+a restart replays it and stops again).  An exception from :meth:`~ClusteredService.on_start`
+always stops the member (exit code 1), as does a ``MemoryError``; one from
+:meth:`~ClusteredService.on_take_snapshot` fails that snapshot only.
+
 See ``docs/service-guide.md`` for a tutorial.
 """
 
@@ -129,6 +145,10 @@ class ClusteredService(abc.ABC):
     restart (or ``None`` when there is no snapshot yet).  Every other callback does
     nothing by default; override what you need.  A service without state derives from
     :class:`StatelessService` instead.
+
+    A callback that raises does not stop the member (unless ``--on-service-error stop``):
+    see *Exceptions* in the module documentation.  Check a request before changing any
+    state: what a callback changed before it raised stays changed.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Self:
@@ -149,7 +169,8 @@ class ClusteredService(abc.ABC):
         """Called once before any log entry, with the service's bytes from the latest
         snapshot (what :meth:`on_take_snapshot` returned), or ``None`` when there is no
         snapshot yet.  Load the state from it; keep ``cluster`` to schedule timers, offer
-        service messages or look up sessions later."""
+        service messages or look up sessions later.  If it raises, the member cannot
+        start: it logs an ERROR naming the exception and exits with code 1."""
 
     def on_session_open(self, session: ClientSession, timestamp: int) -> None:  # noqa: B027
         """A client session opened (SessionOpenEvent on the log)."""
@@ -163,7 +184,12 @@ class ClusteredService(abc.ABC):
         self, session: ClientSession | None, timestamp: int, payload: bytes
     ) -> None:
         """An application message in log order: from a client session, or (``session``
-        None) a service message offered with :meth:`Cluster.offer`."""
+        None) a service message offered with :meth:`Cluster.offer`.
+
+        If it raises an :class:`Exception`, every member raises alike and goes on with
+        the next entry (``--on-service-error continue``); the client that sent the
+        message gets ``client.ServiceError`` from ``receive()`` in the place of a reply,
+        with the exception's type and text, and its session stays open."""
 
     def on_timer_event(self, correlation_id: int, timestamp: int) -> None:  # noqa: B027
         """A timer scheduled with :meth:`Cluster.schedule_timer` fired."""
