@@ -488,10 +488,12 @@ class SessionManager(SessionAdmission, SessionResumption):
                     self._close(session, CloseReason.TIMEOUT, now_ns)
                     work += 1
                     continue
-            if session.has_open_event_pending and session.opened_log_position <= commit:
+            if session.has_open_event_pending:
                 # retry an OK that found no room, before anything else the session is
-                # sent (the heartbeat below matched every tick and used to shadow this)
-                self._send_open_event(session)
+                # sent (the heartbeat below matched every tick and used to shadow this);
+                # and nothing else goes before it (no heartbeat before OK)
+                if session.opened_log_position <= commit:
+                    self._send_open_event(session)
             elif session.has_new_leader_event_pending and session.egress_connected:
                 if self._send_new_leader_event(session):
                     work += 1
