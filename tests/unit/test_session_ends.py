@@ -12,7 +12,6 @@ from test_consensus import (
     SECOND,
     T0,
     TERM,
-    ConsensusModule,
     LogReader,
     RecordingEgress,
     commit_all,
@@ -20,6 +19,7 @@ from test_consensus import (
 )
 
 from cluster.core.base import IngressSource
+from cluster.core.consensus import ConsensusModule
 from cluster.core.resumption import MAX_CLOSED_REMEMBERED, MOVED
 from cluster.core.session import State
 from cluster.protocol import version as pv
