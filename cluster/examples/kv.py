@@ -224,7 +224,9 @@ class KeyValueClient:
     """Typed requests over a :class:`client.ClusterClient`, many in flight at once.
 
     Use as an async context manager: it runs a task that matches responses to requests
-    by ``request_id``.
+    by ``request_id``.  Where the service raised on a request, that request raises
+    :class:`client.ServiceError` (matched by the request it carries back); the session
+    and every other request go on.
     """
 
     def __init__(
@@ -244,6 +246,7 @@ class KeyValueClient:
         self._ids = itertools.count(1)
         self._waiting: dict[int, Any] = {}
         self._results: dict[int, Response] = {}
+        self._failures: dict[int, Exception] = {}
         self._error: BaseException | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
@@ -275,9 +278,19 @@ class KeyValueClient:
             self._closed = True
 
     async def _receive_loop(self) -> None:
+        from client import ServiceError
+
         try:
             while True:
-                payload = await self.client.receive()
+                try:
+                    payload = await self.client.receive()
+                except ServiceError as exc:  # the service raised on one request: its own
+                    request_id = _request_id_of(exc.request)
+                    event = self._waiting.pop(request_id, None)
+                    if event is not None:
+                        self._failures[request_id] = exc
+                        event.set()
+                    continue
                 response = _response_decoder.decode(payload)
                 event = self._waiting.pop(response.request_id, None)
                 if event is not None:
@@ -323,6 +336,9 @@ class KeyValueClient:
             ) from None
         finally:
             self._waiting.pop(request_id, None)
+        failure = self._failures.pop(request_id, None)
+        if failure is not None:
+            raise failure  # client.ServiceError: the session and other requests go on
         response = self._results.pop(request_id, None)
         if response is None:
             raise self._error or KeyValueError("no response")
