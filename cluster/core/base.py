@@ -71,7 +71,7 @@ class Counters:
     dropped_connect_requests: int = 0
     """Connect requests dropped unanswered: more waiting for an answer than the limit."""
     leader_stalls: int = 0
-    """Times this member found it had not run for a second or more (a pause, a VM
+    """Times this leader found it had not run for a second or more (a pause, a VM
     steal) while it held sessions: the gap was not counted against their timeouts."""
     service_errors: int = 0
     """Exceptions the clustered service raised from a callback (caught, on every member

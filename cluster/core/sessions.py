@@ -510,10 +510,10 @@ class SessionManager(SessionAdmission, SessionResumption):
         """The shell found this member did not run for ``gap_ns`` (its slow tick came
         that late: SIGSTOP, a VM steal, a long GC; see :data:`STALL_NS`): no client could
         reach it meanwhile, so the time does not count against any session's timeout."""
-        if not self.sessions:
-            return
+        if not self.sessions or not self.view.is_ready_leader:
+            return  # (a follower's sessions get a whole timeout when it leads)
         log.warning(
-            "this member stalled for %.1f s (paused, or starved of CPU): its sessions'"
+            "this leader stalled for %.1f s (paused, or starved of CPU): its sessions'"
             " timeouts are extended by as much",
             gap_ns / 1e9,
         )
