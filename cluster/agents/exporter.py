@@ -146,6 +146,18 @@ class StatusCollector(Collector):
             s.counters.get("service_errors", 0),
         )
         yield counter(
+            "triarch_leader_stalls_total",
+            "times this leader did not run for a second or more (paused, starved of CPU); "
+            "its sessions were not blamed for it",
+            s.counters.get("leader_stalls", 0),
+        )
+        yield counter(
+            "triarch_replies_dropped_total",
+            "the service's replies this leader could not deliver (the client was between "
+            "connections); its client is told how many",
+            s.counters.get("replies_dropped", 0),
+        )
+        yield counter(
             "triarch_protocol_errors_total",
             "connections closed for bad bytes (ingress and member links)",
             s.ingress.protocol_errors + s.link_protocol_errors,

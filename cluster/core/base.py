@@ -73,6 +73,9 @@ class Counters:
     leader_stalls: int = 0
     """Times this leader found it had not run for a second or more (a pause, a VM
     steal) while it held sessions: the gap was not counted against their timeouts."""
+    replies_dropped: int = 0
+    """The service's replies this leader could not deliver (their session had no
+    connection, or no room on it); counted when the session is told, or closes."""
     service_errors: int = 0
     """Exceptions the clustered service raised from a callback (caught, on every member
     alike: ``--on-service-error``); ``triarch_service_errors_total``."""

@@ -363,7 +363,8 @@ class SessionManager(SessionAdmission, SessionResumption):
         """A session event of another leader's was applied here."""
         if isinstance(message, SessionCloseEvent):
             closed = self.sessions.pop(message.cluster_session_id, None)
-            self.egress.take_dropped(message.cluster_session_id)  # forget its count
+            # forget its count (counted here: its client will not be told)
+            self.counters.replies_dropped += self.egress.take_dropped(message.cluster_session_id)
             if closed is not None:
                 self._remember_closed(
                     closed.cluster_session_id, message.close_reason, closed.secret_hash
@@ -540,6 +541,7 @@ class SessionManager(SessionAdmission, SessionResumption):
         ):
             session.has_new_leader_event_pending = False
             dropped = egress.take_dropped(egress_id)
+            self.counters.replies_dropped += dropped
             if dropped and not egress.send(
                 egress_id,
                 RepliesDropped(
@@ -549,6 +551,7 @@ class SessionManager(SessionAdmission, SessionResumption):
                 ),
             ):
                 egress.put_back_dropped(egress_id, dropped)
+                self.counters.replies_dropped -= dropped  # counted when told
             return True
         return False
 
@@ -576,4 +579,5 @@ class SessionManager(SessionAdmission, SessionResumption):
         self._remember_closed(session.cluster_session_id, reason, session.secret_hash)
         self.send_event(session, EventCode.CLOSED, reason.name)
         self.egress.close(session.egress_id)
-        self.egress.take_dropped(session.egress_id)  # forget its count
+        # forget its count (counted here: its client will not be told)
+        self.counters.replies_dropped += self.egress.take_dropped(session.egress_id)

@@ -201,3 +201,27 @@ def test_a_count_that_found_no_room_is_told_later() -> None:
     cm.on_slow_tick(T0 + 4 * SECOND)
     (told,) = egress.messages(sid, RepliesDropped)
     assert told.count == 2
+
+
+def test_stalls_and_dropped_replies_are_exported() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from cluster.agents.exporter import StatusCollector
+    from cluster.protocol.admin import MemberStatus
+
+    status = MemberStatus(member_id=1, counters={"leader_stalls": 2, "replies_dropped": 7})
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatusCollector(lambda: status))
+    text = generate_latest(registry).decode()
+    assert 'triarch_leader_stalls_total{member="1"} 2.0' in text
+    assert 'triarch_replies_dropped_total{member="1"} 7.0' in text
+
+
+def test_dropped_replies_of_a_closed_session_are_counted() -> None:
+    cm, egress, reader = make()
+    sid, _secret = own_session(cm, reader, T0)
+    egress.dropped[sid] = 4
+    cm.on_slow_tick(T0 + 11 * SECOND)  # timed out, never told
+    assert sid not in cm.sessions
+    assert sid not in egress.dropped
+    assert cm.counters.replies_dropped == 4
