@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from cluster import errorlog, launch
 from cluster.agents.exporter import StatusCollector
 from cluster.archive.record import encode_record
 from cluster.config import ConfigError, load_config
@@ -426,3 +428,39 @@ def test_the_counter_is_exported() -> None:
     text = generate_latest(registry).decode()
     assert 'triarch_service_errors_total{member="2"} 3.0' in text
     assert 'triarch_snapshot_failures_total{member="2"} 1.0' in text
+
+
+# ---------------------------------------------------------------------- the exit code
+
+
+@pytest.mark.parametrize("how", ["plain", "group", "group with another error"])
+def test_the_node_command_exits_1_on_a_service_failure(
+    how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``Node.run`` raises the failure itself; from a task (a snapshot installed from the
+    leader, whose ``on_start`` raised) it comes in the nursery's ExceptionGroup."""
+    failure = ServiceFailure("on_start", 42, RuntimeError("cannot load"))
+    raised: dict[str, BaseException] = {
+        "plain": failure,
+        "group": ExceptionGroup("agents", [ExceptionGroup("catch-up", [failure])]),
+        "group with another error": ExceptionGroup("agents", [failure, OSError("eh")]),
+    }
+
+    class FailingNode:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        async def run(self, **kwargs: Any) -> None:
+            raise raised[how]
+
+    monkeypatch.setattr(launch, "Node", FailingNode)
+    installed = errorlog.installed()
+    try:
+        with caplog.at_level(logging.ERROR, logger="cluster.node"):
+            code = launch.main(["--dir", str(tmp_path), "--members", "0=127.0.0.1:1:2:3"])
+    finally:
+        if installed is None:
+            errorlog.uninstall()  # main() installs the process's error log
+    assert code == 1
+    unexpected = [r for r in caplog.records if "unexpected error" in r.getMessage()]
+    assert len(unexpected) == (1 if how == "group with another error" else 0)
