@@ -211,13 +211,24 @@ def where(thread_id: int, depth: int = 4) -> str:
     after the function returns, and a ``memoryview`` among them would make the next
     resize of its buffer (the log buffer, a frame decoder's) fail with ``BufferError``."""
     parts: list[str] = []
-    frame = sys._current_frames().get(thread_id)
+    # The interpreter may hand the GIL to the running thread between any two bytecodes
+    # of this loop; if that thread returns meanwhile, a frame's ``f_back`` can name
+    # memory that is gone (CPython 3.11 read an int there: the sampler thread died of
+    # an AttributeError in a full run).  So no switch while the stack is walked (a few
+    # microseconds), and anything odd ends the walk instead of the sampler.
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
+    frame: Any = None
     try:
+        frame = sys._current_frames().get(thread_id)
         while frame is not None and len(parts) < depth:
             code = frame.f_code
             folder_file = "/".join(code.co_filename.rsplit("/", 2)[-2:])
             parts.append(f"{folder_file}:{frame.f_lineno} {code.co_name}")
             frame = frame.f_back
+    except (AttributeError, TypeError):
+        pass
     finally:
         del frame
+        sys.setswitchinterval(switch)
     return " < ".join(parts)
