@@ -90,16 +90,10 @@ from .session import CLIENT_REQUESTS, State
 from .sessions import SessionManager
 from .terms import TermHistory
 from .timers import TimerService
-from .validate import sender_of
+from .validate import far_term, sender_of
 from .voting import VotingRights
 
 log = logging.getLogger("cluster.consensus")
-
-MAX_TERM_STEP = 1 << 20
-"""The furthest a member's message may be ahead of this member's term.  A real cluster
-moves one term an election (a day of back-to-back elections is fewer than a million);
-refusing more keeps one forged message from using up the terms left below
-:data:`~cluster.protocol.consensus.MAX_TERM`."""
 
 
 class ConsensusModule:
@@ -453,21 +447,10 @@ class ConsensusModule:
         self._source = None
 
     def on_consensus_message(self, message: ConsensusMessage, now_ns: int) -> None:
-        """Dispatch a member's message to the step function of this member's role."""
-        term = (
-            message.candidate_term_id
-            if isinstance(message, (RequestVote, Vote))
-            else getattr(message, "leadership_term_id", -1)
-        )
-        if term > self.candidate_term_id + MAX_TERM_STEP:
-            # Terms grow by one an election, and only after a quorum canvassed: a term
-            # this far ahead is a buggy or forged member's, and adopting it would let
-            # one message use up the terms the cluster has left.
-            self._refuse(
-                sender_of(message),
-                f"{type(message).__name__} of term {term}, far beyond this member's "
-                f"term {self.candidate_term_id}",
-            )
+        """Dispatch a member's message to the step function of this member's role (a
+        term too far ahead of this member's is refused: :func:`far_term`)."""
+        if (refused := far_term(message, self.candidate_term_id)) is not None:
+            self._refuse(sender_of(message), refused)
             return
         if isinstance(message, RequestVote):
             self._on_request_vote(message, now_ns)

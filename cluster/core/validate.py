@@ -15,7 +15,9 @@ state, statelessly here (the module checks the rest against its own log):
   check and is answered with a hint), not an error.
 
 :func:`check_consensus_message` returns why a message is refused (None if it is not);
-the member link that brought it counts the error, logs it and closes.
+the member link that brought it counts the error, logs it and closes.  One check needs
+the member's own term, and the consensus module makes it (:func:`far_term`): a term more
+than :data:`MAX_TERM_STEP` ahead of it is refused.
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ from ..protocol.consensus import (
     TimeoutNow,
     Vote,
 )
+
+MAX_TERM_STEP = 1 << 20
+"""The furthest a member's message may be ahead of this member's term.  A real cluster
+moves one term an election (a day of back-to-back elections is fewer than a million);
+refusing more keeps one forged message from using up the terms left below
+:data:`~cluster.protocol.consensus.MAX_TERM`."""
 
 _unpack_header = RECORD_HEADER.unpack_from
 _HEADER = RECORD_HEADER.size
@@ -132,6 +140,25 @@ def sender_of(message: ConsensusMessage) -> int:
     if isinstance(message, (AppendPosition, CanvassPosition, Vote, SnapshotChunkAck)):
         return message.follower_member_id
     return -1
+
+
+def far_term(message: ConsensusMessage, candidate_term_id: int) -> str | None:
+    """Why ``message`` is refused by a member whose candidate term is
+    ``candidate_term_id`` for a term too far ahead (None if it is not).  Terms grow by
+    one an election, and only after a quorum canvassed: a term this far ahead is a buggy
+    or forged member's, and adopting it would let one message use up the terms the
+    cluster has left."""
+    term = (
+        message.candidate_term_id
+        if isinstance(message, (RequestVote, Vote))
+        else getattr(message, "leadership_term_id", -1)
+    )
+    if term <= candidate_term_id + MAX_TERM_STEP:
+        return None
+    return (
+        f"{type(message).__name__} of term {term}, far beyond this member's "
+        f"term {candidate_term_id}"
+    )
 
 
 def check_consensus_message(

@@ -17,8 +17,8 @@ from cluster.archive.errors import ArchiveCorruptionError
 from cluster.archive.node_state import NodeState
 from cluster.archive.record import RECORD_HEADER_LENGTH, append_record, iter_records
 from cluster.core.base import ConsensusConfig, MemberRefused
-from cluster.core.consensus import MAX_TERM_STEP, ConsensusModule
-from cluster.core.validate import check_consensus_message, check_records
+from cluster.core.consensus import ConsensusModule
+from cluster.core.validate import MAX_TERM_STEP, check_consensus_message, check_records
 from cluster.protocol.consensus import (
     APPEND_POSITION_VERIFIED,
     MAX_POSITION,
