@@ -640,6 +640,8 @@ class ConsensusModule:
         if self.role is Role.LEADER:
             if self.is_ready_leader:
                 work += sessions.tick(now_ns, active=self.control.active)
+                if not self.handover.active:  # an automatic snapshot, when one is due
+                    work += self.control.on_slow_tick(now_ns)
             if not self.replication.on_slow_tick(now_ns):
                 self.enter_election(now_ns, "inactive follower quorum")
                 work += 1

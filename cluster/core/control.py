@@ -10,10 +10,18 @@ A client's AdminRequest(SNAPSHOT) is answered when the snapshot is written and r
 (OK) or fails to be (ERROR, with the reason): the shell reports the outcome with
 :meth:`ClusterControl.on_snapshot`.  While the shell reports a disk problem
 (:meth:`ClusterControl.on_disk`), a SNAPSHOT is refused at once: it could not be written.
+
+Snapshots also take themselves: every slow tick (:meth:`ClusterControl.on_slow_tick`) the
+ready, ACTIVE leader asks its :class:`~cluster.core.autosnapshot.AutoSnapshot` whether
+one is due (``--snapshot-log-bytes``, ``--snapshot-interval``) and, if so, puts a
+SNAPSHOT on the log as an operator's would.  The rule hears of every snapshot: each one
+put on the log here (:meth:`ClusterControl._request`), applied
+(``auto.on_taking``, from the shell), and written or failed (:meth:`on_snapshot`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Protocol
 
@@ -29,10 +37,13 @@ from ..protocol.enums import (
 from ..protocol.ingress import AdminRequest, SessionMessageHeader
 from ..protocol.log import ClusterActionRequest, LogMessage
 from .auth import AuthorisationService
+from .autosnapshot import AutoSnapshot
 from .base import Counters, EgressPort, IngressSource, TermView
 from .log import ReplicatedLog
 from .session import ClusterSession
 from .sessions import SessionManager
+
+log = logging.getLogger("cluster.consensus")
 
 MAX_HELD_MESSAGES = 100_000
 """Ingress messages a SUSPENDED module holds for RESUME; more are refused and counted."""
@@ -58,6 +69,7 @@ class ClusterControl:
     __slots__ = (
         "append",
         "authorisation",
+        "auto",
         "counters",
         "disk_problem",
         "held_messages",
@@ -87,6 +99,8 @@ class ClusterControl:
         self.snapshot_waiters: list[tuple[int, int, ClusterSession, AdminRequest]] = []
         """``(log position, term, session, request)`` of each client SNAPSHOT request whose
         snapshot is not written yet."""
+        self.auto = AutoSnapshot()
+        """When this member, leading, asks for a snapshot by itself (off until configured)."""
 
     def hold(self, header: SessionMessageHeader) -> bool:
         """SUSPENDED: keep ``header`` (stamped) until RESUME; False if the hold is full."""
@@ -121,7 +135,30 @@ class ClusterControl:
             )
         )
         self.apply(action)
+        if action is ClusterAction.SNAPSHOT and not terminate:
+            self.auto.on_requested(position, self.view.leadership_term_id)
         return "", position
+
+    def on_slow_tick(self, now_ns: int) -> int:
+        """A ready, ACTIVE leader puts a SNAPSHOT on the log when the automatic rule says
+        one is due (:mod:`cluster.core.autosnapshot`); returns work done."""
+        auto = self.auto
+        if not auto.enabled or not self.active or not self.view.is_ready_leader:
+            return 0
+        rlog = self.log
+        term = self.view.leadership_term_id
+        now_ms = rlog.cluster_time(now_ns)
+        reason = auto.due(now_ms, rlog.published_position, term, self.disk_problem)
+        if not reason:
+            return 0
+        refused, position = self._request(ClusterAction.SNAPSHOT, now_ns, False)
+        if refused:  # not expected: due() checks what _refusal does
+            auto.on_failed(-1)
+            log.warning("automatic snapshot not requested: %s", refused)
+            return 0
+        auto.requested += 1
+        log.info("automatic snapshot at log position %d: %s", position, reason)
+        return 1
 
     def _refusal(self, action: ClusterAction, terminate: bool) -> str:
         name = "SHUTDOWN" if terminate else action.name
@@ -199,11 +236,18 @@ class ClusterControl:
             code = AdminResponseCode.ERROR
         self._answer(session, msg, code, text)
 
-    def on_snapshot(self, position: int, error: str = "") -> None:
-        """The shell wrote and recorded the snapshot at log ``position`` (or, with an
-        ``error``, failed to): answer the requests that asked for it.  Requests of an
-        earlier term, or for an earlier position (a log cut by a new leader), are
-        dropped: this member no longer answers for them."""
+    def on_snapshot(
+        self, position: int, error: str = "", *, timestamp: int = 0, size: int = 0
+    ) -> None:
+        """The shell wrote and recorded the snapshot at log ``position`` (cluster time
+        ``timestamp``, ``size`` bytes) or, with an ``error``, failed to: answer the
+        requests that asked for it.  Requests of an earlier term, or for an earlier
+        position (a log cut by a new leader), are dropped: this member no longer answers
+        for them."""
+        if error:
+            self.auto.on_failed(position)
+        else:
+            self.auto.on_recorded(position, timestamp, size)
         view = self.view
         waiting, self.snapshot_waiters = self.snapshot_waiters, []
         for waiter in waiting:
