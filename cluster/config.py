@@ -118,6 +118,35 @@ def parse_size(text: str | int) -> int:
     return int(value) * _SIZE_MULT[(unit or "b").lower()]
 
 
+def format_size(value: int) -> str:
+    """``67108864`` -> ``64MiB`` (whole KiB, MiB or GiB; else bytes)."""
+    for unit, mult in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if value >= mult and value % mult == 0:
+            return f"{value // mult}{unit}"
+    return str(value)
+
+
+_OFF = ("0", "off", "none", "no", "false")
+
+
+def _or_off(parse: Callable[[Any], int]) -> Callable[[Any], int]:
+    """A non-negative value, or 0 for ``0``, ``off`` or ``none``."""
+
+    def check(text: Any) -> int:
+        if isinstance(text, str) and text.strip().lower() in _OFF:
+            return 0
+        value = parse(text)
+        if value < 0:
+            raise ValueError(f"must not be negative, got {text!r}")
+        return value
+
+    return check
+
+
+def _show_or_off(show: Callable[[int], str]) -> Callable[[int], str]:
+    return lambda value: show(value) if value else "off"
+
+
 def add_version(parser: argparse.ArgumentParser) -> None:
     """``--version``: prints the command's name and Triarch's version, then exits."""
     from . import __version__
@@ -481,6 +510,24 @@ SETTINGS: tuple[Setting, ...] = (
         "the N-th newest are deleted (a follower that needs them is sent a snapshot); "
         "0 keeps the whole log",
     ),
+    Setting(
+        "snapshot-log-bytes",
+        64 << 20,
+        _or_off(parse_size),
+        "the leader takes a snapshot by itself (through the log, so every member takes it "
+        "at the same position) once this much log was written since the last one, or the "
+        "last snapshot's size if that is more; with --archive-retention it bounds each "
+        "member's disk and the log a restart replays; 0 or none: only on request",
+        _show_or_off(format_size),
+    ),
+    Setting(
+        "snapshot-interval",
+        0,
+        _or_off(parse_duration_ns),
+        "the leader also takes a snapshot by itself once this long passed since the last "
+        "one and some log was written; 0 or none: off",
+        _show_or_off(format_duration),
+    ),
     Setting("log-level", "INFO", _log_level, "logging level"),
 )
 
@@ -524,6 +571,9 @@ class NodeConfig:
     archive_io: str = "auto"
     segment_size: int = 64 << 20
     archive_retention: int = 2
+    snapshot_log_bytes: int = 64 << 20
+    snapshot_interval: int = 0
+    """Nanoseconds (0: off), as every duration here."""
     log_level: str = "INFO"
 
     @property

@@ -27,6 +27,11 @@ service container and the consensus module as recovery loads one at start-up, an
 follower reports its position to the leader.  A follower that crashes in the middle
 starts the transfer over (start-up removes the temporary file); one that only lost its
 link resumes where it was.
+
+**Automatic snapshots.**  What compaction frees depends on snapshots being taken: the
+consensus module's rule (:mod:`cluster.core.autosnapshot`) gets its settings here
+(``--snapshot-log-bytes``, ``--snapshot-interval``), and an installed snapshot counts as
+this member's last one.
 """
 
 from __future__ import annotations
@@ -107,6 +112,10 @@ class CatchUp:
         self.installs = 0
         self._installing = False
         self._nursery: trio.Nursery | None = None
+        config = node.config
+        node.cm.control.auto.configure(
+            config.snapshot_log_bytes, config.snapshot_interval // 1_000_000
+        )
 
     # ------------------------------------------------------------------ compaction
 
@@ -293,6 +302,7 @@ class CatchUp:
             # the node: start-up finishes the install (compaction.reconcile).
             await node.run_blocking(_install, path, node, transfer, timestamp)
             self._load(transfer, snapshot)
+        node.cm.control.auto.restore(transfer.log_position, timestamp, transfer.length)
         self.installs += 1
         self._installing = False
         log.info(

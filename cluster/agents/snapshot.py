@@ -15,6 +15,11 @@ temporary file, or its file if the recording log could not name it) and the node
 on: the log keeps everything.  A SNAPSHOT with the terminate flag (SHUTDOWN), or an
 ABORT, stops the node once it is done, unless it is replayed at start-up (it happened
 before the restart).
+
+The consensus module's automatic snapshot rule (:mod:`cluster.core.autosnapshot`) hears
+of every snapshot here: each one begun (``auto.on_taking``), recorded or failed (through
+:meth:`~cluster.core.control.ClusterControl.on_snapshot`), and, at start, the recording
+log's latest, which its counting starts from.
 """
 
 from __future__ import annotations
@@ -82,6 +87,15 @@ class SnapshotAgent:
         during the start-up replay)."""
         self._nursery = nursery
         self.recovered_position = recovered_position
+        entries = self.recording_log.snapshots()
+        if entries:  # the automatic snapshots count from the latest one
+            latest = entries[-1]
+            path = snapshot_path(self.data_dir, latest.log_position, latest.leadership_term_id)
+            try:
+                size = path.stat().st_size
+            except OSError:
+                size = 0
+            self.cm.control.auto.restore(latest.log_position, latest.timestamp, size)
 
     def on_cluster_action(self, position: int, action: ClusterActionRequest) -> None:
         """Every member applies cluster actions at the same log position."""
@@ -114,6 +128,7 @@ class SnapshotAgent:
                 and (entry.log_position == position and entry.service_id == CM_SERVICE_ID)
             ):
                 return  # taken before a restart: the replay need not take it again
+        self.cm.control.auto.on_taking(position)  # one in flight: none asked for meanwhile
         try:
             records = take_snapshot(self.cm, self.container, position, action.leadership_term_id)
         except ServiceStateError as exc:
@@ -188,7 +203,7 @@ class SnapshotAgent:
             return False
         self.disk.succeeded("snapshot")
         self.taken += 1
-        self.cm.control.on_snapshot(position)
+        self.cm.control.on_snapshot(position, timestamp=timestamp, size=size)
         self._taken_event.set()
         self._taken_event = trio.Event()
         log.info("snapshot at log position %d (term %d): %d bytes", position, term, size)

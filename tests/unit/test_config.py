@@ -326,6 +326,8 @@ def test_every_setting_settable_from_each_layer(tmp_path: Path) -> None:
         "archive-io": ("Thread", "thread"),
         "segment-size": ("1MiB", 1 << 20),
         "archive-retention": ("5", 5),
+        "snapshot-log-bytes": ("256KiB", 256 << 10),
+        "snapshot-interval": ("10m", 600 * SECOND),
         "log-level": ("warning", "WARNING"),
     }
     assert set(values) == {s.name for s in SETTINGS}, "add new settings to this test"
@@ -492,3 +494,21 @@ def test_archive_retention_defaults_to_two_and_refuses_a_negative_count() -> Non
     assert load_config(["--archive-retention", "0"], {}).archive_retention == 0
     with pytest.raises(ConfigError, match="archive-retention"):
         load_config([], {"CLUSTER_ARCHIVE_RETENTION": "-1"})
+
+
+def test_automatic_snapshots_default_to_64mib_of_log_and_no_interval() -> None:
+    config = load_config([], {})
+    assert (config.snapshot_log_bytes, config.snapshot_interval) == (64 << 20, 0)
+    for off in ("0", "none", "OFF"):
+        assert load_config(["--snapshot-log-bytes", off], {}).snapshot_log_bytes == 0
+        assert load_config(["--snapshot-interval", off], {}).snapshot_interval == 0
+    assert load_config(["--snapshot-interval", "1h"], {}).snapshot_interval == 3600 * SECOND
+    assert load_config([], {"CLUSTER_SNAPSHOT_LOG_BYTES": "256KiB"}).snapshot_log_bytes == 256 << 10
+    lines = describe(load_config(["--snapshot-interval", "none"], {})).splitlines()
+    assert "  snapshot-log-bytes = 64MiB" in lines
+    assert "  snapshot-interval = off" in lines
+    for bad in ("-1", "lots"):
+        with pytest.raises(ConfigError, match="snapshot-log-bytes"):
+            load_config(["--snapshot-log-bytes", bad], {})
+    with pytest.raises(ConfigError, match="snapshot-interval"):
+        load_config(["--snapshot-interval", "soon"], {})
