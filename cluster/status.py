@@ -113,6 +113,8 @@ def member_status(
 ) -> MemberStatus:
     rlog = cm.log
     manager = cm.session_manager
+    auto = cm.control.auto
+    last = auto.view(rlog.published_position)
     return MemberStatus(
         member_id=member_id,
         role=role_name(cm),
@@ -161,4 +163,14 @@ def member_status(
             else []
         ),
         stalls=stalls.status() if stalls is not None else StallsStatus(),
+        last_snapshot_position=last.position,
+        last_snapshot_time_ms=last.timestamp_ms,
+        last_snapshot_age_s=(
+            round(max(0, rlog.cluster_time(now_ns) - last.timestamp_ms) / 1e3, 3)
+            if last.position >= 0
+            else None
+        ),
+        log_bytes_since_snapshot=last.log_bytes_since,
+        snapshot_log_bytes=auto.threshold,
+        auto_snapshots=last.requested,
     )

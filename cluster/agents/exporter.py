@@ -135,6 +135,41 @@ class StatusCollector(Collector):
         )
         yield counter("triarch_snapshots_total", "snapshots this member took", s.snapshots_taken)
         yield counter(
+            "triarch_auto_snapshots_total",
+            "snapshots this member asked for by itself as leader (--snapshot-log-bytes, "
+            "--snapshot-interval)",
+            s.auto_snapshots,
+        )
+        if s.last_snapshot_position >= 0:
+            yield gauge(
+                "triarch_last_snapshot_position_bytes",
+                "log position of the last snapshot recorded on this member",
+                s.last_snapshot_position,
+            )
+            yield gauge(
+                "triarch_last_snapshot_timestamp_seconds",
+                "cluster time (Unix seconds) of the last snapshot: the same on every member",
+                s.last_snapshot_time_ms / 1e3,
+            )
+        if s.last_snapshot_age_s is not None:
+            yield gauge(
+                "triarch_last_snapshot_age_seconds",
+                "seconds since the last snapshot recorded on this member",
+                s.last_snapshot_age_s,
+            )
+        yield gauge(
+            "triarch_log_bytes_since_snapshot",
+            "log this member holds after its last snapshot (what a restart replays)",
+            s.log_bytes_since_snapshot,
+        )
+        if s.snapshot_log_bytes > 0:
+            yield gauge(
+                "triarch_snapshot_log_bytes",
+                "log after the last snapshot that makes the leader take the next one "
+                "(--snapshot-log-bytes, or the last snapshot's size if more)",
+                s.snapshot_log_bytes,
+            )
+        yield counter(
             "triarch_snapshot_failures_total",
             "snapshots this member could not take or write (it goes on without them)",
             s.counters.get("snapshot_failures", 0),

@@ -97,6 +97,12 @@ class AutoSnapshot:
     def enabled(self) -> bool:
         return self.log_bytes > 0 or self.interval_ms > 0
 
+    @property
+    def threshold(self) -> int:
+        """The log since the last snapshot that makes the next one due: the setting, or
+        the last snapshot's size if that is more (0: the bytes rule is off)."""
+        return max(self.log_bytes, self.last_size) if self.log_bytes > 0 else 0
+
     # ------------------------------------------------------------------ what happened
 
     def restore(self, position: int, timestamp_ms: int, size: int = 0) -> None:
@@ -168,8 +174,8 @@ class AutoSnapshot:
         written = position - last
         if written <= 0:
             return ""
-        threshold = max(self.log_bytes, self.last_size)
-        if self.log_bytes and written >= threshold:
+        threshold = self.threshold
+        if threshold and written >= threshold:
             return f"{written} bytes of log since the last snapshot (at {last})"
         base = self.last_timestamp_ms if self.last_position >= 0 else self.since_ms
         if self.interval_ms and now_ms - base >= self.interval_ms:

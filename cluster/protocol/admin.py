@@ -234,6 +234,20 @@ class MemberStatus(msgspec.Struct, kw_only=True):
     """fsync, duty-cycle, commit and replication latencies since the member started."""
     stalls: StallsStatus = msgspec.field(default_factory=StallsStatus)
     """Event-loop stalls over ``--stall-threshold`` (the most recent of them)."""
+    last_snapshot_position: int = -1
+    """The log position of the last snapshot recorded on this member, whoever asked for
+    it (-1: none, or a member too old to say)."""
+    last_snapshot_time_ms: int = 0
+    """Its cluster time (epoch ms; 0: none): the same on every member."""
+    last_snapshot_age_s: float | None = None
+    """Seconds since then, by this member's clock (None: no snapshot)."""
+    log_bytes_since_snapshot: int = 0
+    """Log this member holds after its last snapshot (what a restart would replay)."""
+    snapshot_log_bytes: int = 0
+    """The log after the last snapshot that makes the leader take the next one:
+    ``--snapshot-log-bytes``, or the last snapshot's size if more (0: off)."""
+    auto_snapshots: int = 0
+    """Snapshots this member asked for by itself, as leader, since it started."""
 
     def health(self, sees_quorum: bool | None = None) -> tuple[bool, list[str]]:
         """Whether this member can take its part in writes now, and why (or why not).

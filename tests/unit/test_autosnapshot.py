@@ -4,14 +4,18 @@ virtual time, and a ready leader's consensus module asking for them on its slow 
 from __future__ import annotations
 
 from core_harness import NullEgress
+from prometheus_client import CollectorRegistry, generate_latest
 
+from cluster.agents.exporter import StatusCollector
 from cluster.core.autosnapshot import FIRST_BACKOFF_MS, MAX_BACKOFF_MS, AutoSnapshot
 from cluster.core.base import ConsensusConfig
 from cluster.core.consensus import ConsensusModule
+from cluster.protocol.admin import IngressStatus, MemberStatus, decode_status, encode_body
 from cluster.protocol.consensus import APPEND_POSITION_VERIFIED, AppendPosition
 from cluster.protocol.enums import ClusterAction, ModuleState, Role
 from cluster.protocol.ingress import SessionMessageHeader
 from cluster.protocol.log import ClusterActionRequest, LogMessage
+from cluster.status import member_status
 
 MS = 1_000_000
 SECOND = 1_000 * MS
@@ -313,3 +317,52 @@ def test_the_interval_through_the_module() -> None:
     assert snapshot_requests(cm) == 0
     cm.on_slow_tick(now + 60 * SECOND)
     assert snapshot_requests(cm) == 1
+
+
+# ---------------------------------------------------------------------- what operators see
+
+
+def test_describe_and_metrics_show_the_last_snapshot() -> None:
+    cm = leader()
+    now = T0_MS * MS
+    write(cm, 8 * KIB)
+    cm.on_slow_tick(now)
+    position = cm.log.published_position
+    cm.control.auto.on_taking(position)
+    cm.control.on_snapshot(position, timestamp=T0_MS, size=100)
+    write(cm, 1000)
+    status = member_status(
+        0,
+        cm,
+        now + 90 * SECOND,
+        ingress=IngressStatus(),
+        links=[],
+        members=[],
+        snapshots_taken=1,
+        uptime_s=1.0,
+    )
+    assert status.last_snapshot_position == position
+    assert status.last_snapshot_time_ms == T0_MS
+    assert status.last_snapshot_age_s == 90.0
+    assert status.log_bytes_since_snapshot == cm.log.published_position - position
+    assert status.snapshot_log_bytes == 4 * KIB
+    assert status.auto_snapshots == 1
+    decoded = decode_status(encode_body(status))  # what describe sends, decoded
+    assert decoded.last_snapshot_position == position
+    assert decode_status(b'{"member_id": 1}').last_snapshot_position == -1  # an older member
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatusCollector(lambda: status))
+    text = generate_latest(registry).decode()
+    assert f'triarch_last_snapshot_position_bytes{{member="0"}} {float(position)}' in text
+    assert 'triarch_last_snapshot_age_seconds{member="0"} 90.0' in text
+    assert 'triarch_last_snapshot_timestamp_seconds{member="0"} 1.7e+09' in text
+    since = float(status.log_bytes_since_snapshot)
+    assert f'triarch_log_bytes_since_snapshot{{member="0"}} {since}' in text
+    assert 'triarch_snapshot_log_bytes{member="0"} 4096.0' in text
+    assert 'triarch_auto_snapshots_total{member="0"} 1.0' in text
+    none = MemberStatus(member_id=0)  # no snapshot yet: no position, no age
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatusCollector(lambda: none))
+    text = generate_latest(registry).decode()
+    assert 'triarch_last_snapshot_age_seconds{member="0"}' not in text
+    assert 'triarch_log_bytes_since_snapshot{member="0"} 0.0' in text

@@ -36,6 +36,10 @@ def exported_names() -> set[str]:
         followers=[FollowerStatus(member_id=1, match_position=10, lag_bytes=0, lag_s=0.0)],
         disk=DiskStatus(free_bytes=1 << 30),
         histograms=timings.statuses(LatencyHistogram()),
+        last_snapshot_position=1 << 20,
+        last_snapshot_time_ms=1_700_000_000_000,
+        last_snapshot_age_s=12.5,
+        snapshot_log_bytes=64 << 20,
     )
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatusCollector(lambda: status))
