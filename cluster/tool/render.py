@@ -109,6 +109,15 @@ def role_text(s: MemberStatus) -> str:
     return f"{s.role} (catching up)" if s.catching_up else s.role
 
 
+def snapshot_text(s: MemberStatus) -> str:
+    """The last snapshot as tables show it: ``"1048576 (3m02s ago)"``, or ``"-"``."""
+    if s.last_snapshot_position < 0:
+        return "-"
+    if s.last_snapshot_age_s is None:
+        return str(s.last_snapshot_position)
+    return f"{s.last_snapshot_position} ({duration(s.last_snapshot_age_s)} ago)"
+
+
 def describe_member(r: Result) -> dict[str, Any]:
     """One member of ``describe --output json``: every :class:`MemberStatus` field (null
     when it did not answer with one), ``reachable`` and ``error``."""
@@ -140,14 +149,14 @@ def describe_table(described: Sequence[Result]) -> str:
             for f in s.followers:
                 lag[f.member_id] = f.lag_bytes
     header = (
-        "member", "role", "term", "commit", "append", "election", "module", "sessions", "lag",
-        "uptime", "status",
+        "member", "role", "term", "commit", "append", "snapshot", "election", "module",
+        "sessions", "lag", "uptime", "status",
     )  # fmt: skip
     rows: list[tuple[str, ...]] = []
     for r in described:
         s = r.status
         if s is None:
-            rows.append((str(r.member.member_id), *("-",) * 9, down(r.failure).strip()))
+            rows.append((str(r.member.member_id), *("-",) * 10, down(r.failure).strip()))
             continue
         rows.append(
             (
@@ -156,6 +165,7 @@ def describe_table(described: Sequence[Result]) -> str:
                 str(s.leadership_term_id),
                 str(s.commit_position),
                 str(s.append_position),
+                snapshot_text(s),
                 s.election_state,
                 s.module_state,
                 str(len(s.sessions)),

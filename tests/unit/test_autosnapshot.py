@@ -3,10 +3,13 @@ virtual time, and a ready leader's consensus module asking for them on its slow 
 
 from __future__ import annotations
 
+from typing import Any
+
 from core_harness import NullEgress
 from prometheus_client import CollectorRegistry, generate_latest
 
 from cluster.agents.exporter import StatusCollector
+from cluster.config import MemberEndpoints
 from cluster.core.autosnapshot import FIRST_BACKOFF_MS, MAX_BACKOFF_MS, AutoSnapshot
 from cluster.core.base import ConsensusConfig
 from cluster.core.consensus import ConsensusModule
@@ -16,6 +19,8 @@ from cluster.protocol.enums import ClusterAction, ModuleState, Role
 from cluster.protocol.ingress import SessionMessageHeader
 from cluster.protocol.log import ClusterActionRequest, LogMessage
 from cluster.status import member_status
+from cluster.tool import Result
+from cluster.tool.render import describe_table
 
 MS = 1_000_000
 SECOND = 1_000 * MS
@@ -366,3 +371,20 @@ def test_describe_and_metrics_show_the_last_snapshot() -> None:
     text = generate_latest(registry).decode()
     assert 'triarch_last_snapshot_age_seconds{member="0"}' not in text
     assert 'triarch_log_bytes_since_snapshot{member="0"} 0.0' in text
+
+
+def test_the_describe_table_shows_the_last_snapshot_and_its_age() -> None:
+    def answer(member_id: int, **fields: Any) -> Result:
+        status = MemberStatus(member_id=member_id, role="FOLLOWER", leader_member_id=0, **fields)
+        return Result(MemberEndpoints(member_id, "127.0.0.1", 1, 2, 3), status=status)
+
+    table = describe_table(
+        [
+            answer(0, last_snapshot_position=1 << 20, last_snapshot_age_s=90.4),
+            answer(1),  # no snapshot yet
+        ]
+    )
+    header, first, second = table.splitlines()[:3]
+    assert "snapshot" in header.split()
+    assert "1048576 (1m30s ago)" in first
+    assert second.split()[5] == "-"
