@@ -11,7 +11,8 @@ default, and ``errors`` every fourth round) from one Textual worker, and shows
 - a banner: the leader and its term, or what the leader's module is doing (SUSPENDED,
   SNAPSHOT, SHUTTING DOWN), or why there is no leader (election, nobody answering, the
   cluster STOPPED / SHUT DOWN);
-- the members: role, term, commit and append positions, lag behind the leader (bytes
+- the members: role, term, commit and append positions, the last snapshot (its log
+  position and age), lag behind the leader (bytes
   and seconds), election and module state, up / DOWN / SHUT DOWN / STOPPED, the
   leader's last word from each follower; and their health: version, uptime, archive
   size, fsync, duty-cycle and commit (leader) or replication (followers) times;

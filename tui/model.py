@@ -98,6 +98,8 @@ class MemberRow:
     commit_time: Timing | None = None  # leader only
     stopped: str = ""  # "shut down" (said so before it went) or "stopped" (all went together)
     snapshot_at: float | None = None  # monotonic time its snapshot count last grew
+    snapshot_position: int | None = None  # the log position of its last snapshot
+    snapshot_age_s: float | None = None  # seconds since it, when polled
     own_redirects: int = 0  # redirects of the console's own session (this pid)
 
     @property
@@ -354,6 +356,9 @@ class ClusterModel:
         row.version = status.version
         row.uptime_s = status.uptime_s
         row.archive_bytes = status.archive_bytes
+        has_snapshot = status.last_snapshot_position >= 0
+        row.snapshot_position = status.last_snapshot_position if has_snapshot else None
+        row.snapshot_age_s = status.last_snapshot_age_s if has_snapshot else None
         row.leader_changes = status.leader_changes
         self._windows[mid].add(poll.at, status.pid, status.histograms)
         events += self._disk_events(row, status)

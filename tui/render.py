@@ -35,6 +35,7 @@ __all__ = [
     "health_values",
     "member_values",
     "session_values",
+    "snapshot_text",
 ]
 
 Cell = str | Text
@@ -46,6 +47,7 @@ MEMBER_COLUMNS = (
     ("term", "term"),
     ("commit", "commit"),
     ("append", "append"),
+    ("snapshot", "last snapshot"),
     ("lag", "lag B"),
     ("lag_s", "lag s"),
     ("election", "election"),
@@ -194,6 +196,7 @@ def member_values(row: MemberRow, now: float) -> list[tuple[str, Cell]]:
         ("term", Text(fmt_int(row.term), style=stale)),
         ("commit", Text(fmt_int(row.commit), style=stale)),
         ("append", Text(fmt_int(row.append), style=stale)),
+        ("snapshot", Text(snapshot_text(row), style=stale)),
         ("lag", fmt_int(row.lag) if row.up else "-"),
         ("lag_s", lag_s),
         ("election", Text(row.election, style=stale)),
@@ -201,6 +204,15 @@ def member_values(row: MemberRow, now: float) -> list[tuple[str, Cell]]:
         ("sessions", Text(fmt_int(row.sessions), style=stale)),
         ("heartbeat", heartbeat if row.up else Text(clip(row.error, 20), style="red")),
     ]
+
+
+def snapshot_text(row: MemberRow) -> str:
+    """A member's last snapshot: its log position and age (``22,389 · 3m02s ago``)."""
+    if row.snapshot_position is None:
+        return "-"
+    if row.snapshot_age_s is None:
+        return fmt_int(row.snapshot_position)
+    return f"{fmt_int(row.snapshot_position)} · {fmt_duration(row.snapshot_age_s)} ago"
 
 
 def health_values(row: MemberRow, model: ClusterModel) -> list[tuple[str, Cell]]:

@@ -9,6 +9,7 @@ import msgspec
 from cluster.config import parse_members
 from cluster.protocol.admin import MemberStatus
 from tui.model import ClusterModel
+from tui.render import MEMBER_COLUMNS, member_values
 from tui.source import MemberPoll
 
 MEMBERS = parse_members("0=h:1:2:3,1=h:4:5:6,2=h:7:8:9")
@@ -458,3 +459,13 @@ def test_the_members_left_stopping_together_after_one_was_killed() -> None:
     ]
     assert [m.stopped for m in model.members.values()] == ["", "stopped", "stopped"]
     assert model.headline.state == "STOPPED"
+
+
+def test_the_members_table_shows_each_members_last_snapshot_and_its_age() -> None:
+    model = ClusterModel(MEMBERS, wall_clock=lambda: 0.0)
+    snap = {"last_snapshot_position": 1_048_576, "last_snapshot_age_s": 182.4}
+    poll_all(model, 0.0, {0: body(0, "LEADER", **snap), 1: body(1, **snap), 2: body(2)})
+    cells = {mid: dict(member_values(model.members[mid], 0.0)) for mid in range(3)}
+    assert str(cells[0]["snapshot"]) == "1,048,576 · 3m02s ago"
+    assert str(cells[2]["snapshot"]) == "-"  # none yet (or a member too old to say)
+    assert "snapshot" in [key for key, _ in MEMBER_COLUMNS]
