@@ -555,7 +555,10 @@ class ClusterClient:
         """Run the handshake; raise on refusal or ``ConnectTimeoutError``."""
         self._connect_timeout = connect_timeout
         machine = AsyncConnect(
-            self._session.endpoints, self._credentials, self._next_correlation_id
+            self._session.endpoints,
+            self._credentials,
+            self._next_correlation_id,
+            clock=self._backend.current_time,  # a silent member: ask the others too
         )
         try:
             with anyio.fail_after(connect_timeout):

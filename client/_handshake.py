@@ -9,9 +9,15 @@ tasks, and wait in one queue for the task running :meth:`~Handshake.drive`::
     ("tls", (id, endpoint)) a member that closed our plaintext request answers a TLS hello
 
 ``drive`` feeds them to the state machine and carries out its actions: start connector
-tasks (every member at once, retrying those that refuse), send the connect request or
-challenge response, and stop at ``Done`` or raise at ``Fail``.  Whatever is still queued
-when the session opens is the shell's to take (:meth:`~Handshake.take_leftovers`).
+tasks (one per member, every member at once, retrying those that refuse), send the
+connect request or challenge response, and stop at ``Done`` or raise at ``Fail``.  It
+also gives the machine its clock: when the member the request went to has not answered
+within :data:`~client._connect.ANSWER_TIMEOUT` (a paused process still completes TCP
+connections), the machine asks the other members too (``ConnectEach``), and the shell
+then holds one connection per member asked, each with its own request; the first OK
+wins and every other connection is closed (``DropIngress`` ends one sooner).  Whatever
+is still queued when the session opens is the shell's to take
+(:meth:`~Handshake.take_leftovers`).
 
 Redials back off (:func:`~client._ingress.backoff_delay`): a connector waits before each
 retry of a member that refused, and losing the handshake's connection (a port that
@@ -28,6 +34,7 @@ speaks TLS the handshake ends at once with :class:`~client.errors.TlsRequiredErr
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -38,7 +45,15 @@ import anyio.abc
 from cluster.protocol import encode_frame
 from cluster.transport.tls import speaks_tls, tls_required
 
-from ._connect import AsyncConnect, ConnectIngress, Done, Fail, SendMessage
+from ._connect import (
+    AsyncConnect,
+    ConnectEach,
+    ConnectIngress,
+    Done,
+    DropIngress,
+    Fail,
+    SendMessage,
+)
 from ._dial import NETWORK_ERRORS, TLS_REQUIRED_WORDS, aclose_quietly, try_connect
 from ._endpoints import Endpoint
 from ._ingress import Ingress, IngressWriter, backoff_delay
@@ -81,7 +96,8 @@ class Handshake:
         self._max_events = max_events
         self._events: deque[tuple[str, Any]] = deque()
         self.changed = Broadcast(backend)
-        self._connector_scope: anyio.CancelScope | None = None
+        # member id -> (scope, endpoint) of the connector dialling it
+        self._connectors: dict[int, tuple[anyio.CancelScope, Endpoint]] = {}
         # handshake connections lost so far (each round of connectors backs off for them)
         self.failures = 0
         self.reached_any = False  # some member accepted a connection
@@ -109,49 +125,64 @@ class Handshake:
     # ------------------------------------------------------------------ connectors
 
     def start_connectors(self, members: Mapping[int, Endpoint]) -> None:
-        """Dial ``members`` (after the back-off that :attr:`failures` calls for)."""
+        """Dial ``members`` (after the back-off that :attr:`failures` calls for), and no
+        one else: connectors to other members stop."""
         self.stop_connectors()
-        scope = anyio.CancelScope()
-        self._connector_scope = scope
-        self._spawn(self._connect_members, dict(members), scope, self.failures)
+        self.add_connectors(members)
+
+    def add_connectors(self, members: Mapping[int, Endpoint]) -> None:
+        """Dial ``members`` too, each unless a connector to it runs already."""
+        for member_id, endpoint in members.items():
+            running = self._connectors.get(member_id)
+            if running is not None and running[1] == endpoint:
+                continue
+            if running is not None:
+                running[0].cancel()
+            scope = anyio.CancelScope()
+            self._connectors[member_id] = (scope, endpoint)
+            self._spawn(self._connector, member_id, endpoint, scope, self.failures)
+
+    def keep_connectors(self, members: Mapping[int, Endpoint]) -> None:
+        """Stop the connectors to anyone but ``members``."""
+        for member_id in [m for m in self._connectors if m not in members]:
+            self._connectors.pop(member_id)[0].cancel()
 
     def stop_connectors(self) -> None:
-        if self._connector_scope is not None:
-            self._connector_scope.cancel()
-            self._connector_scope = None
-
-    async def _connect_members(
-        self, members: dict[int, Endpoint], scope: anyio.CancelScope, failures: int
-    ) -> None:
-        """Dial every member at once; cancelled by ``scope`` once one is chosen."""
-        with scope:
-            async with anyio.create_task_group() as tg:
-                for member_id, endpoint in members.items():
-                    tg.start_soon(self._connector, member_id, endpoint, scope, failures)
+        for scope, _ in self._connectors.values():
+            scope.cancel()
+        self._connectors.clear()
 
     async def _connector(
         self, member_id: int, endpoint: Endpoint, scope: anyio.CancelScope, failures: int
     ) -> None:
-        """Dial one member until it answers (members that refuse are retried).
+        """Dial one member until it answers (members that refuse are retried); cancelled
+        by ``scope`` once no connection to it is wanted.
 
         ``failures`` earlier failures in a row call for a back-off before the first dial
         (none when it is 0); each refusal adds one."""
-        attempt = failures
-        while True:
-            if attempt > 0:
-                await anyio.sleep(backoff_delay(attempt))
-            stream = await try_connect(endpoint, self._writer.tls)
-            if not isinstance(stream, str):
-                break
-            self._writer.failures[endpoint] = stream
-            attempt += 1
-        session = self._session
-        if scope.cancel_called or session.open or session.close_reason is not None:
-            await aclose_quietly(stream)
-            return
-        self.reached_any = True
-        self._events.append(("connected", self._writer.new_ingress(member_id, endpoint, stream)))
-        self.changed.notify()
+        with scope:
+            try:
+                attempt = failures
+                while True:
+                    if attempt > 0:
+                        await anyio.sleep(backoff_delay(attempt))
+                    stream = await try_connect(endpoint, self._writer.tls)
+                    if not isinstance(stream, str):
+                        break
+                    self._writer.failures[endpoint] = stream
+                    attempt += 1
+            finally:
+                if self._connectors.get(member_id, (None,))[0] is scope:
+                    del self._connectors[member_id]
+            session = self._session
+            if scope.cancel_called or session.open or session.close_reason is not None:
+                await aclose_quietly(stream)
+                return
+            self.reached_any = True
+            self._events.append(
+                ("connected", self._writer.new_ingress(member_id, endpoint, stream))
+            )
+            self.changed.notify()
 
     # ------------------------------------------------------------------ TLS
 
@@ -181,57 +212,75 @@ class Handshake:
 
     async def drive(self, machine: AsyncConnect, response_channel: str) -> tuple[Done, Ingress]:
         """Run ``machine`` until the session is granted: return ``Done`` and the ingress
-        that carried the handshake (it may have broken since).  Raises the error of a
-        ``Fail``.  The caller stops the connectors, whatever the outcome."""
+        that carried the handshake (it may have broken since; every other one is
+        dropped).  Raises the error of a ``Fail``.  The caller stops the connectors,
+        whatever the outcome."""
         writer = self._writer
         actions = deque(machine.on_egress_bound(response_channel))
-        chosen: Ingress | None = None
+        held: dict[int, Ingress] = {}  # member id -> the connection its request is on
         while True:
             while actions:
                 action = actions.popleft()
                 if isinstance(action, ConnectIngress):
-                    if chosen is not None:
-                        writer.drop(chosen)
-                        chosen = None
+                    for ingress in held.values():
+                        writer.drop(ingress)
+                    held.clear()
                     self.start_connectors(action.members)
+                elif isinstance(action, ConnectEach):
+                    self.add_connectors(action.members)
+                elif isinstance(action, DropIngress):
+                    if action.member_id in held:
+                        writer.drop(held.pop(action.member_id))
                 elif isinstance(action, SendMessage):
-                    assert chosen is not None
-                    assert chosen.member_id == action.member_id
+                    chosen = held[action.member_id]  # the machine asks only members held
                     try:
                         await chosen.stream.send(encode_frame(action.message))
                     except NETWORK_ERRORS:
                         writer.drop(chosen)  # queues a "lost" event
                     else:
-                        actions.extend(machine.on_sent())
+                        actions.extend(machine.on_sent(action.member_id))
                 elif isinstance(action, Done):
-                    assert chosen is not None
+                    chosen = held.pop(action.result.member_id)
+                    for ingress in held.values():  # the other members asked
+                        writer.drop(ingress)
                     return action, chosen
                 elif isinstance(action, Fail):
                     raise action.error
-            while not self._events:
-                await self.changed.wait()
+            self.keep_connectors(machine.dialling)
+            if not self._events:
+                deadline = machine.deadline
+                with anyio.CancelScope(deadline=math.inf if deadline is None else deadline):
+                    while not self._events:
+                        await self.changed.wait()
+                if not self._events:  # the deadline came first
+                    actions.extend(machine.on_timer())
+                    continue
             kind, item = self._events.popleft()
             if kind == "egress":
                 actions.extend(machine.on_egress_message(item))
             elif kind == "connected":
                 new = machine.on_ingress_connected(item.member_id)
                 if new:
-                    chosen = item
-                    self.stop_connectors()
+                    if item.member_id in held:  # (cannot be: one attempt per member)
+                        writer.drop(held.pop(item.member_id))
+                    held[item.member_id] = item
                     writer.install(item)
                     actions.extend(new)
                 else:
                     await writer.close_ingress(item)
-            elif kind == "lost" and chosen is not None and item is chosen:
+            elif kind == "lost":
+                lost: Ingress = item
+                if held.get(lost.member_id) is not lost:
+                    continue  # dropped here already: its attempt is over
                 # a failure, however soon it broke: the next connectors back off first
                 self.failures += 1
-                if not item.received and item.endpoint not in self.tls_required.values():
-                    writer.failures[item.endpoint] = (
+                if not lost.received and lost.endpoint not in self.tls_required.values():
+                    writer.failures[lost.endpoint] = (
                         _CLOSED_TLS if writer.tls is not None else _CLOSED_PLAIN
                     )
                     self.probe_tls(machine.targets)
-                actions.extend(machine.on_ingress_lost(chosen.member_id))
-                chosen = None
+                del held[lost.member_id]
+                actions.extend(machine.on_ingress_lost(lost.member_id))
             elif kind == "tls":
                 member_id, endpoint = item
                 self.tls_required[member_id] = endpoint
