@@ -13,7 +13,6 @@ import argparse
 import dataclasses
 import importlib
 import os
-import re
 import sys
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -59,81 +58,17 @@ from .members import (
     parse_members as parse_members,
 )
 from .protocol.framing import DEFAULT_MAX_FRAME_SIZE
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|m|h)?\s*$")
-_DURATION_NS = {
-    "ns": 1,
-    "us": 1_000,
-    "µs": 1_000,
-    "ms": 1_000_000,
-    "s": 1_000_000_000,
-    "m": 60_000_000_000,
-    "h": 3_600_000_000_000,
-}
-_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB|k|m|g)?\s*$", re.IGNORECASE)
-_SIZE_MULT = {
-    "b": 1,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "kb": 1000,
-    "mb": 1000_000,
-    "gb": 1000_000_000,
-    "k": 1 << 10,
-    "m": 1 << 20,
-    "g": 1 << 30,
-}
-
-
-def parse_duration_ns(text: str | int | float) -> int:
-    """``'10s'`` -> 10_000_000_000; a bare number is seconds."""
-    if isinstance(text, bool):
-        raise ValueError(f"not a duration: {text!r}")
-    if isinstance(text, int | float):
-        return int(text * 1_000_000_000)
-    m = _DURATION.match(text)
-    if not m:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 10s, 200ms, 500us)")
-    value, unit = m.groups()
-    return int(float(value) * _DURATION_NS[unit or "s"])
-
-
-def format_duration(ns: int) -> str:
-    for unit in ("h", "m", "s", "ms", "us"):
-        mult = _DURATION_NS[unit]
-        if ns >= mult and ns % mult == 0:
-            return f"{ns // mult}{unit}"
-    return f"{ns}ns"
-
-
-def parse_size(text: str | int) -> int:
-    if isinstance(text, bool):
-        raise ValueError(f"not a size: {text!r}")
-    if isinstance(text, int):
-        return text
-    m = _SIZE.match(text)
-    if not m:
-        raise ValueError(f"not a size: {text!r} (use e.g. 4096, 64KiB, 1MiB)")
-    value, unit = m.groups()
-    return int(value) * _SIZE_MULT[(unit or "b").lower()]
-
-
-def format_size(value: int) -> str:
-    """``67108864`` -> ``64MiB`` (whole KiB, MiB or GiB; else bytes)."""
-    for unit, mult in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if value >= mult and value % mult == 0:
-            return f"{value // mult}{unit}"
-    return str(value)
-
-
-_OFF = ("0", "off", "none", "no", "false")
+from .units import format_duration as format_duration
+from .units import format_size as format_size
+from .units import parse_duration_ns as parse_duration_ns
+from .units import parse_size as parse_size
 
 
 def _or_off(parse: Callable[[Any], int]) -> Callable[[Any], int]:
     """A non-negative value, or 0 for ``0``, ``off`` or ``none``."""
 
     def check(text: Any) -> int:
-        if isinstance(text, str) and text.strip().lower() in _OFF:
+        if isinstance(text, str) and text.strip().lower() in ("0", "off", "none", "no", "false"):
             return 0
         value = parse(text)
         if value < 0:
