@@ -188,7 +188,8 @@ def test_describe_snapshot_recording_log_errors_and_invalidate(tmp_path: Path) -
         table = tool(cluster, "describe")
         assert table.returncode == 0, table.stderr
         lines = table.stdout.splitlines()
-        assert lines[0].split()[:6] == ["member", "role", "term", "commit", "append", "election"]
+        header = ["member", "role", "term", "commit", "append", "snapshot", "election"]
+        assert lines[0].split()[:7] == header
         assert sum("LEADER" in line for line in lines) == 1
         assert sum(line.rstrip().endswith("up") for line in lines) == 3
         print("\n" + table.stdout)
