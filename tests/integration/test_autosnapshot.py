@@ -6,7 +6,9 @@ state stops growing, the log does not).  Nobody asks for a snapshot, yet every m
 takes one every 256 KiB of log or so, all at the same log positions; compaction keeps
 each archive bounded; ``describe`` shows the last snapshot on every member; a follower
 restarted replays only the log after its last snapshot and then takes the next ones
-with the others; every acknowledged write reads back.  ``pytest -s`` prints the figures.
+with the others; a leader that hands over in the middle of the writes leaves no second
+request behind (the snapshots stay a threshold apart); every acknowledged write reads
+back.  ``pytest -s`` prints the figures.
 """
 
 from __future__ import annotations
@@ -177,6 +179,35 @@ def test_snapshots_take_themselves_on_every_member_and_bound_the_log(tmp_path: P
             }
             assert again[0] == again[1] == again[2]
             assert len(again[leader]) > len(positions[leader])
+            # the leader hands over (SIGTERM) in the middle of the writes: the new leader
+            # counts from the last snapshot, whoever asked for it, and asks no second one
+            ROUND = ROUNDS + 6
+
+            async def hand_over() -> None:
+                await trio.sleep(0.3)
+                assert await trio.to_thread.run_sync(cluster.stop, leader) == 0
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(hand_over)
+                for r in range(ROUND, ROUND + 6):
+                    await write_round(kv, r, acked)
+            assert c.leader_member_id != leader
+            new_leader = c.leader_member_id
+            cluster.start(leader)
+            await trio.to_thread.run_sync(lambda: cluster.wait_ready(20, member_ids=[leader]))
+            for r in range(ROUND + 6, ROUND + 9):
+                await write_round(kv, r, acked)
+            status = await settled(cluster)
+            stayed = [i for i in range(3) if i != leader]
+            final = {
+                i: await trio.to_thread.run_sync(snapshot_positions, cluster, i) for i in stayed
+            }
+            assert final[stayed[0]] == final[stayed[1]]
+            gaps = [b - a for a, b in zip(final[new_leader], final[new_leader][1:], strict=False)]
+            report(after_hand_over=final[new_leader][len(again[new_leader]) :])
+            assert all(THRESHOLD <= gap <= THRESHOLD + SLACK for gap in gaps), gaps
+            assert status[new_leader]["auto_snapshots"] >= 1
+            assert status[leader]["last_snapshot_position"] == final[new_leader][-1]
             bad: list[str] = []
             limiter = trio.CapacityLimiter(32)
 
