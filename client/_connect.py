@@ -22,17 +22,19 @@ answers to the old one are ignored too.
 
 **A member that does not answer.**  A paused member (SIGSTOP, a machine swapping) still
 completes TCP connections, for its kernel accepts them, but answers nothing.  Given a
-``clock``, the machine does not wait on it: when no request in flight has had any answer
-(Challenge, OK, REDIRECT, ERROR...) for :data:`ANSWER_TIMEOUT` seconds after it was
-sent, the request also goes to every other member (:class:`ConnectEach`), each on a
-connection of its own with a correlation id of its own; the silent one stays in flight,
-for it may still answer first.  An *attempt* is one request on one connection; at most
-one is in flight per member, and:
+``clock``, the machine does not wait on it: once every request in flight has gone
+unanswered (no Challenge, OK, REDIRECT, ERROR...) for :data:`ANSWER_TIMEOUT` seconds
+after its last message was written, the request also goes to every other member
+(:class:`ConnectEach`), each on a connection of its own with a correlation id of its own;
+the silent one stays in flight, for it may still answer first.  A member that answers
+within the timeout costs nothing more: no other member is asked.  An *attempt* is one
+request on one connection; at most one is in flight per member, and:
 
 - the first OK wins (:class:`Done`): the shell closes every other connection;
 - a REDIRECT ends its attempt only (:class:`DropIngress`); the leader it names is asked
   unless an attempt at it is already in flight (so a leader gets one request at a time);
-- ERROR or AUTHENTICATION_REJECTED from any attempt ends the connect (:class:`Fail`);
+- ERROR, AUTHENTICATION_REJECTED or CLOSED from any attempt ends the connect
+  (:class:`Fail`);
 - an attempt whose connection is lost just ends; when none is left, the connect starts
   over as before (:class:`ConnectIngress`);
 - while every attempt in flight is overdue, members are asked again (followers that
@@ -40,15 +42,16 @@ one is in flight per member, and:
   last asked, the wait doubling per ask up to :data:`ASK_AGAIN_CAP`: a frozen leader
   means no leader until an election, and the connect waits for the new one.
 
-**One session.**  Only a ready leader opens sessions, and it sends OK only once the
-session's open event is committed; since a member never has two of this client's
-requests in flight, a second session could only come from a request that a leader took
-before it was deposed, or one on a connection the client has closed.  The client closes
-every connection but the winner's as soon as the first OK arrives, and a member drops a
-request that is not yet open when its connection closes; a session opened in that
-instant (at most one, at a member that did not answer in time) is never told OK, and
-times out with the session timeout.  Late answers, on connections given up or not, are
-never granted to the application: only the first OK ends the handshake.
+A frozen follower thus costs a connect at most :data:`ANSWER_TIMEOUT` and a round trip.
+
+**One session.**  Only a ready leader opens a session, and it sends OK only once the
+session's open event is committed.  A member never holds two of this client's requests,
+so a second session could only be opened by a second leader: one that was deposed while
+it held a request (a frozen leader and its successor).  The first OK ends the handshake
+(any later answer is ignored, whatever connection it comes on) and the shell closes every
+other connection at once; a member drops a request whose connection closed before its
+session opened, and a session that opened all the same is never told OK (its connection
+is gone) and closes with the session timeout, never seen by the application.
 """
 
 from __future__ import annotations
@@ -198,7 +201,7 @@ class _Pending:
 
 
 class AsyncConnect:
-    """Drives one connect attempt from egress bound to session open (or refused).
+    """Drives one connect from egress bound to session open (or refused).
 
     ``endpoints`` maps member ids to ingress endpoints; ``next_correlation_id`` returns a
     fresh correlation id per call.  Events that do not fit the current state (a late
@@ -299,9 +302,9 @@ class AsyncConnect:
 
     @property
     def deadline(self) -> float | None:
-        """When (on ``clock``) :meth:`on_timer` has something to do; ``None``: never, as
-        things stand (no clock, no request in flight, or one still waited on... each
-        event may change it)."""
+        """When (on ``clock``) :meth:`on_timer` next has something to do; ``None`` while
+        there is nothing to time (no clock, no request in flight, a message not yet
+        written, every member asked).  Any event may change it."""
         if self._clock is None or self._phase not in _ACTIVE or not self._attempts:
             return None
         waiting = [a for a in self._attempts.values() if not a.overdue]
