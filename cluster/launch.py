@@ -25,6 +25,7 @@ from .archive.errors import ArchiveError
 from .archive.identity import DataDirError
 from .config import ConfigError, describe, load_config, load_object
 from .core.service_errors import ServiceFailure
+from .memory import tune_allocator
 from .node import Node
 from .security import check_exposure, configure_logging, network_for
 from .service import ClusteredService
@@ -63,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "starting member %d (pid %d) with\n%s", config.member_id, os.getpid(), describe(config)
     )
     node = Node(config, service, authenticator=authenticator, network=network)
+    tune_allocator()  # large short-lived buffers are mapped, not taken from the heap
     try:
         trio.run(partial(node.run, freeze_gc=True))
     except ServiceFailure:  # logged (with the service's traceback) where it was raised

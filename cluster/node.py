@@ -64,6 +64,7 @@ from .core.service_errors import ServiceErrorPolicy, ServiceFailure
 from .core.sessions import STALL_NS
 from .core.terms import TermHistory
 from .datadir import DataDir
+from .memory import give_back_memory
 from .protocol.admin import MemberStatus
 from .protocol.consensus import ConsensusMessage
 from .protocol.enums import ClusterAction, ModuleState, Role
@@ -600,10 +601,8 @@ class Node:
         self.stalls.start()
         try:
             self._build()
-            if (
-                self.cm.session_manager.authenticator.enforces_identity is False
-                and self.config.authenticator
-            ):
+            authenticator = self.cm.session_manager.authenticator
+            if authenticator.enforces_identity is False and self.config.authenticator:
                 log.info("authenticator %s", self.config.authenticator)
             recovered = self._recover()
             async with trio.open_nursery() as nursery:
@@ -640,8 +639,9 @@ class Node:
                     self.ingress_port,
                     self.data_dir,
                 )
-                if freeze_gc:
+                if freeze_gc:  # this process is the node's: its memory too
                     gc.freeze()
+                    nursery.start_soon(give_back_memory, name="give_back_memory")
                 self._ready.set()
                 task_status.started(self)
             if self.failure is not None:

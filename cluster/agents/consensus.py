@@ -50,12 +50,15 @@ from ..protocol.framing import FrameDecoder, encode_frame
 from ..protocol.version import PROTOCOL_VERSION, is_compatible, to_string
 from ..security import member_cert_error
 from ..transport.base import Network
-from ..transport.framed import FrameWriter
+from ..transport.framed import FrameWriter, Receiver
 from ..transport.tcp import failure_reason
 
 log = logging.getLogger("cluster.consensus.links")
 
 QUICK_END = 1.0
+HELLO_RECEIVE_SIZE = 4 * 1024
+LINK_RECEIVE_SIZE = 256 * 1024
+"""An inbound link reads this much at a time once its hello is taken (before: 4 KiB)."""
 """A link that ends within this many seconds of its hello was refused (or flaps): the
 next dial backs off instead of coming straight back."""
 REFUSAL_LINGER = 0.1
@@ -510,12 +513,13 @@ class PeerLinks:
         """Read, check and deliver one inbound link's messages until it ends or a
         message fails its checks; ``who[0]`` is the member its hello named."""
         decoder = FrameDecoder(self.max_frame_size)
+        receiver = Receiver(stream, HELLO_RECEIVE_SIZE)  # a stranger's costs little
         peer = -1
         deliver = self.deliver
         delivered = self.delivered
         members, me = self.member_ids, self.me.member_id
         while True:
-            data = await stream.receive_some(256 * 1024)
+            data = await receiver.receive()
             if not data:
                 return
             messages: list[ConsensusMessage] = []
@@ -531,6 +535,7 @@ class PeerLinks:
                             raise ProtocolError("member link did not start with MemberHello")
                         peer, answer = self._hello(message, stream, scope)
                         who[0] = peer
+                        receiver.grow(LINK_RECEIVE_SIZE)
                         scope.deadline = math.inf
                         self._unidentified -= 1
                         if answer:

@@ -29,13 +29,17 @@ from ..protocol.framing import FrameDecoder
 from ..protocol.ingress import IngressMessage
 from ..security import client_cert
 from ..transport.base import Network
-from ..transport.framed import FrameWriter
+from ..transport.framed import FrameWriter, Receiver
 from .inbox import IngressInbox, SourceQueue
 
 log = logging.getLogger("cluster.ingress")
 
 
 PRE_AUTH_FRAME_SIZE = 64 * 1024
+PRE_AUTH_RECEIVE_SIZE = 4 * 1024
+"""A connection reads this much at a time until a session opens on it (a stranger's
+connection holds no more), then :data:`RECEIVE_SIZE`."""
+RECEIVE_SIZE = 64 * 1024
 """Largest frame from a connection that holds no session yet."""
 
 
@@ -178,15 +182,17 @@ class IngressAgent:
         # until a session opens on it, a connection's frames are small (a connect
         # request, a challenge response): strangers' half-sent frames stay cheap
         decoder = FrameDecoder(min(self.max_frame_size, PRE_AUTH_FRAME_SIZE))
+        receiver = Receiver(stream, PRE_AUTH_RECEIVE_SIZE)
         full_size = self.max_frame_size
         inbox = self.inbox
         try:
             while True:
-                data = await stream.receive_some(256 * 1024)
+                data = await receiver.receive()
                 if not data:
                     return
                 if decoder.max_frame_size < full_size and source.trusted:
                     decoder.max_frame_size = full_size
+                    receiver.grow(RECEIVE_SIZE)
                 messages: list[IngressMessage] = []
                 try:
                     frames = decoder.decode_into(data, INGRESS, messages)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .base import Network, StreamHandler
-from .framed import FrameWriter, read_frames
+from .framed import FrameWriter, Receiver
 from .tcp import TcpNetwork
 
-__all__ = ["FrameWriter", "Network", "StreamHandler", "TcpNetwork", "read_frames"]
+__all__ = ["FrameWriter", "Network", "Receiver", "StreamHandler", "TcpNetwork"]

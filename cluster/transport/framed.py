@@ -10,17 +10,19 @@ nobody flushed).  The buffer is bounded: ``write`` returns False instead of grow
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from typing import Any
 
 import trio
 
 from ..protocol.codec import encode_into
-from ..protocol.framing import LENGTH, FrameDecoder
+from ..protocol.framing import LENGTH
 from .base import SendNowait, nowait_sender
 
 HEADER_ZERO = b"\0\0\0\0"
-RECEIVE_SIZE = 256 * 1024
+OTHER_READ_SIZE = 32 * 1024
+"""The most a :class:`Receiver` asks of a stream that is no plain socket (TLS) at once."""
 
 
 class FrameWriter:
@@ -141,14 +143,58 @@ class FrameWriter:
                 await trio.aclose_forcefully(stream)
 
 
-async def read_frames(
-    stream: trio.abc.Stream, decoder: FrameDecoder, receive_size: int = RECEIVE_SIZE
-) -> list[bytes] | None:
-    """Receive once and return the complete frames (possibly none); None at EOF.
+class Receiver:
+    """Reads a stream into one buffer of its own, reused for every read.
 
-    Raises :class:`~cluster.protocol.errors.ProtocolError` on a bad length prefix.
+    ``stream.receive_some(n)`` makes a new bytes object of ``n`` bytes for each read
+    and shrinks it to what arrived.  At the 256 KiB a busy connection wants that is a
+    large allocation per read, which glibc takes from the heap once its mmap threshold
+    has risen (it does, the first time a large block is freed), and the small objects
+    allocated between two reads keep the heap from shrinking again: resident memory
+    grew with every byte of log replicated, and was never given back (issue 36).  A
+    plain TCP socket reads into this buffer instead (``recv_into``); what
+    :meth:`receive` returns is a view of it, valid until the next read: decode it (the
+    frame decoder copies what it keeps) before reading again.  Other streams (TLS, whose
+    records are at most 16 KiB; the simulator's) read with ``receive_some`` of at most
+    :data:`OTHER_READ_SIZE`.
+
+    The buffer starts at ``size`` and :meth:`grow` enlarges it (a connection that has
+    proved itself): a stranger's connection costs ``size``, not a busy link's buffer.
     """
-    data = await stream.receive_some(receive_size)
-    if not data:
-        return None
-    return decoder.feed(data)
+
+    __slots__ = ("_buffer", "_recv_into", "_stream", "_view")
+
+    def __init__(self, stream: trio.abc.Stream, size: int = 16 * 1024) -> None:
+        self._stream = stream
+        socket = stream.socket if isinstance(stream, trio.SocketStream) else None
+        self._recv_into = None if socket is None else socket.recv_into
+        self._buffer = bytearray(size)
+        self._view = memoryview(self._buffer)
+
+    @property
+    def size(self) -> int:
+        return len(self._buffer)
+
+    def grow(self, size: int) -> None:
+        """Read up to ``size`` bytes at a time from now on (never shrinks)."""
+        if size > len(self._buffer):
+            self._view.release()
+            self._buffer = bytearray(size)
+            self._view = memoryview(self._buffer)
+
+    async def receive(self) -> memoryview | bytes | bytearray:
+        """The next bytes that arrived (empty at the end of the stream).  Raises
+        ``trio.BrokenResourceError`` (a reset) and ``trio.ClosedResourceError`` as
+        ``receive_some`` does."""
+        recv_into = self._recv_into
+        if recv_into is None:
+            return await self._stream.receive_some(min(len(self._buffer), OTHER_READ_SIZE))
+        try:
+            count = await recv_into(self._buffer)
+        except trio.ClosedResourceError:
+            raise
+        except OSError as exc:
+            if exc.errno == errno.EBADF:  # closed here, as receive_some says it
+                raise trio.ClosedResourceError("this stream was closed") from exc
+            raise trio.BrokenResourceError(str(exc)) from exc
+        return self._view[:count]
