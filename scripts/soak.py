@@ -137,6 +137,7 @@ class Stats:
     sessions_dropped: int = 0
     churn_failures: int = 0
     faults: list[tuple[float, str, str]] = field(default_factory=list)
+    recoveries: list[float] = field(default_factory=list)  # seconds, restart to serving
 
 
 @asynccontextmanager
@@ -265,10 +266,26 @@ async def churn(endpoints: str, per_second: float, stats: Stats, rng: random.Ran
             await trio.sleep(1.0 / per_second)
 
 
-async def faults(cluster: LocalCluster, every: float, stats: Stats, started: float) -> None:
+async def restart(cluster: LocalCluster, member: int, stats: Stats) -> str:
+    """Start ``member`` again; how long until it serves (its recovery: the latest snapshot
+    loaded and the log after it replayed)."""
+    started = time.monotonic()
+    cluster.start(member)
+    try:
+        await trio.to_thread.run_sync(lambda: cluster.wait_ready(120, member_ids=[member]))
+    except RuntimeError as exc:
+        return f"did not come back: {exc}"
+    took = time.monotonic() - started
+    stats.recoveries.append(round(took, 2))
+    return f"back in {took:.2f} s"
+
+
+async def faults(
+    cluster: LocalCluster, every: float, kinds: list[str], stats: Stats, started: float
+) -> None:
     for n in itertools.count():
         await trio.sleep(every)
-        kind = FAULTS[n % len(FAULTS)]
+        kind = kinds[n % len(kinds)]
         leader = await trio.to_thread.run_sync(leader_of, cluster)
         if leader is None:
             stats.faults.append((time.monotonic() - started, kind, "skipped: no leader"))
@@ -278,8 +295,7 @@ async def faults(cluster: LocalCluster, every: float, stats: Stats, started: flo
         if kind == "kill-leader":
             cluster.kill(leader)
             await trio.sleep(5)
-            cluster.start(leader)
-            what = f"member {leader}"
+            what = f"member {leader}, {await restart(cluster, leader, stats)}"
         elif kind == "pause-follower" and followers:
             member = followers[n % len(followers)]
             cluster.signal(member, signal.SIGSTOP)
@@ -293,8 +309,7 @@ async def faults(cluster: LocalCluster, every: float, stats: Stats, started: flo
             member = followers[n % len(followers)]
             await trio.to_thread.run_sync(cluster.stop, member)
             await trio.sleep(5)
-            cluster.start(member)
-            what = f"member {member}"
+            what = f"member {member}, {await restart(cluster, member, stats)}"
         stats.faults.append((time.monotonic() - started, kind, what))
 
 
@@ -447,7 +462,8 @@ async def soak(
         if args.churn > 0:
             nursery.start_soon(churn, endpoints, args.churn, stats, random.Random(rng.random()))
         if args.fault_every > 0:
-            nursery.start_soon(faults, cluster, args.fault_every, stats, started)
+            kinds = args.faults.split(",")
+            nursery.start_soon(faults, cluster, args.fault_every, kinds, stats, started)
         await trio.sleep(args.minutes * 60)
         nursery.cancel_scope.cancel()
     # every member up again (a fault may have been cut short), then read everything back
@@ -492,6 +508,7 @@ async def soak(
         "sessions_dropped": stats.sessions_dropped,
         "churn_failures": stats.churn_failures,
         "faults": stats.faults,
+        "recovery_s": stats.recoveries,
         "rss_slope_mb_per_hour": slopes,
         "final_rss_mb": {m: round(s.rss_mb, 1) for m, s in final.items()},
         "final_fds": {m: s.fds for m, s in final.items()},
@@ -514,6 +531,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keys", type=int, default=50_000)
     p.add_argument("--churn", type=float, default=2.0, help="new sessions a second")
     p.add_argument("--fault-every", type=float, default=180.0, help="seconds (0: none)")
+    p.add_argument(
+        "--faults",
+        default=",".join(FAULTS),
+        help=f"the faults, in turn (default {','.join(FAULTS)})",
+    )
     p.add_argument("--sample-every", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=120.0, help="seconds of a process's life")
     p.add_argument("--max-rss-slope", type=float, default=None, help="MB/h; fail above")
@@ -526,6 +548,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    unknown = set(args.faults.split(",")) - set(FAULTS)
+    if unknown:
+        print(f"error: unknown faults {sorted(unknown)}: choose from {FAULTS}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         directory = args.dir or Path(tmp)
         cluster = LocalCluster(args.nodes, KV, directory, extra_args=[*NODE_ARGS, *args.node_args])
