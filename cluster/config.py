@@ -138,6 +138,16 @@ def _positive(parse: Callable[[Any], int]) -> Callable[[Any], int]:
     return check
 
 
+def _not_negative(parse: Callable[[Any], int]) -> Callable[[Any], int]:
+    def check(text: Any) -> int:
+        value = parse(text)
+        if value < 0:
+            raise ValueError(f"must not be negative, got {text!r}")
+        return value
+
+    return check
+
+
 def _int(text: Any) -> int:
     if isinstance(text, bool) or (isinstance(text, float) and not text.is_integer()):
         raise ValueError(f"not an integer: {text!r}")
@@ -341,7 +351,15 @@ SETTINGS: tuple[Setting, ...] = (
         "max-connections",
         1024,
         _positive(_int),
-        "client connections open at once on the ingress port; more are closed on accept",
+        "client connections open at once on the ingress port, counted at accept (before "
+        "a TLS handshake); more are closed at once (lowered to fit the descriptor limit)",
+    ),
+    Setting(
+        "max-connections-per-address",
+        0,
+        _not_negative(_int),
+        "ingress connections open at once from one source address, counted at accept; "
+        "0: a quarter of --max-connections, at least 4",
     ),
     Setting(
         "max-admin-connections",
@@ -491,6 +509,7 @@ class NodeConfig:
     max_pending_sessions: int = 16
     max_pending_per_address: int = 4
     max_connections: int = 1024
+    max_connections_per_address: int = 0
     max_admin_connections: int = 16
     admin_idle_timeout: int = 60_000_000_000
     handshake_timeout: int = 5_000_000_000

@@ -63,6 +63,7 @@ from ..protocol.errors import ProtocolError
 from ..protocol.framing import FrameDecoder, encode_frame
 from ..security import client_cert
 from ..transport.base import Network
+from ..transport.gate import ConnectionGate, default_share, gated
 from .snapshot import SnapshotAgent
 
 log = logging.getLogger("cluster.admin")
@@ -176,7 +177,9 @@ class AdminServer:
         self.errors: DistinctErrorLog = process_log or DistinctErrorLog()
         self.connections = 0
         self.open_connections = 0
-        self.refused_connections = 0  # over --max-admin-connections
+        self.gate: ConnectionGate | None = None
+        """``--max-admin-connections``, counted at accept (before a TLS handshake), half
+        of it (at least 4) per source address."""
         self.commands = 0
         self._handlers: dict[str, Handler] = {
             "describe": self._describe,
@@ -198,18 +201,21 @@ class AdminServer:
         if self._own_log:
             cluster_logger.addHandler(self.errors)
         host, port = node.admin_endpoint
+        cap = node.config.max_admin_connections
+        self.gate = gate = ConnectionGate("admin port", cap, max(default_share(cap), cap // 2))
         try:
-            await node.network.serve(host, port, self._serve, task_status=task_status)
+            await node.network.serve(host, port, gated(self._serve, gate), task_status=task_status)
         finally:
             if self._own_log:
                 cluster_logger.removeHandler(self.errors)
 
+    @property
+    def refused_connections(self) -> int:
+        """Closed at accept: over ``--max-admin-connections`` or an address's share."""
+        return 0 if self.gate is None else self.gate.refused
+
     async def _serve(self, stream: trio.abc.Stream) -> None:
-        self.connections += 1
-        if self.open_connections >= self.node.config.max_admin_connections:
-            self.refused_connections += 1
-            await trio.aclose_forcefully(stream)
-            return
+        self.connections += 1  # over the cap: closed at accept by self.gate
         self.open_connections += 1
         try:
             await self._serve_commands(stream)

@@ -51,6 +51,7 @@ from ..protocol.version import PROTOCOL_VERSION, is_compatible, to_string
 from ..security import member_cert_error
 from ..transport.base import Network
 from ..transport.framed import FrameWriter, Receiver
+from ..transport.gate import ConnectionGate, gated
 from ..transport.tcp import failure_reason
 
 log = logging.getLogger("cluster.consensus.links")
@@ -161,6 +162,11 @@ class PeerLinks:
         self.cluster_id = cluster_id
         self.hello_timeout = hello_timeout
         self._unidentified = 0  # inbound connections that have not said hello yet
+        unidentified = 2 * len(self.links) + 2  # more than members could: a stranger's flood
+        self.gate = ConnectionGate("consensus port", unidentified, unidentified)
+        """Inbound links that have not said hello, counted at accept (before a TLS
+        handshake); a link's slot is given back once its hello names a member.  No share
+        per address: members may share a host."""
         self.protocol_errors = 0
         self.inbound: dict[int, int] = {}
         #: the open inbound link of each member, and the cancel scope of its reader
@@ -198,7 +204,10 @@ class PeerLinks:
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             port = await nursery.start(
-                self.network.serve, self.me.host, self.me.consensus_port, self._serve_peer
+                self.network.serve,
+                self.me.host,
+                self.me.consensus_port,
+                gated(self._serve_peer, self.gate),
             )
             for link in self.links.values():
                 nursery.start_soon(self._dial, link)
@@ -481,11 +490,8 @@ class PeerLinks:
                 pass
 
     async def _serve_peer(self, stream: trio.abc.Stream) -> None:
-        if self._unidentified >= 2 * len(self.links) + 2:
-            # more links saying nothing yet than members could: a stranger's flood
-            self.protocol_errors += 1
-            await trio.aclose_forcefully(stream)
-            return
+        # counted at accept by self.gate: more links saying nothing yet than members
+        # could are closed there, before any handshake
         scope = trio.CancelScope()  # cancelled when the consensus module refuses the peer
         # a link must say who it is (MemberHello) within the handshake timeout
         scope.deadline = trio.current_time() + self.hello_timeout
@@ -538,6 +544,7 @@ class PeerLinks:
                         receiver.grow(LINK_RECEIVE_SIZE)
                         scope.deadline = math.inf
                         self._unidentified -= 1
+                        self.gate.release(stream)  # a member's link: no longer a stranger
                         if answer:
                             await self._answer(stream, refused=False)
                         continue

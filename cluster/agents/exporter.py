@@ -35,7 +35,8 @@ from prometheus_client.registry import Collector
 from ..core.consensus import ConsensusModule
 from ..protocol.admin import MemberStatus
 from ..status import sees_quorum as status_sees_quorum
-from ..transport.base import listen_error
+from ..transport.gate import ConnectionGate, gated
+from ..transport.tcp import TcpNetwork
 
 log = logging.getLogger("cluster.metrics")
 
@@ -276,6 +277,13 @@ def health(status: MemberStatus, heard_within: bool) -> tuple[bool, str]:
     return ok, "; ".join(reasons)
 
 
+MAX_CONNECTIONS = 32
+"""Connections open at once on the metrics port (each lives at most
+:data:`REQUEST_TIMEOUT`); more are closed at accept."""
+MAX_PER_ADDRESS = 8
+"""Of them, from one source address."""
+
+
 class MetricsServer:
     """Serves ``/metrics`` and ``/health`` on ``host:port``."""
 
@@ -293,14 +301,14 @@ class MetricsServer:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(StatusCollector(status))
         self.requests = 0
+        self.gate = ConnectionGate("metrics port", MAX_CONNECTIONS, MAX_PER_ADDRESS)
+        """Counted at accept: more are closed at once (a scraper needs one or two)."""
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        try:
-            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
-        except OSError as exc:  # a port in use: exit code 2 naming it
-            raise listen_error(self.host, self.port, exc) from exc
-        task_status.started(listeners[0].socket.getsockname()[1])
-        await trio.serve_listeners(self._handle, listeners)
+        # plain TCP: accepts paused while out of descriptors, a port in use a ListenError
+        await TcpNetwork().serve(
+            self.host, self.port, gated(self._handle, self.gate), task_status=task_status
+        )
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         try:

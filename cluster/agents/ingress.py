@@ -15,7 +15,6 @@ its connect requests, and the egress of the sessions it holds, go back on it.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +29,7 @@ from ..protocol.ingress import IngressMessage
 from ..security import client_cert
 from ..transport.base import Network
 from ..transport.framed import FrameWriter, Receiver
+from ..transport.gate import ConnectionGate, gated
 from .inbox import IngressInbox, SourceQueue
 
 log = logging.getLogger("cluster.ingress")
@@ -47,7 +47,6 @@ RECEIVE_SIZE = 64 * 1024
 class IngressStats:
     connections: int = 0
     open_connections: int = 0
-    refused_connections: int = 0  # over --max-connections, closed on accept
     idle_closed: int = 0  # held no session for --handshake-timeout
     frames: int = 0
     protocol_errors: int = 0
@@ -68,11 +67,15 @@ class IngressAgent:
         max_connections: int = 1024,
         handshake_timeout: float = 5.0,
         holds_session: Callable[[IngressSource], bool] = lambda source: True,
+        max_per_address: int = 0,
     ) -> None:
+        """``max_connections`` and ``max_per_address`` (0: a quarter, see
+        :func:`~cluster.transport.gate.default_share`) are counted at accept, before a
+        TLS handshake (:class:`~cluster.transport.gate.ConnectionGate`)."""
         self.max_connections = max_connections
+        self.gate = ConnectionGate("ingress", max_connections, max_per_address)
         self.handshake_timeout = handshake_timeout
         self._holds_session = holds_session
-        self._refusal_logged_at = -math.inf
         self.network = network
         self.host = host
         self.port = port
@@ -80,6 +83,7 @@ class IngressAgent:
         self.max_frame_size = max_frame_size
         self.max_backlog = max_backlog
         self.stats = IngressStats()
+        """Connections refused at accept: ``self.gate.refused``."""
         self._on_closed = on_closed
         self._next_conn_id = 0
         self.sources: set[IngressSource] = set()
@@ -96,7 +100,9 @@ class IngressAgent:
         )
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        await self.network.serve(self.host, self.port, self._handle, task_status=task_status)
+        await self.network.serve(
+            self.host, self.port, gated(self._handle, self.gate), task_status=task_status
+        )
 
     async def drain(self) -> None:
         """Flush and close every client connection (a graceful shutdown); the caller
@@ -110,19 +116,7 @@ class IngressAgent:
             await self._all_closed.wait()
 
     async def _handle(self, stream: trio.abc.Stream) -> None:
-        if len(self.sources) >= self.max_connections:
-            self.stats.refused_connections += 1
-            now = trio.current_time()
-            if now - self._refusal_logged_at >= 10.0:
-                self._refusal_logged_at = now
-                log.warning(
-                    "ingress: %d connections open (--max-connections): closing new ones "
-                    "(%d so far)",
-                    len(self.sources),
-                    self.stats.refused_connections,
-                )
-            await trio.aclose_forcefully(stream)
-            return
+        # counted at accept by self.gate (over the cap: closed before any handshake)
         allowed, cert = client_cert(stream)
         if not allowed:  # a member's certificate is no client's
             self.stats.protocol_errors += 1

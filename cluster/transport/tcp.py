@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from .base import StreamHandler, listen_error
+from .gate import ConnectionGate, stream_address
 from .tls import TlsIdentity
 
 log = logging.getLogger("cluster.transport")
@@ -106,7 +107,9 @@ class TcpNetwork:
     TLS: :meth:`open_stream` returns a ``trio.SSLStream`` whose handshake is done, and
     :meth:`serve` hands its handler only streams whose handshake finished within
     ``handshake_timeout``; the others are closed and counted in ``tls_failures`` (and
-    summarised in at most one INFO line a second).
+    summarised in at most one INFO line a second).  A handler made with
+    :func:`~cluster.transport.gate.gated` has its connections counted at accept, before
+    the handshake (:class:`~cluster.transport.gate.ConnectionGate`).
     """
 
     def __init__(
@@ -173,26 +176,33 @@ class TcpNetwork:
         except OSError as exc:  # one line naming the port, not a traceback
             raise listen_error(host, port, exc) from exc
         bound = listeners[0].socket.getsockname()[1]
+        gate: ConnectionGate | None = getattr(handler, "gate", None)
+        inner: StreamHandler = getattr(handler, "inner", handler) if gate else handler
+        tls = self.tls
 
         async def handle(stream: trio.SocketStream) -> None:
-            _tune(stream)
-            await handler(stream)
+            # with a gate, its slot was taken at accept (_accept_loop) and is given back
+            # here, however the connection ends (a TLS handshake that fails included)
+            tls_stream: trio.SSLStream[trio.SocketStream] | None = None
+            try:
+                _tune(stream)
+                if tls is None:
+                    await inner(stream)
+                    return
+                tls_stream = await self._server_handshake(stream, tls, nursery)
+                if tls_stream is not None:
+                    if gate is not None:
+                        gate.move(stream, tls_stream)
+                    await inner(tls_stream)
+            finally:
+                if gate is not None:
+                    gate.release(stream)
+                    if tls_stream is not None:
+                        gate.release(tls_stream)
 
         async with trio.open_nursery() as nursery:
-            if self.tls is None:
-                serve = handle
-            else:
-                tls = self.tls
-
-                async def handle_tls(stream: trio.SocketStream) -> None:
-                    _tune(stream)
-                    tls_stream = await self._server_handshake(stream, tls, nursery)
-                    if tls_stream is not None:
-                        await handler(tls_stream)
-
-                serve = handle_tls
             for listener in listeners:
-                nursery.start_soon(self._accept_loop, listener, serve, nursery, bound)
+                nursery.start_soon(self._accept_loop, listener, handle, nursery, bound, gate)
             task_status.started(bound)
 
     async def _accept_loop(
@@ -201,10 +211,13 @@ class TcpNetwork:
         handle: Callable[[trio.SocketStream], Awaitable[None]],
         nursery: trio.Nursery,
         port: int,
+        gate: ConnectionGate | None = None,
     ) -> None:
         """Accept for ever.  Out of file descriptors (or buffers) is an event, not an
         error: one WARNING, then accepts pause (doubling to 1 s) until one succeeds;
-        the connections already open carry on."""
+        the connections already open carry on.  With a ``gate``, each connection is
+        counted here, before any byte is read or a handshake begins; one over the cap or
+        its address's share is closed at once (no task, no handshake)."""
         pause = 0.0
         async with listener:
             while True:
@@ -227,6 +240,9 @@ class TcpNetwork:
                 if pause:
                     log.warning("port %d: accepting connections again", port)
                     pause = 0.0
+                if gate is not None and not gate.hold(stream, stream_address(stream)):
+                    stream.socket.close()
+                    continue
                 nursery.start_soon(handle, stream)
 
     async def _server_handshake(

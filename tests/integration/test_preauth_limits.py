@@ -121,7 +121,7 @@ async def test_connection_limit_on_the_ingress_and_admin_ports(tmp_path: Path) -
             await wait_for(lambda: len(n.ingress.sources) == 4)
             extra = await dial(n.ingress_port)
             assert await closed_within(extra, 0.5)
-            assert n.ingress.stats.refused_connections == 1
+            assert n.ingress.gate.refused == 1
             admin_port = n.admin_endpoint[1]
             admins = [await dial(admin_port) for _ in range(2)]
             await trio.sleep(0.1)
