@@ -9,8 +9,18 @@
 
 Writes go to a temporary file that is fsynced and renamed over the old one, then the
 directory is fsynced: a crash leaves either the old state or the new one.  A write that
-fails (a full disk) raises ``OSError``, removes the temporary file and changes nothing:
-the caller retries (the node-state saver) or does not act on it (a candidate term).
+fails raises ``OSError``, removes the temporary file and changes nothing: the caller
+retries (the node-state saver) or does not act on it (a candidate term).
+
+**Writable on a full disk** (issue 33).  The temporary file is not made at each write:
+it is ``node-state.reserve``, a file of :data:`SLOT_SIZE` bytes written once (at start-up,
+or as soon as the disk has room).  A save overwrites it in place (the JSON padded with
+spaces to the slot's size: space the file system already gave it), fsyncs it, keeps the
+old state file as the next reserve (a hard link) and renames the reserve over the state
+file.  So no save needs a free block, and a member whose disk is full (a log, a snapshot
+stream) can still save its candidate term and vote.  Where the reserve cannot be made
+yet (the disk was full from the start), a save takes the ordinary path above.  (A
+copy-on-write file system, btrfs or ZFS, may still need blocks for an overwrite.)
 """
 
 from __future__ import annotations
@@ -20,10 +30,14 @@ import os
 import threading
 from pathlib import Path
 
-from ..fileio import replace_file
+from ..fileio import fsync_directory, replace_file, write_all
 from .errors import ArchiveCorruptionError
 
 FILE_NAME = "node-state.json"
+RESERVE_NAME = "node-state.reserve"
+"""The pre-allocated file the next state is written into."""
+SLOT_SIZE = 4096
+"""Bytes of the reserve (one block or page): a state is padded to it."""
 
 MAX_VALUE = (1 << 63) - 1
 """The largest term or position a message can carry (Int64): a larger one is never saved
@@ -33,6 +47,7 @@ MAX_VALUE = (1 << 63) - 1
 class NodeState:
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.path = Path(directory) / FILE_NAME
+        self.reserve = self.path.with_name(RESERVE_NAME)
         self._lock = threading.Lock()
         self.candidate_term_id = -1
         self.commit_position = 0
@@ -48,6 +63,23 @@ class NodeState:
                 ) from None
             self.candidate_term_id = candidate
             self.commit_position = commit
+        old = self.reserve.with_suffix(".old")
+        if old.exists():  # a save cut short between its two renames
+            if self.reserve.exists():
+                old.unlink()
+            else:
+                os.replace(old, self.reserve)
+        self.ensure_reserve()
+
+    def ensure_reserve(self) -> bool:
+        """Make the reserve if it is missing (False: no room for it yet)."""
+        if self.reserve.exists():
+            return True
+        try:
+            replace_file(self.reserve, b" " * SLOT_SIZE)
+        except OSError:
+            return False
+        return True
 
     def save(
         self, *, candidate_term_id: int | None = None, commit_position: int | None = None
@@ -60,9 +92,36 @@ class NodeState:
             commit = self.commit_position if commit_position is None else commit_position
             _check(candidate, commit)
             data = json.dumps({"candidate_term_id": candidate, "commit_position": commit}).encode()
-            replace_file(self.path, data)  # nothing half written is left (a full disk)
+            if len(data) > SLOT_SIZE or not self.ensure_reserve():
+                replace_file(self.path, data)  # nothing half written is left (a full disk)
+            else:
+                self._save_in_reserve(data)
             self.candidate_term_id = candidate
             self.commit_position = commit
+            self.ensure_reserve()  # the first save used it; or the disk has room again
+
+    def _save_in_reserve(self, data: bytes) -> None:
+        """Write ``data`` into the reserve's blocks and rename it over the state file;
+        the old state file becomes the reserve (nothing is allocated or freed)."""
+        reserve, path = self.reserve, self.path
+        try:
+            fd = os.open(reserve, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                write_all(fd, data.ljust(SLOT_SIZE))  # JSON allows the trailing spaces
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            reserve.unlink(missing_ok=True)  # made again when the disk takes it
+            raise
+        old = reserve.with_suffix(".old")
+        if path.exists():
+            old.unlink(missing_ok=True)
+            os.link(path, old)  # the old state's blocks stay allocated
+        os.replace(reserve, path)
+        if old.exists():
+            os.replace(old, reserve)
+        fsync_directory(path.parent)
 
 
 def _check(candidate_term_id: int, commit_position: int) -> None:

@@ -59,10 +59,12 @@ def descriptor_of(path: Path) -> int:
 
 
 def fill_node_state(directory: Path) -> Path:
-    """The node state's next temporary file is /dev/full (a failed save removes it)."""
-    tmp = directory / "node-state.tmp"
-    tmp.symlink_to("/dev/full")
-    return tmp
+    """The node state's reserve (the file its next state is written into) is /dev/full:
+    a disk that takes no write at all (a failed save removes it)."""
+    reserve = directory / "node-state.reserve"
+    reserve.unlink(missing_ok=True)
+    reserve.symlink_to("/dev/full")
+    return reserve
 
 
 # ---------------------------------------------------------------------- node state
