@@ -1,0 +1,141 @@
+"""Every port is bounded before any byte is trusted (issue 33): connection counts taken
+at accept, before a TLS handshake, with a share per source address.  Real sockets on
+loopback; several source addresses (127.0.0.2, ...) by binding the client's socket.
+
+Issue 33 measured 8,000 bare connects to a TLS ingress port: 450 MB and no client could
+connect, because the count came after the handshake; the metrics port had no cap."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+from test_preauth_limits import dial, echo_works, node
+
+from cluster.agents.exporter import MAX_CONNECTIONS, MAX_PER_ADDRESS, MetricsServer
+from cluster.certs import make_certs
+from cluster.transport.gate import ConnectionGate, default_share, gated
+from cluster.transport.tcp import TcpNetwork
+from cluster.transport.tls import load_identity
+
+HOST = "127.0.0.1"
+
+
+async def wait_for(predicate: Callable[[], bool], seconds: float = 10) -> None:
+    with trio.fail_after(seconds):
+        while not predicate():  # noqa: ASYNC110
+            await trio.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("pki")
+    make_certs(out, [(0, HOST)], ["ops"])
+    return out
+
+
+async def echo(stream: trio.abc.Stream) -> None:
+    async with stream:
+        try:
+            while data := await stream.receive_some(4096):
+                await stream.send_all(data)
+        except trio.BrokenResourceError:
+            pass
+
+
+@asynccontextmanager
+async def tls_server(pki: Path, gate: ConnectionGate) -> AsyncIterator[tuple[TcpNetwork, int]]:
+    network = TcpNetwork(tls=load_identity(pki / "member-0"), handshake_timeout=30)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(network.serve, HOST, 0, gated(echo, gate))
+        yield network, port
+        nursery.cancel_scope.cancel()
+
+
+async def tls_client_echoes(pki: Path, port: int) -> bool:
+    client_net = TcpNetwork(tls=load_identity(pki / "client-ops"), connect_timeout=5)
+    try:
+        stream = await client_net.open_stream(HOST, port)
+    except OSError:
+        return False
+    async with stream:
+        await stream.send_all(b"ping")
+        with trio.fail_after(5):
+            return await stream.receive_some(16) == b"ping"
+
+
+def test_the_default_share_is_a_quarter_at_least_four() -> None:
+    assert default_share(1024) == 256
+    assert default_share(8) == 4
+    assert default_share(2) == 2
+    gate = ConnectionGate("t", 8)
+    assert [gate.admit("a") for _ in range(5)] == [True] * 4 + [False]
+    assert gate.admit("b")
+    assert (gate.refused, gate.refused_per_address, gate.open) == (1, 1, 5)
+    gate.leave("a")
+    assert gate.admit("a")
+
+
+async def test_a_flood_of_bare_connects_to_a_tls_port_is_refused_at_accept(pki: Path) -> None:
+    """The slots are counted before the handshake: a flood holds its address's share and
+    no more, none of the refused costs a handshake, and a real client still gets in;
+    beyond the cap (several addresses) new connections are refused until slots free."""
+    gate = ConnectionGate("ingress", 32, 8)
+    with trio.fail_after(60):
+        async with tls_server(pki, gate) as (network, port):
+            flood = [await dial(port, "127.0.0.2") for _ in range(300)]
+            await wait_for(lambda: gate.accepted + gate.refused >= 300)
+            assert gate.open == 8
+            assert gate.refused == 292
+            assert gate.refused_per_address == 292
+            assert network.tls_failures == 0  # no refused connection began a handshake
+            assert await tls_client_echoes(pki, port)  # another address: room for it
+            # four more addresses fill the cap: now everyone is refused at accept
+            for address in ("127.0.0.3", "127.0.0.4", "127.0.0.5"):
+                flood += [await dial(port, address) for _ in range(8)]
+            await wait_for(lambda: gate.open == 32)
+            before = gate.refused
+            assert not await tls_client_echoes(pki, port)
+            assert gate.refused == before + 1
+            for s in flood:
+                await s.aclose()
+            await wait_for(lambda: gate.open == 0)
+            assert gate.by_address == {}
+            assert await tls_client_echoes(pki, port)
+
+
+async def test_the_ingress_port_shares_its_slots_per_address(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with node(tmp_path, max_connections=8) as n:
+            gate = n.ingress.gate
+            assert gate.share == 4
+            held = [await dial(n.ingress_port, "127.0.0.2") for _ in range(6)]
+            await wait_for(lambda: gate.accepted + gate.refused >= 6)
+            assert gate.by_address == {"127.0.0.2": 4}
+            assert gate.refused_per_address == 2
+            await echo_works(n)  # from 127.0.0.1: its own share
+            for s in held:
+                await s.aclose()
+
+
+async def test_the_metrics_port_has_a_cap() -> None:
+    server = MetricsServer(HOST, 0, status=lambda: None, healthy=lambda: True)  # type: ignore[arg-type,return-value]
+    gate = server.gate
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(server.run)
+            held = [await dial(port) for _ in range(3 * MAX_PER_ADDRESS)]
+            await wait_for(lambda: gate.accepted + gate.refused >= len(held))
+            assert gate.open == MAX_PER_ADDRESS
+            addresses = [f"127.0.0.{i}" for i in range(2, 2 + MAX_CONNECTIONS // MAX_PER_ADDRESS)]
+            for address in addresses:
+                held += [await dial(port, address) for _ in range(MAX_PER_ADDRESS)]
+            await wait_for(lambda: gate.accepted + gate.refused >= len(held))
+            assert gate.open == MAX_CONNECTIONS
+            for s in held:
+                await s.aclose()
+            await wait_for(lambda: gate.open == 0)
+            nursery.cancel_scope.cancel()
