@@ -2,13 +2,15 @@
 ``cluster-node``.
 
 Settings (:func:`cluster.config.load_config`), the service and authenticator classes,
-the exposure check, then :meth:`cluster.node.Node.run`, with what ends it turned into an
-exit code: 0 a clean stop; 2 a mistake the operator can fix (a setting, a port in use, a
-data directory of another member or held by another process), with one line naming it;
-1 anything else (a damaged archive, an unexpected error, logged with its traceback;
-a service callback that raised with ``--on-service-error stop``, or an ``on_start`` that
-raised: one ERROR line naming the callback, the log position and the exception, with the
-service's traceback, logged when it happened).
+the exposure check, the descriptor limit raised and the connection caps sized from it
+(:func:`cluster.descriptors.fit_descriptors`), then :meth:`cluster.node.Node.run`, with
+what ends it turned into an exit code: 0 a clean stop; 2 a mistake the operator can fix
+(a setting, a port in use, a data directory of another member or held by another
+process), with one line naming it; 1 anything else (a damaged archive, an unexpected
+error, logged with its traceback; a service callback that raised with
+``--on-service-error stop``, or an ``on_start`` that raised: one ERROR line naming the
+callback, the log position and the exception, with the service's traceback, logged when
+it happened).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .archive.errors import ArchiveError
 from .archive.identity import DataDirError
 from .config import ConfigError, describe, load_config, load_object
 from .core.service_errors import ServiceFailure
+from .descriptors import fit_descriptors
 from .memory import tune_allocator
 from .node import Node
 from .security import check_exposure, configure_logging, network_for
@@ -60,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    config = fit_descriptors(config)  # the soft limit raised, the caps sized from it
     log.info(
         "starting member %d (pid %d) with\n%s", config.member_id, os.getpid(), describe(config)
     )

@@ -12,9 +12,11 @@ log's writes, which the archive agent retries before the log bytes that need the
 A snapshot is not retried (the next one is a new request): its failure is settled by
 any later write that succeeds, or by :meth:`DiskHealth.probe` finding room for it.
 
-ENOSPC and EDQUOT make the state "disk full"; any other write error (EIO, ...) is a
-"disk error", handled the same way.  Not thread-safe: the node reports from its event
-loop (writes in worker threads raise there).
+ENOSPC and EDQUOT make the state "disk full"; EMFILE and ENFILE are "out of file
+descriptors" (the process's or the system's table is full: not the disk, whatever the
+write was; :mod:`cluster.descriptors` keeps a reserve so that it should not happen); any
+other write error (EIO, ...) is a "disk error", handled the same way.  Not thread-safe:
+the node reports from its event loop (writes in worker threads raise there).
 """
 
 from __future__ import annotations
@@ -33,6 +35,19 @@ log = logging.getLogger("cluster.disk")
 
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 """Errors that mean the disk (or the member's quota) is full."""
+
+DESCRIPTOR_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
+"""Errors that mean no file descriptor was free: not a disk problem."""
+
+
+def failure_kind(exc: OSError) -> str:
+    """What a failed write's error means, in words: ``disk full``, ``out of file
+    descriptors`` or ``disk error``."""
+    if exc.errno in FULL_ERRNOS:
+        return "disk full"
+    if exc.errno in DESCRIPTOR_ERRNOS:
+        return "out of file descriptors"
+    return "disk error"
 
 
 @dataclass(slots=True)
@@ -88,7 +103,7 @@ class DiskHealth:
         full = exc.errno in FULL_ERRNOS
         cause = os.strerror(exc.errno) if exc.errno else str(exc)
         what = f"{path} {detail}".strip()
-        reason = f"{'disk full' if full else 'disk error'}: {what} failed ({cause})"
+        reason = f"{failure_kind(exc)}: {what} failed ({cause})"
         known = path in self._failing
         self._failing[path] = _Failure(reason, retried, needed)
         if self.since is None:
@@ -158,10 +173,15 @@ class DiskHealth:
         self.failed_seconds += elapsed
         self.since = None
         was_full, self.full = self.full, False
+        descriptors = self.problem.startswith("out of file descriptors")
         self._set_problem("")
         log.warning(
             "%s: writes resumed after %.1f s",
-            "disk has space again" if was_full else "disk writes succeed again",
+            "disk has space again"
+            if was_full
+            else "descriptors free again"
+            if descriptors
+            else "disk writes succeed again",
             elapsed,
         )
 
