@@ -7,6 +7,12 @@ connect, because the count came after the handshake; the metrics port had no cap
 
 from __future__ import annotations
 
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,8 +21,10 @@ import pytest
 import trio
 from test_preauth_limits import dial, echo_works, node
 
+import client
 from cluster.agents.exporter import MAX_CONNECTIONS, MAX_PER_ADDRESS, MetricsServer
 from cluster.certs import make_certs
+from cluster.local import free_ports
 from cluster.transport.gate import ConnectionGate, default_share, gated
 from cluster.transport.tcp import TcpNetwork
 from cluster.transport.tls import load_identity
@@ -139,3 +147,88 @@ async def test_the_metrics_port_has_a_cap() -> None:
                 await s.aclose()
             await wait_for(lambda: gate.open == 0)
             nursery.cancel_scope.cancel()
+
+
+def start_node(tmp_path: Path, soft: int, hard: int) -> tuple[subprocess.Popen[bytes], int, Path]:
+    """A real node process started with ``RLIMIT_NOFILE`` (soft, hard); its log file."""
+    ports = free_ports(3)
+    members = f"0=127.0.0.1:{ports[0]}:{ports[1]}:{ports[2]}"
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    log = tmp_path / "node.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "cluster.node", "--members", members),
+                *("--dir", str(tmp_path), "--service", "cluster.examples.echo:EchoService"),
+                *("--handshake-timeout", "2s"),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=limit,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    return proc, ports[0], log
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.mark.slow
+def test_the_node_raises_its_soft_descriptor_limit(tmp_path: Path) -> None:
+    hard = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 4096)
+    proc, _, log = start_node(tmp_path, 256, hard)
+    try:
+        deadline = time.monotonic() + 30
+        while "ready" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+    finally:
+        stop(proc)
+    text = log.read_text()
+    assert f"descriptors: soft limit 256 -> {hard} (hard {hard})" in text
+    assert "ingress 1024" in text
+    assert "is lowered" not in text
+
+
+@pytest.mark.slow
+def test_a_node_at_a_low_descriptor_limit_refuses_a_flood_at_accept(tmp_path: Path) -> None:
+    """Hard limit 128: the caps are lowered to fit (a WARNING), 300 connections are
+    refused at accept beyond them, the node never runs out of descriptors, and a client
+    gets in once the flood is gone."""
+    proc, port, log = start_node(tmp_path, 128, 128)
+    try:
+        trio.run(_flood_then_use, port, log)
+    finally:
+        stop(proc)
+    text = log.read_text()
+    assert "Traceback" not in text
+    assert "--max-connections is lowered from 1024 to 36" in text
+    assert "closing its new ones at accept" in text
+    assert "cannot accept connections" not in text  # never out of descriptors
+    assert "out of file descriptors" not in text
+
+
+async def _flood_then_use(ingress_port: int, log: Path) -> None:
+    with trio.fail_after(60):
+        await wait_for(lambda: "ready" in log.read_text(), 30)
+        flood: list[socket.socket] = []
+        for _ in range(300):
+            s = socket.socket()
+            s.setblocking(False)
+            try:
+                s.connect(("127.0.0.1", ingress_port))
+            except BlockingIOError:
+                pass
+            flood.append(s)
+        await wait_for(lambda: "closing its new ones at accept" in log.read_text(), 10)
+        await trio.sleep(0.5)
+        for s in flood:
+            s.close()
+        async with client.connect(f"0=127.0.0.1:{ingress_port}", connect_timeout=10) as c:
+            await c.offer(b"after the flood")
+            assert await c.receive() == b"after the flood"
