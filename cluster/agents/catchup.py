@@ -28,6 +28,20 @@ follower reports its position to the leader.  A follower that crashes in the mid
 starts the transfer over (start-up removes the temporary file); one that only lost its
 link resumes where it was.
 
+**Bounded by the disk** (issue 33).  A follower takes a transfer only if its data
+directory's free space holds the declared length and a reserve
+(:func:`room_reserve`: 16 MiB, or a twentieth of the file system if less), and otherwise
+answers that it has no room (a WARNING here; the leader logs an ERROR, which
+``cluster-tool errors`` shows, and asks again every :data:`REFUSED_RETRY` seconds).  A
+transfer that stops (a new term or leader, no chunk for the leader heartbeat timeout,
+which covers a dead leader and a lost link) is dropped and its temporary file removed
+at once, as is one that another transfer replaces (:meth:`CatchUp.watch_transfers`).
+
+**Corruption below the snapshot** (issue 33).  A record a follower needs that is corrupt
+in this leader's archive is never shipped; if the latest snapshot is above it, the
+follower is sent that snapshot instead (:meth:`CatchUp.fall_back`: one WARNING per
+follower and position, ``snapshot_fallbacks`` counted), so it catches up above it.
+
 **Automatic snapshots.**  What compaction frees depends on snapshots being taken: the
 consensus module's rule (:mod:`cluster.core.autosnapshot`) gets its settings here
 (``--snapshot-log-bytes``, ``--snapshot-interval``), and an installed snapshot counts as
@@ -68,6 +82,17 @@ POLL = 0.002
 """How often a snapshot sender looks for the follower's answer (seconds)."""
 RETRY_HEARTBEATS = 5
 """A follower silent this many heartbeat intervals during a transfer is probed again."""
+REFUSED_RETRY = 5.0
+"""Seconds before a follower that had no room for a snapshot is asked again."""
+WATCH_INTERVAL = 0.25
+"""How often a follower looks for a transfer that stopped (seconds)."""
+ROOM_RESERVE = 16 << 20
+"""Free space a snapshot transfer leaves on a follower's disk, at most (log, state)."""
+
+
+def room_reserve(total_bytes: int) -> int:
+    """What a transfer must leave free on a file system of ``total_bytes``."""
+    return min(ROOM_RESERVE, total_bytes // 20)
 
 
 class Host(Protocol):
@@ -112,6 +137,9 @@ class CatchUp:
         self.installs = 0
         self._installing = False
         self._nursery: trio.Nursery | None = None
+        self.refused_installs = 0
+        self.abandoned_installs = 0
+        node.cm.replica.snapshot.room = self._has_room
         config = node.config
         node.cm.control.auto.configure(
             config.snapshot_log_bytes, config.snapshot_interval // 1_000_000
@@ -125,6 +153,7 @@ class CatchUp:
         node.cm.log.start_position = node.archive.start_position
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            nursery.start_soon(self.watch_transfers)
             while True:
                 taken = node.snapshots.taken
                 await self.compact()
@@ -158,6 +187,32 @@ class CatchUp:
 
     # ------------------------------------------------------------------ sending
 
+    def fall_back(self, member_id: int, position: int) -> bool:
+        """``member_id``'s next record, at ``position``, is corrupt here: send it the
+        latest snapshot instead if that is above it (True)."""
+        node = self.node
+        entries = node.recording_log.snapshots()
+        snapshot = entries[-1].log_position if entries else -1
+        replication = node.cm.replication
+        if replication.bad_positions.get(member_id) == position:
+            return True
+        if not replication.fall_back_to_snapshot(member_id, position, snapshot):
+            log.error(
+                "member %d needs the corrupt record at %d and no snapshot is above it: "
+                "it cannot catch up from this member",
+                member_id,
+                position,
+            )
+            return False
+        node.cm.counters.snapshot_fallbacks += 1
+        log.warning(
+            "member %d needs the corrupt record at %d: sending it the snapshot at %d instead",
+            member_id,
+            position,
+            snapshot,
+        )
+        return True
+
     def replicators(
         self,
         heartbeat_interval: float,
@@ -178,6 +233,7 @@ class CatchUp:
                 heartbeat_interval,
                 on_corrupt,
                 send_snapshot=self.send_snapshot,
+                fall_back=self.fall_back,
             )
             for member_id, link in node.links.links.items()
         }
@@ -212,10 +268,25 @@ class CatchUp:
         connects = link.connects
         acked = replication.snapshot_acked(member_id)
         heard = trio.current_time()
+        refusals = 0
         try:
             while replication.needs_snapshot(member_id) and cm.leadership_term_id == term:
                 if not link.is_connected:
                     await link.connected.wait()
+                    continue
+                if replication.take_refusal(member_id):
+                    refusals += 1
+                    (log.error if refusals == 1 else log.debug)(
+                        "member %d refused snapshot %s (%d bytes): its disk has no room "
+                        "for it; asking again every %.0f s",
+                        member_id,
+                        path.name,
+                        length,
+                        REFUSED_RETRY,
+                    )
+                    await trio.sleep(REFUSED_RETRY)
+                    replication.rewind_snapshot(member_id)
+                    heard = trio.current_time()
                     continue
                 now = trio.current_time()
                 if replication.snapshot_acked(member_id) != acked:
@@ -262,11 +333,68 @@ class CatchUp:
         if nursery is None:
             return
         receiver = self.node.cm.replica.snapshot
+        self._remove_dropped()
         for write in receiver.take_writes():
             nursery.start_soon(self._write, write)
         if receiver.complete is not None and not self._installing:
             self._installing = True
             nursery.start_soon(self._install, receiver.complete)
+
+    def _has_room(self, transfer: Transfer) -> bool:
+        """Does the data directory's file system hold ``transfer`` and the reserve?"""
+        node = self.node
+        try:
+            stat = os.statvfs(node.data_dir)
+        except OSError:
+            return True  # nothing known: the writes say
+        free, total = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
+        reserve = room_reserve(total)
+        if transfer.length + reserve <= free:
+            return True
+        if node.cm.replica.snapshot.refused != transfer:
+            self.refused_installs += 1
+            log.warning(
+                "snapshot of %d bytes from member %d refused: %d bytes free here, "
+                "%d of them kept in reserve",
+                transfer.length,
+                transfer.leader_member_id,
+                free,
+                reserve,
+            )
+        return False
+
+    async def watch_transfers(self) -> None:
+        """Drop a transfer that stopped (its leader gone, a new term, no chunk for the
+        leader heartbeat timeout), its file removed at once."""
+        node = self.node
+        receiver = node.cm.replica.snapshot
+        timeout_ns = node.cm.config.leader_heartbeat_timeout_ns
+        while True:
+            await trio.sleep(WATCH_INTERVAL)
+            receiver.expire(node.now_ns(), timeout_ns)
+            self._remove_dropped()
+
+    def _remove_dropped(self) -> None:
+        node = self.node
+        for transfer in node.cm.replica.snapshot.take_dropped():
+            path = install_path(node.data_dir, transfer)
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue  # nothing written
+            try:
+                path.unlink()
+            except OSError as exc:
+                log.error("cannot remove %s (%s)", path, exc)
+                continue
+            self.abandoned_installs += 1
+            log.warning(
+                "snapshot transfer from member %d stopped at %d of %d bytes: %s removed",
+                transfer.leader_member_id,
+                size,
+                transfer.length,
+                path.name,
+            )
 
     async def _write(self, write: ChunkWrite) -> None:
         node = self.node

@@ -13,8 +13,11 @@ heartbeat interval so a follower that lost data or diverged reports where it rea
 
 Reads from the archive are checked (every record's length and CRC) before anything is
 shipped: a corrupt record is reported by this member (``on_corrupt``: an ERROR record
-and a counter) and never sent; the follower gets heartbeats only, from where its log
-ends, for as long as this member leads.
+and a counter) and never sent.  The follower is then sent the latest snapshot instead,
+if it is above the bad record (``fall_back``, :meth:`CatchUp.fall_back
+<cluster.agents.catchup.CatchUp.fall_back>`: a WARNING and a counter), and catches up
+above it; otherwise it gets heartbeats only, from where its log ends, for as long as this
+member leads.
 
 A follower that needs log below this leader's log start (purged by compaction) is sent
 the latest snapshot instead (``send_snapshot``, :mod:`cluster.agents.catchup`), then the
@@ -71,6 +74,7 @@ class Replicator:
         on_corrupt: Callable[[ArchiveCorruptionError], None] = lambda exc: None,
         *,
         send_snapshot: Callable[[int, PeerLink, float], Awaitable[None]] | None = None,
+        fall_back: Callable[[int, int], bool] | None = None,
     ) -> None:
         self.cm = cm
         self.member_id = member_id
@@ -81,6 +85,9 @@ class Replicator:
         self.heartbeat_interval = heartbeat_interval
         self.on_corrupt = on_corrupt
         self.send_snapshot = send_snapshot
+        self.fall_back = fall_back
+        """Called with the follower and a position that cannot be shipped: True if it
+        is sent a snapshot above it instead."""
         self.corrupt_at = -1
         """A position the archive could not give back intact: not shipped from."""
         self.connects = link.connects
@@ -174,6 +181,8 @@ class Replicator:
                 except ArchiveCorruptionError as exc:
                     self.corrupt_at = start
                     self.on_corrupt(exc)
+                    if self.fall_back is not None:
+                        self.fall_back(self.member_id, start)  # then it needs a snapshot
                     continue
                 except (ValueError, FileNotFoundError):
                     # compacted meanwhile: the log below the new start is gone

@@ -83,6 +83,9 @@ class Counters:
     """Snapshots this member could not take or write (the service's snapshot callback
     raised, a full disk); the member goes on, the log keeps everything;
     ``triarch_snapshot_failures_total``."""
+    snapshot_fallbacks: int = 0
+    """Followers sent a snapshot because the record they needed next is corrupt in this
+    leader's archive (issue 33); ``triarch_snapshot_fallbacks_total``."""
 
 
 class IngressSource:

@@ -21,13 +21,22 @@ leader) replaces the old one.  A snapshot whose position this log already holds 
 committed here, or an entry of the snapshot's term ends there) is never installed: the
 answer :data:`~cluster.protocol.consensus.SNAPSHOT_HELD` asks for the log after it
 instead, so an install never takes a member back.
+
+**Bounded by the disk** (issue 33).  A new transfer is taken only if the shell's
+:attr:`SnapshotReceiver.room` says the disk holds its declared length and a reserve;
+otherwise it is answered :data:`~cluster.protocol.consensus.SNAPSHOT_NO_ROOM` and
+nothing is written (a probe asks again).  A transfer that stops (its leader gone, a new
+term, no chunk for ``timeout_ns``: :meth:`SnapshotReceiver.expire`, which the shell calls
+now and then) or that another replaces is dropped, and its file goes to the shell to
+remove at once (:meth:`SnapshotReceiver.take_dropped`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..protocol.consensus import SNAPSHOT_HELD, SnapshotChunk, SnapshotChunkAck
+from ..protocol.consensus import SNAPSHOT_HELD, SNAPSHOT_NO_ROOM, SnapshotChunk, SnapshotChunkAck
 from .base import ConsensusConfig, ConsensusPort, TermView
 from .log import ReplicatedLog
 
@@ -58,13 +67,18 @@ class SnapshotReceiver:
     """The transfer under way to this follower, if any."""
 
     __slots__ = (
+        "_dropped",
+        "_seen",
         "_writes",
         "complete",
         "config",
         "consensus",
+        "heard",
         "installing",
         "log",
         "offset",
+        "refused",
+        "room",
         "transfer",
         "view",
         "writing",
@@ -86,6 +100,14 @@ class SnapshotReceiver:
         """The whole snapshot is durable: the shell installs it."""
         self.installing = False
         self._writes: list[ChunkWrite] = []
+        self.room: Callable[[Transfer], bool] = lambda transfer: True
+        """The shell's answer: may the disk take ``transfer`` (its length and a reserve)?"""
+        self.refused: Transfer | None = None
+        """The last transfer refused for want of room."""
+        self.heard = 0
+        """Messages of the transfer under way received (what :meth:`expire` watches)."""
+        self._seen = (-1, 0)
+        self._dropped: list[Transfer] = []
 
     def holds(self, position: int, term: int) -> bool:
         """Does this log already hold ``position``, where an entry of ``term`` ends?"""
@@ -120,13 +142,49 @@ class SnapshotReceiver:
             if self.holds(msg.log_position, msg.snapshot_term_id):
                 self._ack(transfer, SNAPSHOT_HELD)
                 return
+            if (transfer == self.refused and msg.data) or not self.room(transfer):
+                self.refused = transfer  # a probe asks again; chunks are not looked at
+                self._drop()
+                self._ack(transfer, 0, SNAPSHOT_NO_ROOM)
+                return
+            self._drop()
+            self.refused = None
             self.transfer, self.offset, self.complete = transfer, 0, None
+        self.heard += 1
         if not msg.data or self.writing or self.installing or msg.offset != self.offset:
             if not self.writing:
                 self._ack(transfer, self.offset)  # a probe, or not where it stands
             return
         self.writing = True
         self._writes.append(ChunkWrite(transfer, msg.offset, msg.data))
+
+    def expire(self, now_ns: int, timeout_ns: int) -> None:
+        """Drop the transfer under way if it stopped: its leader is no longer this
+        member's, or nothing of it came for ``timeout_ns`` (the shell calls this now and
+        then; a chunk being written or a snapshot being installed is never dropped)."""
+        transfer = self.transfer
+        if transfer is None or self.writing or self.installing:
+            self._seen = (self.heard, now_ns)
+            return
+        if self._seen[0] != self.heard:
+            self._seen = (self.heard, now_ns)
+        view = self.view
+        if (
+            transfer.leadership_term_id != view.leadership_term_id
+            or transfer.leader_member_id != view.leader_member_id
+            or now_ns - self._seen[1] >= timeout_ns
+        ):
+            self._drop()
+
+    def take_dropped(self) -> list[Transfer]:
+        """Transfers dropped: the shell removes their files."""
+        dropped, self._dropped = self._dropped, []
+        return dropped
+
+    def _drop(self) -> None:
+        if self.transfer is not None and not (self.writing or self.installing):
+            self._dropped.append(self.transfer)
+            self.transfer, self.offset, self.complete = None, 0, None
 
     def take_writes(self) -> list[ChunkWrite]:
         """The chunks for the shell to write, in order."""
@@ -161,7 +219,7 @@ class SnapshotReceiver:
         self.transfer, self.offset, self.complete = None, 0, None
         self.installing = self.writing = False
 
-    def _ack(self, transfer: Transfer, offset: int) -> None:
+    def _ack(self, transfer: Transfer, offset: int, flags: int = 0) -> None:
         self.consensus.send(
             transfer.leader_member_id,
             SnapshotChunkAck(
@@ -169,5 +227,6 @@ class SnapshotReceiver:
                 follower_member_id=self.config.member_id,
                 log_position=transfer.log_position,
                 offset=offset,
+                flags=flags,
             ),
         )

@@ -14,7 +14,13 @@ instead, a chunk at a time (:meth:`snapshot_next` says which bytes, at most
 it).  The first message of a transfer is an empty probe, answered with how much of that
 snapshot the follower already holds durably, so a transfer cut short resumes there.
 Once the follower has installed it, it reports the snapshot's position VERIFIED and the
-log after it follows as usual.
+log after it follows as usual.  A follower whose disk has no room for it answers
+:data:`~cluster.protocol.consensus.SNAPSHOT_NO_ROOM` (:meth:`take_refusal`: the shell
+says so and probes again later).
+
+**Corruption below the snapshot** (issue 33).  A follower whose next record is corrupt
+in this leader's archive (never shipped) is sent the snapshot instead, if one is above
+that record (:meth:`fall_back_to_snapshot`): it then catches up above the bad record.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from ..protocol.consensus import (
     APPEND_POSITION_VERIFIED,
     MAX_SNAPSHOT_CHUNK,
     SNAPSHOT_HELD,
+    SNAPSHOT_NO_ROOM,
     AppendPosition,
     AppendRequest,
     CommitPosition,
@@ -49,6 +56,8 @@ class LeaderReplication:
 
     __slots__ = (
         "_next_heartbeat_ns",
+        "_refused",
+        "bad_positions",
         "config",
         "consensus",
         "log",
@@ -68,11 +77,17 @@ class LeaderReplication:
         self.term_base_position = -1
         """Where this leader's term began: only entries after it commit by counting."""
         self._next_heartbeat_ns = 0
+        self._refused: set[int] = set()
+        self.bad_positions: dict[int, int] = {}
+        """Per follower, a position of this log that cannot be shipped (a corrupt
+        record): it is sent a snapshot above it instead."""
 
     def start(self, position: int, now_ns: int) -> None:
         """A new term from ``position``: every follower is sent the log from there."""
         self.term_base_position = position
         self.progress.reset(self.config.others, position, now_ns)
+        self._refused.clear()
+        self.bad_positions.clear()
 
     def stop(self) -> None:
         self.progress.clear()
@@ -156,9 +171,32 @@ class LeaderReplication:
     # ------------------------------------------------------------------ snapshots
 
     def needs_snapshot(self, member_id: int) -> bool:
-        """Does ``member_id`` need log below this leader's log start (purged)?"""
+        """Does ``member_id`` need log below this leader's log start (purged), or log at
+        a position that cannot be shipped (:meth:`fall_back_to_snapshot`)?"""
         progress = self.progress.get(member_id)
-        return progress is not None and progress.next_position < self.log.start_position
+        if progress is None:
+            return False
+        position = progress.next_position
+        return position < self.log.start_position or position <= self.bad_positions.get(
+            member_id, -1
+        )
+
+    def fall_back_to_snapshot(self, member_id: int, bad_position: int, snapshot: int) -> bool:
+        """``member_id``'s next append, at ``bad_position``, cannot be shipped (the record
+        there is corrupt in this archive): send it the snapshot at log position
+        ``snapshot`` instead, if that is above it (False: it is not, nothing changes)."""
+        if snapshot <= bad_position or member_id not in self.config.others:
+            return False
+        self.bad_positions[member_id] = bad_position
+        return True
+
+    def take_refusal(self, member_id: int) -> bool:
+        """Has ``member_id`` refused the snapshot being sent for want of room (since the
+        last call)?"""
+        if member_id in self._refused:
+            self._refused.discard(member_id)
+            return True
+        return False
 
     def snapshot_next(self, member_id: int, position: int, length: int) -> tuple[int, int] | None:
         """``(offset, size)`` of the next chunk of the snapshot at ``position``
@@ -227,6 +265,9 @@ class LeaderReplication:
             return
         progress.heard(now_ns)
         offset = msg.offset
+        if msg.flags & SNAPSHOT_NO_ROOM:
+            self._refused.add(msg.follower_member_id)
+            return
         if offset == SNAPSHOT_HELD:
             # its log holds the snapshot's position: send it the log from there
             progress.snapshot_position = -1

@@ -169,15 +169,22 @@ SNAPSHOT_HELD = -1
 (committed, or an entry of the snapshot's term ends there): send it the log from there."""
 
 
+SNAPSHOT_NO_ROOM = 1
+"""SnapshotChunkAck flag: the follower refuses the transfer, its disk has no room for the
+snapshot's declared length (and a reserve); the leader says so and asks again later."""
+
+
 class SnapshotChunkAck(Message, tag=61):
     """A follower holds the first ``offset`` bytes of the snapshot at ``log_position``
     durably (the next chunk it wants), or :data:`SNAPSHOT_HELD`.  Once it holds them all
-    it installs the snapshot and reports ``AppendPosition(log_position, VERIFIED)``."""
+    it installs the snapshot and reports ``AppendPosition(log_position, VERIFIED)``.
+    ``flags`` :data:`SNAPSHOT_NO_ROOM`: it refuses the transfer (offset 0)."""
 
     leadership_term_id: Int64
     follower_member_id: Int32
     log_position: Int64
     offset: Int64
+    flags: Int32 = 0
 
 
 class TimeoutNow(Message, tag=62):
