@@ -176,6 +176,12 @@ class StatusCollector(Collector):
             s.counters.get("snapshot_failures", 0),
         )
         yield counter(
+            "triarch_snapshot_fallbacks_total",
+            "followers this leader sent its snapshot because the record they needed next "
+            "is corrupt in its archive",
+            s.counters.get("snapshot_fallbacks", 0),
+        )
+        yield counter(
             "triarch_service_errors_total",
             "exceptions the clustered service raised from a callback (caught on every "
             "member alike: --on-service-error)",
