@@ -345,7 +345,20 @@ SETTINGS: tuple[Setting, ...] = (
         "max-pending-per-address",
         4,
         _positive(_int),
-        "sessions connecting at once from one client address",
+        "sessions connecting at once from one client address (an IPv6 address counts "
+        "by its /64); when every pending slot is taken, a request takes the place of the "
+        "longest-waiting one of the address holding the most, if it holds more than the "
+        "newcomer's",
+    ),
+    Setting(
+        "resume-grace",
+        250_000_000,
+        _not_negative(parse_duration_ns),
+        "a session whose connection dropped keeps its slot for a resume this long once "
+        "every --max-concurrent-sessions slot is taken and another session needs one, "
+        "then is closed (TIMEOUT) to give it up; while slots are free it waits a whole "
+        "--session-timeout; raise it for clients far away",
+        format_duration,
     ),
     Setting(
         "max-connections",
@@ -508,6 +521,7 @@ class NodeConfig:
     max_concurrent_sessions: int = 10
     max_pending_sessions: int = 16
     max_pending_per_address: int = 4
+    resume_grace: int = 250_000_000
     max_connections: int = 1024
     max_connections_per_address: int = 0
     max_admin_connections: int = 16
@@ -550,6 +564,17 @@ class NodeConfig:
             if member.member_id == self.member_id:
                 return member
         raise ConfigError(f"--member-id {self.member_id} is not in --members {self.members!r}")
+
+    def session_limits(self) -> dict[str, Any]:
+        """The consensus module's bounds on client sessions, as ``ConsensusConfig``
+        keywords (nanoseconds, counts)."""
+        return {
+            "session_timeout_ns": self.session_timeout,
+            "max_concurrent_sessions": self.max_concurrent_sessions,
+            "max_pending_sessions": self.max_pending_sessions,
+            "max_pending_per_address": self.max_pending_per_address,
+            "resume_grace_ns": self.resume_grace,
+        }
 
     def replace(self, **changes: Any) -> NodeConfig:
         return dataclasses.replace(self, **changes)

@@ -197,10 +197,7 @@ class Node:
             ConsensusConfig(
                 member_id=cfg.member_id,
                 member_ids=tuple(m.member_id for m in self.members),
-                session_timeout_ns=cfg.session_timeout,
-                max_concurrent_sessions=cfg.max_concurrent_sessions,
-                max_pending_sessions=cfg.max_pending_sessions,
-                max_pending_per_address=cfg.max_pending_per_address,
+                **cfg.session_limits(),
                 ingress_endpoints=format_ingress_endpoints(self.members),
                 leader_heartbeat_interval_ns=cfg.leader_heartbeat_interval,
                 leader_heartbeat_timeout_ns=cfg.leader_heartbeat_timeout,

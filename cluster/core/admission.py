@@ -7,6 +7,35 @@ open ones), the response channel check, authentication (challenge and response),
 REDIRECT of a member that does not lead, and rejections.  Every answer goes back on the
 connection the request came on.  The manager holds the state; this class only groups
 the code that works on it.
+
+**Fair shares of the pending slots.**  A connect request that nobody answers (a
+stranger that never answers its challenge) holds a pending slot until the session
+timeout.  A flood of them from a few addresses used to take every slot, and a client
+with the right secret was turned away (14 times of 14, from four flooding addresses).
+Now, when every slot (``max_pending_sessions``) is taken, a new request takes the place
+of the longest-waiting session of the address holding the most slots, provided that
+address holds more than the newcomer's (:meth:`SessionAdmission._make_pending_room`);
+the one evicted hears ERROR and may ask again.  So each address can keep at most an
+equal share while others want slots: flooding from N addresses keeps out nobody who
+comes from another, and at most ``max_pending_per_address`` come from any one (an IPv6
+address counts by its /64, :func:`~cluster.core.session.address_key`).  Why this and
+not only a shorter pending timeout: an attacker re-sends faster than any timeout a
+real client's round trip allows, while a share is not a race.  The longest-waiting goes
+first because a real client answers its challenge within a round trip and a tick or
+two, so among equal shares it is the newest, the last to go.  (An attacker with more
+addresses than there are pending slots can still crowd them: raise
+``--max-pending-sessions``, or require client certificates, which strangers cannot
+pass.)
+
+**Open slots given back.**  An open session whose connection dropped keeps its slot
+for a resume, for a whole session timeout while slots are free.  When every open slot
+(``max_concurrent_sessions``) is taken and an authenticated session needs one, the
+session that has been without a connection longest, for at least
+``resume_grace_ns``, is closed (TIMEOUT, through the log like any timeout, so every
+member agrees) and its slot goes to the newcomer (:meth:`SessionAdmission._give_back_slot`).
+A session whose client is connected is never closed for another; nor one that this
+member did not see drop (after a leader change every session gets a whole session
+timeout to come back).
 """
 
 from __future__ import annotations
@@ -16,13 +45,20 @@ import random
 from collections.abc import Callable
 
 from ..protocol import version as protocol_version
-from ..protocol.enums import EventCode
+from ..protocol.enums import CloseReason, EventCode
 from ..protocol.ingress import ChallengeResponse, SessionConnectRequest
 from ..protocol.log import LogMessage
 from .auth import Authenticator
 from .base import ConsensusConfig, Counters, EgressPort, IngressSource, TermView
 from .log import ReplicatedLog
-from .session import ClusterSession, PendingSessionProxy, State, check_channel
+from .session import (
+    DROPPED,
+    ClusterSession,
+    PendingSessionProxy,
+    State,
+    address_key,
+    check_channel,
+)
 
 log = logging.getLogger("cluster.consensus")
 
@@ -47,6 +83,9 @@ class SessionAdmission:
     _next_local_egress_id: int
 
     def _open(self, session: ClusterSession, now_ns: int) -> None:
+        raise NotImplementedError
+
+    def _close(self, session: ClusterSession, reason: CloseReason, now_ns: int) -> None:
         raise NotImplementedError
 
     def send_event(
@@ -100,17 +139,24 @@ class SessionAdmission:
                 f"cluster is {protocol_version.to_string(protocol_version.PROTOCOL_VERSION)}",
             )
             self.rejected_sessions.append(session)
-        elif len(self.sessions) >= self.config.max_concurrent_sessions:
+        elif (
+            len(self.sessions) >= self.config.max_concurrent_sessions
+            and self._slot_to_give_back(now_ns) is None
+        ):
             session.rejection = (EventCode.ERROR, "concurrent session limit")
             self.rejected_sessions.append(session)
-        elif len(self.pending_sessions) >= limit:
-            session.rejection = (EventCode.ERROR, "too many sessions connecting, try again")
-            self.rejected_sessions.append(session)
-        elif self._pending_from(source.address) >= self.config.max_pending_per_address:
+        elif self._pending_from(address_key(source.address)) >= (
+            self.config.max_pending_per_address
+        ):
             session.rejection = (
                 EventCode.ERROR,
                 f"too many sessions connecting from {source.address}, try again",
             )
+            self.rejected_sessions.append(session)
+        elif len(self.pending_sessions) >= limit and not self._make_pending_room(
+            address_key(source.address)
+        ):
+            session.rejection = (EventCode.ERROR, "too many sessions connecting, try again")
             self.rejected_sessions.append(session)
         else:
             self.authenticator.on_connect_request(
@@ -121,8 +167,80 @@ class SessionAdmission:
                 session.egress_connected = True
             self.pending_sessions.append(session)
 
-    def _pending_from(self, address: str) -> int:
-        return sum(1 for s in self.pending_sessions if s.source and s.source.address == address)
+    def _pending_from(self, key: str) -> int:
+        return sum(1 for s in self.pending_sessions if s.source and _key(s) == key)
+
+    def _make_pending_room(self, key: str) -> bool:
+        """Every pending slot is taken and a request from ``key`` (an
+        :func:`~cluster.core.session.address_key`) wants one: the longest-waiting
+        session of the address holding the most slots gives its place, if that address
+        holds more than ``key`` does (see the module).  Whether a slot was freed."""
+        held: dict[str, int] = {}
+        oldest: dict[str, ClusterSession] = {}
+        for session in self.pending_sessions:
+            k = _key(session)
+            held[k] = held.get(k, 0) + 1
+            first = oldest.get(k)
+            if first is None or session.time_of_last_activity_ns < first.time_of_last_activity_ns:
+                oldest[k] = session
+        if not held:
+            return False
+        # the most slots; among equals, the one whose oldest has waited longest
+        most = max(held, key=lambda k: (held[k], -oldest[k].time_of_last_activity_ns))
+        if held[most] <= held.get(key, 0):
+            return False
+        victim = oldest[most]
+        self.pending_sessions.remove(victim)
+        self._leave_pending(victim)
+        victim.rejection = (
+            EventCode.ERROR,
+            "too many sessions connecting from your address: this one gave its place "
+            "to another address's, try again",
+        )
+        self._reject(victim)
+        self.counters.evicted_pending_sessions += 1
+        log.info(
+            "pending session %d (from %s) gave its place to a request from %s",
+            victim.cluster_session_id,
+            most,
+            key,
+        )
+        return True
+
+    def _slot_to_give_back(self, now_ns: int) -> ClusterSession | None:
+        """The open session that would give its slot up for a newcomer: the one whose
+        connection dropped here longest ago, at least ``resume_grace_ns`` ago, and
+        that no connection has resumed since (None: none may)."""
+        grace = self.config.resume_grace_ns
+        chosen: ClusterSession | None = None
+        for session in self.sessions.values():
+            since = session.detached_since_ns
+            if since is None or since == DROPPED or now_ns - since < grace:
+                continue
+            source = session.source
+            if session.state is not State.OPEN or (source is not None and not source.closed):
+                continue
+            if chosen is None or since < (chosen.detached_since_ns or 0):
+                chosen = session
+        return chosen
+
+    def _give_back_slot(self, now_ns: int) -> bool:
+        """Close (TIMEOUT) the session :meth:`_slot_to_give_back` names, so that an
+        authenticated session can open in its slot.  Whether one was closed."""
+        session = self._slot_to_give_back(now_ns)
+        if session is None:
+            return False
+        since = session.detached_since_ns or 0
+        log.info(
+            "session %d, without a connection for %.2f s, gives its slot to a new one"
+            " (every one of %d is taken)",
+            session.cluster_session_id,
+            (now_ns - since) / 1e9,
+            self.config.max_concurrent_sessions,
+        )
+        self.counters.sessions_given_back += 1
+        self._close(session, CloseReason.TIMEOUT, now_ns)
+        return True
 
     def on_challenge_response(
         self, msg: ChallengeResponse, source: IngressSource, now_ns: int
@@ -197,7 +315,8 @@ class SessionAdmission:
                 )
             if session.state is State.AUTHENTICATED:
                 self._leave_pending(session)
-                if len(self.sessions) >= self.config.max_concurrent_sessions:
+                full = len(self.sessions) >= self.config.max_concurrent_sessions
+                if full and not self._give_back_slot(now_ns):
                     session.rejection = (EventCode.ERROR, "concurrent session limit")
                     self._reject(session)
                 else:
@@ -227,3 +346,8 @@ class SessionAdmission:
 
     def _leave_pending(self, session: ClusterSession) -> None:
         self.authenticator.on_pending_ended(session.cluster_session_id)
+
+
+def _key(session: ClusterSession) -> str:
+    source = session.source
+    return "" if source is None else address_key(source.address)

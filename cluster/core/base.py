@@ -27,7 +27,16 @@ class ConsensusConfig:
     max_pending_sessions: int = 16
     """Sessions connecting at once (not yet open), counted apart from open ones."""
     max_pending_per_address: int = 4
-    """Sessions connecting at once from one client address."""
+    """Sessions connecting at once from one client address (an IPv6 address counts by
+    its /64: :func:`~cluster.core.session.address_key`).  When every pending slot is
+    taken, a new request takes the place of the longest-waiting one of the address that
+    holds the most, if that is more than the newcomer's address holds (fair shares:
+    :meth:`~cluster.core.admission.SessionAdmission.on_connect`)."""
+    resume_grace_ns: int = 250_000_000
+    """How long an open session whose connection dropped here keeps its slot for a
+    resume once the slots are full and another session needs one; then it is closed
+    (TIMEOUT) and gives its slot up.  While slots are free it waits the whole
+    ``session_timeout_ns``."""
     ingress_endpoints: str = ""
     app_version: int = protocol_version.compose(0, 0, 1)
     leader_heartbeat_interval_ns: int = 200_000_000
@@ -70,6 +79,14 @@ class Counters:
     """Resume requests with a wrong secret."""
     dropped_connect_requests: int = 0
     """Connect requests dropped unanswered: more waiting for an answer than the limit."""
+    evicted_pending_sessions: int = 0
+    """Sessions still connecting (not yet answered) that gave their place to a request
+    from an address holding fewer of the pending slots (told ERROR; also counted in
+    ``rejected_sessions``)."""
+    sessions_given_back: int = 0
+    """Open sessions whose connection had dropped, closed (TIMEOUT) after
+    ``resume_grace_ns`` rather than a whole session timeout, because every slot was
+    taken and another session needed one."""
     leader_stalls: int = 0
     """Times this leader found it had not run for a second or more (a pause, a VM
     steal) while it held sessions: the gap was not counted against their timeouts."""

@@ -56,6 +56,7 @@ class ClusterSession:
         "close_reason",
         "cluster_session_id",
         "correlation_id",
+        "detached_since_ns",
         "egress_backoff_ns",
         "egress_connected",
         "egress_id",
@@ -107,6 +108,10 @@ class ClusterSession:
         # the connection that holds the session here (None: none does, until a resume)
         self.source: IngressSource | None = None
         self.heartbeat_ns = 0  # next NewLeaderEvent due (egress on the ingress connection)
+        # an open session whose connection dropped at this leader: since when it has had
+        # none (DROPPED until the next slow tick notes the time; None: it has one, or it
+        # was not dropped here, so it gets a whole session timeout to come back)
+        self.detached_since_ns: int | None = None
         self.secret = b""  # only on the leader that opened it, until OK is sent
         self.secret_hash = b""  # SHA-256 of the secret, replicated in SessionOpenEvent
 
@@ -134,6 +139,10 @@ CLIENT_REQUESTS = (
 
 SECRET_BYTES = 16
 
+DROPPED = -1
+"""``ClusterSession.detached_since_ns`` of a session whose connection closed since the
+last slow tick (which notes the time)."""
+
 EGRESS_HEARTBEAT_NS = 1_000_000_000
 """A leader sends each session whose egress rides its ingress connection a NewLeaderEvent
 at least this often: a client hearing nothing for a few of these knows its member no
@@ -150,6 +159,21 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
+
+
+def address_key(address: str) -> str:
+    """The client address that shares of the pending slots are counted by: the address
+    itself, but an IPv6 address's /64 (one host usually has a whole /64 to pick from)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        if not ip.is_loopback:
+            return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return address
 
 
 def same_host(channel_host: str, address: str) -> bool:

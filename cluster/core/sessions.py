@@ -61,6 +61,7 @@ from .base import ConsensusConfig, Counters, EgressPort, IngressSource, TermView
 from .log import ReplicatedLog
 from .resumption import SessionResumption
 from .session import (
+    DROPPED,
     EGRESS_HEARTBEAT_NS,
     SECRET_BYTES,
     ClusterSession,
@@ -153,7 +154,9 @@ class SessionManager(SessionAdmission, SessionResumption):
 
     def on_source_closed(self, source: IngressSource) -> None:
         """A client's ingress connection closed: sessions not yet open that came on it
-        are dropped; open ones it held wait for a resume (or time out)."""
+        are dropped; open ones it held wait for a resume (or time out; or, once every
+        slot is taken and another session needs one, give theirs up after
+        ``resume_grace_ns``: see :mod:`~cluster.core.admission`)."""
         source.closed = True
         for group in (self.pending_sessions, self.redirect_sessions, self.rejected_sessions):
             for session in [s for s in group if s.source is source]:
@@ -165,6 +168,7 @@ class SessionManager(SessionAdmission, SessionResumption):
         for session in self.sessions.values():
             if session.source is source:
                 session.source = None
+                session.detached_since_ns = DROPPED  # the next slow tick notes when
                 if session.own_connection:
                     self.egress.close(session.egress_id)
                     session.egress_connected = False
@@ -310,6 +314,7 @@ class SessionManager(SessionAdmission, SessionResumption):
         client has a session timeout from now to come back, or it is closed (TIMEOUT)."""
         for session in self.sessions.values():
             session.time_of_last_activity_ns = now_ns
+            session.detached_since_ns = None  # a whole timeout, not a grace
             session.has_new_leader_event_pending = True
             if session.own_connection:
                 if session.source is not None and not session.source.closed:
@@ -465,6 +470,11 @@ class SessionManager(SessionAdmission, SessionResumption):
         timeout = self.config.session_timeout_ns
         commit = self.log.commit_position
         for session in list(self.sessions.values()):
+            source = session.source
+            if source is not None and not source.closed:
+                session.detached_since_ns = None  # connected (resumed)
+            elif session.detached_since_ns == DROPPED:
+                session.detached_since_ns = now_ns  # its grace counts from here
             retry = session.egress_retry_ns
             if retry is not None:
                 if retry < 0:  # a dial failed: the next one after a back-off
@@ -521,6 +531,8 @@ class SessionManager(SessionAdmission, SessionResumption):
         self.counters.leader_stalls += 1
         for session in self.sessions.values():
             session.time_of_last_activity_ns += gap_ns
+            if session.detached_since_ns is not None and session.detached_since_ns >= 0:
+                session.detached_since_ns += gap_ns
 
     def _send_new_leader_event(self, session: ClusterSession) -> bool:
         """Tell the session who leads (at a resume, a new leader, and every second as
