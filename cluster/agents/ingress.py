@@ -41,6 +41,11 @@ PRE_AUTH_RECEIVE_SIZE = 4 * 1024
 connection holds no more), then :data:`RECEIVE_SIZE`."""
 RECEIVE_SIZE = 64 * 1024
 """Largest frame from a connection that holds no session yet."""
+PARTIAL_BUDGET = 16 << 20
+"""Bytes of incomplete frames that all connections holding no session may keep, in all
+(issue 33: 1,000 connections each holding 65,535 bytes of a 64 KiB frame took 126 MB).
+A stranger's connection whose partial frame would not fit is closed and counted
+(``IngressStats.partial_refused``)."""
 
 
 @dataclass
@@ -48,6 +53,7 @@ class IngressStats:
     connections: int = 0
     open_connections: int = 0
     idle_closed: int = 0  # held no session for --handshake-timeout
+    partial_refused: int = 0  # a stranger's half-sent frame beyond PARTIAL_BUDGET
     frames: int = 0
     protocol_errors: int = 0
     last_error: str = ""
@@ -83,6 +89,11 @@ class IngressAgent:
         self.max_frame_size = max_frame_size
         self.max_backlog = max_backlog
         self.stats = IngressStats()
+        self.partial_bytes = 0
+        """Bytes of incomplete frames held for connections without a session
+        (at most :data:`PARTIAL_BUDGET`)."""
+        self.partial_budget = PARTIAL_BUDGET
+        self._partial_logged_at = -1e9
         """Connections refused at accept: ``self.gate.refused``."""
         self._on_closed = on_closed
         self._next_conn_id = 0
@@ -179,14 +190,19 @@ class IngressAgent:
         receiver = Receiver(stream, PRE_AUTH_RECEIVE_SIZE)
         full_size = self.max_frame_size
         inbox = self.inbox
+        stranger = True
+        held = 0  # a stranger's partial frame, counted in self.partial_bytes
         try:
             while True:
                 data = await receiver.receive()
                 if not data:
                     return
-                if decoder.max_frame_size < full_size and source.trusted:
+                if stranger and source.trusted:
+                    stranger = False
                     decoder.max_frame_size = full_size
                     receiver.grow(RECEIVE_SIZE)
+                    self.partial_bytes -= held
+                    held = 0
                 messages: list[IngressMessage] = []
                 try:
                     frames = decoder.decode_into(data, INGRESS, messages)
@@ -198,6 +214,13 @@ class IngressAgent:
                     stats.last_error = str(exc)
                     log.warning("closing ingress connection after bad frame: %s", exc)
                     return
+                if stranger and decoder.buffered != held:
+                    grown = decoder.buffered - held
+                    if self.partial_bytes + grown > self.partial_budget:
+                        self._partial_refused()
+                        return
+                    self.partial_bytes += grown
+                    held += grown
                 if not frames:
                     continue
                 stats.frames += frames
@@ -209,6 +232,20 @@ class IngressAgent:
             pass
         finally:
             stats.open_connections -= 1
+            self.partial_bytes -= held
+
+    def _partial_refused(self) -> None:
+        self.stats.partial_refused += 1
+        now = trio.current_time()
+        if now - self._partial_logged_at >= 10.0:
+            self._partial_logged_at = now
+            log.warning(
+                "ingress: connections without a session hold %d bytes of unfinished "
+                "frames (the budget, %d): closing the ones that send more (%d so far)",
+                self.partial_bytes,
+                self.partial_budget,
+                self.stats.partial_refused,
+            )
 
 
 def peer_host(stream: trio.abc.Stream) -> str:

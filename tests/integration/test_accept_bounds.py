@@ -19,12 +19,14 @@ from pathlib import Path
 
 import pytest
 import trio
-from test_preauth_limits import dial, echo_works, node
+from test_preauth_limits import closed_within, dial, echo_works, node
 
 import client
 from cluster.agents.exporter import MAX_CONNECTIONS, MAX_PER_ADDRESS, MetricsServer
+from cluster.agents.ingress import PRE_AUTH_FRAME_SIZE
 from cluster.certs import make_certs
 from cluster.local import free_ports
+from cluster.protocol.framing import LENGTH
 from cluster.transport.gate import ConnectionGate, default_share, gated
 from cluster.transport.tcp import TcpNetwork
 from cluster.transport.tls import load_identity
@@ -232,3 +234,38 @@ async def _flood_then_use(ingress_port: int, log: Path) -> None:
         async with client.connect(f"0=127.0.0.1:{ingress_port}", connect_timeout=10) as c:
             await c.offer(b"after the flood")
             assert await c.receive() == b"after the flood"
+
+
+HALF_FRAME = LENGTH.pack(PRE_AUTH_FRAME_SIZE) + b"\x00" * (PRE_AUTH_FRAME_SIZE - 5)
+"""65,535 bytes of a frame whose header announces 65,536: never finished."""
+
+
+async def send_half_frame(stream: trio.SocketStream) -> None:
+    await stream.send_all(HALF_FRAME)
+
+
+async def test_half_sent_frames_share_a_budget(tmp_path: Path) -> None:
+    """Strangers' unfinished frames count against one budget: a connection whose partial
+    frame does not fit is closed and counted; the budget is given back on close."""
+    size = len(HALF_FRAME)
+    with trio.fail_after(30):
+        async with node(tmp_path, handshake_timeout=10_000_000_000) as n:
+            ingress = n.ingress
+            ingress.partial_budget = 4 * size + 100
+            held = []
+            for i in range(6):
+                s = await dial(n.ingress_port, f"127.0.0.{2 + i % 2}")
+                await send_half_frame(s)
+                held.append(s)
+                fits = min(i + 1, 4)
+
+                def settled(fits: int = fits, i: int = i) -> bool:
+                    refused = ingress.stats.partial_refused
+                    return ingress.partial_bytes == fits * size and refused == i + 1 - fits
+
+                await wait_for(settled)
+            assert await closed_within(held[4], 1.0)
+            await echo_works(n)  # a client's own frames are not held back
+            for s in held:
+                await s.aclose()
+            await wait_for(lambda: ingress.partial_bytes == 0)
