@@ -77,6 +77,30 @@ class DirectoryLock:
             self._fd = None
 
 
+def holder_pid(directory: Path) -> int | None:
+    """The pid of the process holding ``directory`` (0 if the holder wrote none), or
+    None when no process holds it.  Read-only: it asks for a shared lock, which it gets
+    (and drops at once) only when nobody holds the exclusive one; raises
+    :class:`DataDirError` when the directory has no lock file (it is no member's)."""
+    path = directory / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise DataDirError(f"{directory} is no member's data directory (no {LOCK_FILE})") from None
+    except OSError as exc:
+        raise DataDirError(f"cannot read {path}: {exc}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
+                raise DataDirError(f"cannot lock-test {path}: {exc}") from None
+            return _read_pid(fd) or 0
+        return None  # nobody holds it (closing the descriptor drops our shared lock)
+    finally:
+        os.close(fd)
+
+
 def _read_pid(fd: int) -> int | None:
     try:
         return int(os.pread(fd, 32, 0).decode().strip() or 0) or None

@@ -14,12 +14,14 @@ import trio
 from ..certs import DEFAULT_DAYS, make_certs, planned_folders
 from ..config import MemberEndpoints, UsageParser, add_version, duration_seconds
 from ..transport.tls import TlsError
-from . import render
+from . import offline, render
 from .client import use_certs
 from .commands import ACTIONS, Options, emit, run
 
 QUERIES = ("describe", "health", "list-members", "recording-log", "errors", "timings", "stalls")
-COMMANDS = (*QUERIES, *ACTIONS, "invalidate-latest-snapshot", "certs")
+OFFLINE = ("pid",)
+"""Commands on a data directory, with no cluster (``--dir``)."""
+COMMANDS = (*QUERIES, "is-leader", *ACTIONS, "invalidate-latest-snapshot", "certs", *OFFLINE)
 
 _HELP = {
     "describe": "every member's role, term, positions, sessions, lag, up/down "
@@ -42,6 +44,9 @@ _HELP = {
     "invalidate-latest-snapshot": "mark the latest snapshot invalid in the recording log "
     "(of --member N, or of every member)",
     "certs": "make the cluster's certificates in --out DIR (no cluster needed)",
+    "is-leader": "exit 0 when --member N is the leader, else 1 (for scripts)",
+    "pid": "the process holding the data directory --dir (no cluster needed); exit 1 "
+    "when none does",
 }
 _MEMBER_HELP = {
     "describe": "only this member",
@@ -51,6 +56,7 @@ _MEMBER_HELP = {
     "timings": "only this member",
     "stalls": "only this member",
     "invalidate-latest-snapshot": "only this member (default: every member)",
+    "is-leader": "the member asked about (required)",
 }
 
 
@@ -121,7 +127,7 @@ def build_parser() -> UsageParser:
             name, help=_HELP[name], description=_HELP[name], allow_abbrev=False
         )
         add_version(sub)
-        _common(sub, top=False, network=name != "certs")
+        _common(sub, top=False, network=name not in ("certs", *OFFLINE))
         if name in _MEMBER_HELP or name in ACTIONS:
             sub.add_argument(
                 "--member",
@@ -156,6 +162,8 @@ def build_parser() -> UsageParser:
             )
         if name == "certs":
             _certs_options(sub)
+        if name in OFFLINE:
+            sub.add_argument("--dir", type=Path, required=True, help="a member's data directory")
     return parser
 
 
@@ -213,6 +221,8 @@ def cmd_certs(parser: UsageParser, members: Sequence[MemberEndpoints], args: Any
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in OFFLINE:
+        return offline.run(args.command, args)
     members = parser.members(args.members)
     if args.command == "certs":
         return cmd_certs(parser, members, args)
@@ -221,8 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{args.command} takes no --member")
     if args.snapshot_timeout is not None and args.command != "snapshot":
         parser.error(f"{args.command} takes no --snapshot-timeout")
-    if args.command == "stop" and member is None:
-        parser.error("stop needs --member N (the member to stop)")
+    if args.command in ("stop", "is-leader") and member is None:
+        parser.error(f"{args.command} needs --member N")
     if member is not None and member not in {m.member_id for m in members}:
         parser.error(f"--member {member} is not in --members")
     to = getattr(args, "to", None)

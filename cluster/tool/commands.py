@@ -236,6 +236,31 @@ async def cmd_stalls(opts: Options) -> int:
     return 0 if all(r.status is not None for r in described) else 1
 
 
+async def cmd_is_leader(opts: Options) -> int:
+    """``is-leader --member N`` (Aeron's ClusterTool ``is-leader``): exit 0 when N
+    leads, else 1 (a line says what it is, or why it did not answer)."""
+    (result,) = await describe_all(opts.selected(), opts.timeout)
+    s = result.status
+    leads = s is not None and s.role == "LEADER" and s.leader_member_id == s.member_id
+    if opts.json:
+        emit({
+            "member_id": result.member.member_id,
+            "is_leader": leads,
+            "role": None if s is None else s.role,
+            "leader_member_id": None if s is None else s.leader_member_id,
+            "leadership_term_id": None if s is None else s.leadership_term_id,
+            "error": result.error or None,
+        })  # fmt: skip
+    elif s is None:
+        print(f"{_tag(result.member.member_id)}: {render.down(result.error, 'unreachable')}")
+    elif leads:
+        print(f"{_tag(s.member_id)} leads term {s.leadership_term_id}")
+    else:
+        known = f"member {s.leader_member_id}" if s.leader_member_id >= 0 else "none known"
+        print(f"{_tag(s.member_id)} is {render.role_text(s)}, not the leader (leader: {known})")
+    return 0 if leads else 1
+
+
 QUERIES: dict[str, Callable[[Options], Awaitable[int]]] = {
     "describe": cmd_describe,
     "health": cmd_health,
@@ -244,6 +269,7 @@ QUERIES: dict[str, Callable[[Options], Awaitable[int]]] = {
     "errors": cmd_errors,
     "timings": cmd_timings,
     "stalls": cmd_stalls,
+    "is-leader": cmd_is_leader,
     "invalidate-latest-snapshot": cmd_invalidate,
 }
 
