@@ -181,6 +181,30 @@ class RecordingLog:
             raise
         return cls(path, fd, slots)
 
+    @classmethod
+    def read(cls, directory: str | os.PathLike[str]) -> RecordingLog:
+        """``<directory>/recording.log`` read and never written (offline tools): a torn
+        last entry is left out, not truncated; a bad entry before it raises
+        :class:`ArchiveCorruptionError`; a missing file reads as empty.  Its write
+        methods fail (there is no descriptor)."""
+        path = Path(directory) / FILE_NAME
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            data = b""
+        slots: list[Entry] = []
+        count = len(data) // ENTRY_LENGTH
+        for index in range(count):
+            offset = index * ENTRY_LENGTH
+            raw = data[offset : offset + ENTRY_LENGTH]
+            (crc,) = struct.unpack_from("<I", raw, _CRC_OFFSET)
+            if zlib.crc32(raw[:_CRC_OFFSET]) != crc:
+                if index < count - 1:
+                    raise ArchiveCorruptionError(path, offset, "recording log entry crc mismatch")
+                break
+            slots.append(_decode(raw, index))
+        return cls(path, -1, slots)
+
     @property
     def path(self) -> Path:
         return self._path

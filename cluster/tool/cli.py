@@ -17,10 +17,9 @@ from ..transport.tls import TlsError
 from . import offline, render
 from .client import use_certs
 from .commands import ACTIONS, Options, emit, run
+from .offline import OFFLINE
 
 QUERIES = ("describe", "health", "list-members", "recording-log", "errors", "timings", "stalls")
-OFFLINE = ("pid",)
-"""Commands on a data directory, with no cluster (``--dir``)."""
 COMMANDS = (*QUERIES, "is-leader", *ACTIONS, "invalidate-latest-snapshot", "certs", *OFFLINE)
 
 _HELP = {
@@ -47,6 +46,12 @@ _HELP = {
     "is-leader": "exit 0 when --member N is the leader, else 1 (for scripts)",
     "pid": "the process holding the data directory --dir (no cluster needed); exit 1 "
     "when none does",
+    "verify": "check every record, the recording log and the snapshots of the data "
+    "directory --dir (no cluster needed); exit 1 on damage, naming file and offset",
+    "recovery-plan": "which snapshot a start of --dir would load and which log it would "
+    "replay (no cluster needed)",
+    "describe-snapshot": "the latest valid snapshot of --dir: position, term, time, "
+    "sessions, timers, service state (no cluster needed)",
 }
 _MEMBER_HELP = {
     "describe": "only this member",
@@ -163,7 +168,9 @@ def build_parser() -> UsageParser:
         if name == "certs":
             _certs_options(sub)
         if name in OFFLINE:
-            sub.add_argument("--dir", type=Path, required=True, help="a member's data directory")
+            sub.add_argument(
+                "--dir", type=Path, required=True, help="a member's data directory (or a copy)"
+            )
     return parser
 
 
