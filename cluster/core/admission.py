@@ -81,6 +81,7 @@ class SessionAdmission:
     redirect_sessions: list[ClusterSession]
     next_session_id: int
     _next_local_egress_id: int
+    earliest_detached_ns: int | None
 
     def _open(self, session: ClusterSession, now_ns: int) -> None:
         raise NotImplementedError
@@ -139,9 +140,8 @@ class SessionAdmission:
                 f"cluster is {protocol_version.to_string(protocol_version.PROTOCOL_VERSION)}",
             )
             self.rejected_sessions.append(session)
-        elif (
-            len(self.sessions) >= self.config.max_concurrent_sessions
-            and self._slot_to_give_back(now_ns) is None
+        elif len(self.sessions) >= self.config.max_concurrent_sessions and not self._may_give_back(
+            now_ns
         ):
             session.rejection = (EventCode.ERROR, "concurrent session limit")
             self.rejected_sessions.append(session)
@@ -206,6 +206,13 @@ class SessionAdmission:
             key,
         )
         return True
+
+    def _may_give_back(self, now_ns: int) -> bool:
+        """Whether an open session may give its slot up for a newcomer (as of the last
+        slow tick: a connect request that finds every slot taken is answered without a
+        look at every session; the look is made when the newcomer is to open)."""
+        earliest = self.earliest_detached_ns
+        return earliest is not None and now_ns - earliest >= self.config.resume_grace_ns
 
     def _slot_to_give_back(self, now_ns: int) -> ClusterSession | None:
         """The open session that would give its slot up for a newcomer: the one whose

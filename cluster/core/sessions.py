@@ -123,6 +123,10 @@ class SessionManager(SessionAdmission, SessionResumption):
         self.next_session_id = 1
         self._next_local_egress_id = -1
         self._awaiting_ok: list[ClusterSession] = []
+        #: when the open session longest without a connection lost it (as of the last
+        #: slow tick; None: none has), so a connect request that finds every slot taken
+        #: knows at once whether one may be given back
+        self.earliest_detached_ns: int | None = None
         #: why recently closed sessions were closed, and their secret's hash (to tell
         #: only their holder): a resume after the fact hears the reason
         self.closed_reasons: OrderedDict[int, tuple[CloseReason, bytes]] = OrderedDict()
@@ -312,6 +316,7 @@ class SessionManager(SessionAdmission, SessionResumption):
         on a connection to this member.  Every session is treated alike, however this
         member learnt of it (its log, a snapshot, a restart of the whole cluster): its
         client has a session timeout from now to come back, or it is closed (TIMEOUT)."""
+        self.earliest_detached_ns = None
         for session in self.sessions.values():
             session.time_of_last_activity_ns = now_ns
             session.detached_since_ns = None  # a whole timeout, not a grace
@@ -469,12 +474,16 @@ class SessionManager(SessionAdmission, SessionResumption):
         work = 0
         timeout = self.config.session_timeout_ns
         commit = self.log.commit_position
+        earliest: int | None = None
         for session in list(self.sessions.values()):
             source = session.source
             if source is not None and not source.closed:
                 session.detached_since_ns = None  # connected (resumed)
-            elif session.detached_since_ns == DROPPED:
-                session.detached_since_ns = now_ns  # its grace counts from here
+            elif session.detached_since_ns is not None:
+                if session.detached_since_ns == DROPPED:
+                    session.detached_since_ns = now_ns  # its grace counts from here
+                if earliest is None or session.detached_since_ns < earliest:
+                    earliest = session.detached_since_ns
             retry = session.egress_retry_ns
             if retry is not None:
                 if retry < 0:  # a dial failed: the next one after a back-off
@@ -515,6 +524,7 @@ class SessionManager(SessionAdmission, SessionResumption):
             ):  # the client's sign that we still lead
                 session.heartbeat_ns = now_ns + EGRESS_HEARTBEAT_NS
                 self._send_new_leader_event(session)
+        self.earliest_detached_ns = earliest
         return work
 
     def forgive_stall(self, gap_ns: int) -> None:
@@ -533,6 +543,8 @@ class SessionManager(SessionAdmission, SessionResumption):
             session.time_of_last_activity_ns += gap_ns
             if session.detached_since_ns is not None and session.detached_since_ns >= 0:
                 session.detached_since_ns += gap_ns
+        if self.earliest_detached_ns is not None:
+            self.earliest_detached_ns += gap_ns
 
     def _send_new_leader_event(self, session: ClusterSession) -> bool:
         """Tell the session who leads (at a resume, a new leader, and every second as
