@@ -15,12 +15,22 @@ from ..certs import DEFAULT_DAYS, make_certs, planned_folders
 from ..config import MemberEndpoints, UsageParser, add_version, duration_seconds
 from ..transport.tls import TlsError
 from . import offline, render
+from .backup import cmd_backup, cmd_restore
 from .client import use_certs
 from .commands import ACTIONS, Options, emit, run
 from .offline import OFFLINE
 
 QUERIES = ("describe", "health", "list-members", "recording-log", "errors", "timings", "stalls")
-COMMANDS = (*QUERIES, "is-leader", *ACTIONS, "invalidate-latest-snapshot", "certs", *OFFLINE)
+DIRECTORY_COMMANDS = (*OFFLINE, "backup", "restore")
+"""Commands on data directories, with no cluster."""
+COMMANDS = (
+    *QUERIES,
+    "is-leader",
+    *ACTIONS,
+    "invalidate-latest-snapshot",
+    "certs",
+    *DIRECTORY_COMMANDS,
+)
 
 _HELP = {
     "describe": "every member's role, term, positions, sessions, lag, up/down "
@@ -52,6 +62,10 @@ _HELP = {
     "replay (no cluster needed)",
     "describe-snapshot": "the latest valid snapshot of --dir: position, term, time, "
     "sessions, timers, service state (no cluster needed)",
+    "backup": "copy a stopped member's directory --from-dir to --out as a backup, every "
+    "record checked; prints the log position it covers",
+    "restore": "make member --member-id's data directory --dir from the backup --from "
+    "(a new cluster, or --same-cluster; --to-position P: to that point)",
 }
 _MEMBER_HELP = {
     "describe": "only this member",
@@ -132,7 +146,7 @@ def build_parser() -> UsageParser:
             name, help=_HELP[name], description=_HELP[name], allow_abbrev=False
         )
         add_version(sub)
-        _common(sub, top=False, network=name not in ("certs", *OFFLINE))
+        _common(sub, top=False, network=name not in ("certs", *DIRECTORY_COMMANDS))
         if name in _MEMBER_HELP or name in ACTIONS:
             sub.add_argument(
                 "--member",
@@ -171,7 +185,39 @@ def build_parser() -> UsageParser:
             sub.add_argument(
                 "--dir", type=Path, required=True, help="a member's data directory (or a copy)"
             )
+        if name == "backup":
+            sub.add_argument("--from-dir", type=Path, required=True,
+                             help="a stopped member's data directory")  # fmt: skip
+            sub.add_argument("--out", type=Path, required=True, help="a new directory")
+        if name == "restore":
+            _restore_options(sub)
     return parser
+
+
+def _restore_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--from", type=Path, required=True, help="the backup directory")
+    sub.add_argument("--dir", type=Path, required=True, help="the member's new data directory")
+    sub.add_argument("--member-id", type=int, required=True, help="the member it is for")
+    sub.add_argument(
+        "--same-cluster",
+        action="store_true",
+        help="replace a lost member of the backup's own cluster (needs --cluster-commit)",
+    )
+    sub.add_argument(
+        "--cluster-commit",
+        type=int,
+        default=None,
+        metavar="P",
+        help="with --same-cluster: the commit position the cluster reached; refused if the "
+        "backup covers less",
+    )
+    sub.add_argument(
+        "--to-position",
+        type=int,
+        default=None,
+        metavar="P",
+        help="restore to this log position (a record's end, from the backup's snapshot on)",
+    )
 
 
 def _positive(text: str) -> int:
@@ -228,8 +274,16 @@ def cmd_certs(parser: UsageParser, members: Sequence[MemberEndpoints], args: Any
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "restore" and args.members:
+        ids = {m.member_id for m in parser.members(args.members)}
+        if args.member_id not in ids:
+            parser.error(f"--member-id {args.member_id} is not in --members")
     if args.command in OFFLINE:
         return offline.run(args.command, args)
+    if args.command == "backup":
+        return cmd_backup(args)
+    if args.command == "restore":
+        return cmd_restore(args)
     members = parser.members(args.members)
     if args.command == "certs":
         return cmd_certs(parser, members, args)
