@@ -430,7 +430,8 @@ async def test_corruption_below_the_snapshot_is_found_and_never_shipped(tmp_path
     checked at start-up (start-up checks from the snapshot on).  It is found by the
     background check, reported by the member that holds it (an ERROR record and a
     counter), and never shipped to a member rebuilt from an empty directory, which
-    stays up instead of crashing on the bad bytes."""
+    stays up instead of crashing on the bad bytes; the leader sends that member its
+    snapshot instead, above the bad record, and it catches up (issue 33)."""
     caplog_records: list[str] = []
 
     class Collect(logging.Handler):
@@ -464,11 +465,14 @@ async def test_corruption_below_the_snapshot_is_found_and_never_shipped(tmp_path
                     await kv.put("after", b"yes")  # the two holders are still a quorum
                     assert await kv.get("k7") == b"v7"
                 rebuilt = c.nodes[2]
-                # it received the intact records before the corrupt one, never that one
-                # nor anything after it
-                await wait_for(lambda: rebuilt.archive.position == bad[0], 10)
-                await trio.sleep(0.5)
-                assert rebuilt.cm.log.published_position == bad[0]
+                # it never received the corrupt record: the leader sent it its snapshot,
+                # above the record, and the log after it (issue 33)
+                await wait_for(lambda: rebuilt.catchup.installs == 1, 20)
+                assert rebuilt.archive.start_position > bad[0]
+                await wait_for(
+                    lambda: rebuilt.cm.log.commit_position >= leader.cm.log.commit_position, 10
+                )
                 assert leader.status().archive_errors >= 1
+                assert leader.cm.counters.snapshot_fallbacks == 1
     finally:
         logging.getLogger("cluster").removeHandler(handler)
