@@ -212,7 +212,7 @@ async def one_session(port: int, n: int, drop: bool, stats: Churn) -> None:
 
 async def churn(tmp_path: Path, seconds: float, per_second: float, **settings: object) -> Churn:
     stats = Churn()
-    async with node(tmp_path, **settings) as n:
+    async with node(tmp_path, None, **settings) as n:
         async with trio.open_nursery() as nursery:
             start = trio.current_time()
             i = 0
