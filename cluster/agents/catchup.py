@@ -50,6 +50,7 @@ this member's last one.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -404,8 +405,20 @@ class CatchUp:
         try:
             end = await node.run_blocking(_write_chunk, path, write, transfer.length)
         except OSError as exc:
-            log.error("cannot write snapshot chunk to %s (%s): the leader resends it", path, exc)
-            receiver.on_write_failed(transfer)
+            if exc.errno == errno.ENOSPC:
+                log.error(
+                    "cannot write snapshot chunk to %s (%s): the transfer is dropped and the "
+                    "file removed",
+                    path,
+                    exc,
+                )
+                receiver.on_write_failed(transfer, no_room=True)
+                self._remove_dropped()
+            else:
+                log.error(
+                    "cannot write snapshot chunk to %s (%s): the leader resends it", path, exc
+                )
+                receiver.on_write_failed(transfer)
         else:
             receiver.on_written(transfer, end)
         self.kick()

@@ -202,10 +202,16 @@ class SnapshotReceiver:
             self.installing = True
         self._ack(transfer, end)
 
-    def on_write_failed(self, transfer: Transfer) -> None:
-        """The chunk could not be written (a full disk): the leader resends it."""
+    def on_write_failed(self, transfer: Transfer, no_room: bool = False) -> None:
+        """The chunk could not be written: the leader resends it; or, ``no_room`` (the
+        disk filled up meanwhile), the transfer is dropped (its file removed, the space
+        given back) and refused, as if it had not fit from the start."""
         if transfer == self.transfer:
             self.writing = False
+            if no_room:
+                self.refused = transfer
+                self._drop()
+                self._ack(transfer, 0, SNAPSHOT_NO_ROOM)
 
     def on_install_failed(self, transfer: Transfer) -> None:
         """The snapshot did not check out (or could not be installed): start over."""

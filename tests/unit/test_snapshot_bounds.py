@@ -136,3 +136,21 @@ def test_a_follower_whose_next_record_is_corrupt_is_sent_the_snapshot() -> None:
     assert not leader.needs_snapshot(1)
     leader.start(100_000, 0)  # a new term forgets it
     assert leader.bad_positions == {}
+
+
+def test_a_disk_that_fills_during_the_transfer_drops_it_and_refuses() -> None:
+    pair = Pair()
+    pair.leader_sends()
+    pair.deliver_to_follower()
+    pair.deliver_to_leader()
+    pair.leader_sends()
+    receiver = pair.receiver
+    for _, message in pair.leader_port.sent:
+        receiver.on_chunk(message)
+    pair.leader_port.sent.clear()
+    (write,) = receiver.take_writes()
+    receiver.on_write_failed(write.transfer, no_room=True)
+    assert receiver.transfer is None
+    assert receiver.take_dropped() == [write.transfer]
+    pair.deliver_to_leader()
+    assert pair.leader.take_refusal(1)
