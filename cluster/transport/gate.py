@@ -2,10 +2,11 @@
 
 Every port a node serves (ingress, admin, metrics, consensus) counts its connections in a
 :class:`ConnectionGate`: a cap on the connections open at once and a share of it per
-source address, so that one host cannot take every slot (loopback counts like any
-address).  The count is taken when the kernel hands over the socket, *before* a TLS
-handshake: a connection over the cap, or over its address's share, is closed at once and
-counted (``refused``), having cost one accept and no handshake.
+source address (an IPv6 address's /64), so that one host cannot take every slot
+(loopback counts like any address).  The count is taken when the kernel hands over the
+socket, *before* a TLS handshake: a connection over the cap, or over its address's
+share, is closed at once and counted (``refused``), having cost one accept and no
+handshake.
 
 A handler joins its port's gate with :func:`gated`; :meth:`TcpNetwork.serve
 <cluster.transport.tcp.TcpNetwork.serve>` sees the gate and counts at accept; any other
@@ -22,6 +23,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
+
+from ..core.session import address_key
 
 log = logging.getLogger("cluster.transport")
 
@@ -73,10 +76,13 @@ class ConnectionGate:
         return True
 
     def hold(self, stream: object, address: str) -> bool:
-        """:meth:`admit`, the slot remembered for ``stream`` (see :meth:`release`)."""
-        if not self.admit(address):
+        """:meth:`admit`, the slot remembered for ``stream`` (see :meth:`release`).  An
+        IPv6 address counts by its /64, as the pending sessions' shares do
+        (:func:`~cluster.core.session.address_key`)."""
+        key = address_key(address)
+        if not self.admit(key):
             return False
-        self._held[id(stream)] = address
+        self._held[id(stream)] = key
         return True
 
     def move(self, old: object, new: object) -> None:

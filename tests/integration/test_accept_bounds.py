@@ -398,3 +398,20 @@ def test_memory_under_half_sent_frames_is_bounded_and_returned(tmp_path: Path) -
     text = log.read_text()
     assert "Traceback" not in text
     assert "unfinished frames (the budget" in text
+
+
+def test_an_ipv6_host_counts_by_its_64() -> None:
+    gate = ConnectionGate("t", 64, 4)
+    streams = [object() for _ in range(6)]
+    assert [gate.hold(s, f"2001:db8::{i + 1}") for i, s in enumerate(streams[:5])] == [
+        True,
+        True,
+        True,
+        True,
+        False,
+    ]
+    assert gate.hold(streams[5], "2001:db8:0:1::1")  # another /64
+    for s in streams:
+        gate.release(s)
+    assert gate.open == 0
+    assert gate.by_address == {}
