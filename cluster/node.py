@@ -260,6 +260,7 @@ class Node:
             max_backlog=cfg.max_egress_backlog,
             on_closed=self._on_source_closed,
             max_connections=cfg.max_connections,
+            max_per_address=cfg.max_connections_per_address,
             handshake_timeout=cfg.handshake_timeout / 1e9,
             holds_session=self.cm.session_manager.holds_session,
         )
