@@ -131,6 +131,12 @@ async def test_the_ingress_port_shares_its_slots_per_address(tmp_path: Path) -> 
                 await s.aclose()
 
 
+async def test_the_share_per_address_is_a_setting(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with node(tmp_path, max_connections=8, max_connections_per_address=2) as n:
+            assert n.ingress.gate.share == 2
+
+
 async def test_the_metrics_port_has_a_cap() -> None:
     server = MetricsServer(HOST, 0, status=lambda: None, healthy=lambda: True)  # type: ignore[arg-type,return-value]
     gate = server.gate
