@@ -214,6 +214,28 @@ class StatusCollector(Collector):
             "client connections open",
             s.ingress.open_connections,
         )
+        yield counter(
+            "triarch_ingress_refused_connections_total",
+            "client connections closed at accept, before any byte (the cap, or the share "
+            "per address)",
+            s.ingress.refused_at_accept,
+        )
+        yield counter(
+            "triarch_ingress_partial_frames_refused_total",
+            "connections without a session closed: their unfinished frame did not fit the "
+            "budget strangers share",
+            s.ingress.partial_refused,
+        )
+        yield counter(
+            "triarch_pending_sessions_evicted_total",
+            "connecting sessions that gave their slot to another address's (fair shares)",
+            s.counters.get("evicted_pending_sessions", 0),
+        )
+        yield counter(
+            "triarch_sessions_given_back_total",
+            "open sessions without a connection closed to give their slot to a new one",
+            s.counters.get("sessions_given_back", 0),
+        )
         yield gauge("triarch_disk_full", "1 while writes fail for want of space", s.disk.full)
         yield gauge("triarch_disk_failing", "1 while any write fails", bool(s.disk.problem))
         yield counter(

@@ -108,6 +108,8 @@ class IngressAgent:
             frames=stats.frames,
             protocol_errors=stats.protocol_errors,
             last_error=stats.last_error,
+            refused_at_accept=self.gate.refused,
+            partial_refused=stats.partial_refused,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:

@@ -132,6 +132,11 @@ class IngressStatus(msgspec.Struct, kw_only=True):
     frames: int = 0
     protocol_errors: int = 0
     last_error: str = ""
+    refused_at_accept: int = 0
+    """Connections closed at accept, before any byte (the cap, or the share per address)."""
+    partial_refused: int = 0
+    """Connections without a session closed because their unfinished frame did not fit
+    the budget strangers share."""
 
 
 class MemberAddress(msgspec.Struct, kw_only=True):

@@ -1,0 +1,24 @@
+"""The bounds of issue 33 are visible: refusals at accept, half-sent frames refused,
+pending sessions evicted and session slots given back, on ``/metrics``."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from cluster.agents.exporter import StatusCollector
+from cluster.protocol.admin import IngressStatus, MemberStatus
+
+
+def test_the_refusals_are_exported() -> None:
+    status = MemberStatus(
+        member_id=2,
+        ingress=IngressStatus(refused_at_accept=5, partial_refused=3),
+        counters={"evicted_pending_sessions": 7, "sessions_given_back": 11},
+    )
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatusCollector(lambda: status))
+    text = generate_latest(registry).decode()
+    assert 'triarch_ingress_refused_connections_total{member="2"} 5.0' in text
+    assert 'triarch_ingress_partial_frames_refused_total{member="2"} 3.0' in text
+    assert 'triarch_pending_sessions_evicted_total{member="2"} 7.0' in text
+    assert 'triarch_sessions_given_back_total{member="2"} 11.0' in text
