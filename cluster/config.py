@@ -361,6 +361,14 @@ SETTINGS: tuple[Setting, ...] = (
         format_duration,
     ),
     Setting(
+        "memory-trim-interval",
+        30_000_000_000,
+        _positive(parse_duration_ns),
+        "how often the node gives the free pages of its heap back to the system "
+        "(malloc_trim, glibc only): what a burst or a flood took goes back within it",
+        format_duration,
+    ),
+    Setting(
         "max-connections",
         1024,
         _positive(_int),
@@ -522,6 +530,7 @@ class NodeConfig:
     max_pending_sessions: int = 16
     max_pending_per_address: int = 4
     resume_grace: int = 250_000_000
+    memory_trim_interval: int = 30_000_000_000
     max_connections: int = 1024
     max_connections_per_address: int = 0
     max_admin_connections: int = 16

@@ -21,8 +21,8 @@ What is here bounds the rest, for a node that owns its process (``cluster.launch
   of log for a follower catching up, a TLS read, a frame being reassembled) comes from
   the heap, between long-lived small objects, and fragments it as the reads did.
   Fixed, such buffers are mapped and unmapped, and their memory goes back at once.
-- :func:`give_back_memory` calls ``malloc_trim(0)`` every :data:`TRIM_INTERVAL`
-  seconds: the free pages inside the heap (what a burst left) go back to the system.
+- :func:`give_back_memory` calls ``malloc_trim(0)`` every ``--memory-trim-interval``
+  (30 s): the free pages inside the heap (what a burst left) go back to the system.
 """
 
 from __future__ import annotations

@@ -639,7 +639,8 @@ class Node:
                 )
                 if freeze_gc:  # this process is the node's: its memory too
                     gc.freeze()
-                    nursery.start_soon(give_back_memory, name="give_back_memory")
+                    trim = self.config.memory_trim_interval / 1e9
+                    nursery.start_soon(give_back_memory, trim, name="give_back_memory")
                 self._ready.set()
                 task_status.started(self)
             if self.failure is not None:

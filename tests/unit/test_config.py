@@ -311,6 +311,7 @@ def test_every_setting_settable_from_each_layer(tmp_path: Path) -> None:
         "max-pending-sessions": ("9", 9),
         "max-pending-per-address": ("3", 3),
         "resume-grace": ("1s", SECOND),
+        "memory-trim-interval": ("2s", 2 * SECOND),
         "max-connections": ("100", 100),
         "max-connections-per-address": ("10", 10),
         "max-admin-connections": ("5", 5),

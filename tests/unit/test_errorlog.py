@@ -14,6 +14,7 @@ import trio
 
 from cluster import errorlog
 from cluster.agents.admin import AdminServer
+from cluster.config import NodeConfig
 from cluster.errorlog import DistinctErrorLog, normalise
 from cluster.protocol.admin import AdminCommand, MemberStatus, decode_body
 
@@ -159,7 +160,7 @@ class _Target:
 
     def __init__(self) -> None:
         self.network = self
-        self.config = None
+        self.config = NodeConfig()
         self.admin_endpoint = ("127.0.0.1", 0)
 
     def status(self) -> MemberStatus:

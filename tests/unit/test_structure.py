@@ -152,3 +152,13 @@ def test_the_largest_core_class_has_at_most_40_methods() -> None:
         if isinstance(node, ast.ClassDef)
     }
     assert max(sizes.values()) <= MAX_CORE_METHODS, sorted(sizes.items(), key=lambda i: i[1])[-3:]
+
+
+def test_no_two_test_modules_share_a_name() -> None:
+    """Test folders are not packages: two ``test_x.py`` in two folders clash when one
+    run collects both ("import file mismatch"), which a run of one folder does not show."""
+    tests = Path(__file__).resolve().parents[1]
+    seen: dict[str, list[str]] = {}
+    for path in tests.rglob("test_*.py"):
+        seen.setdefault(path.name, []).append(str(path.relative_to(tests)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
