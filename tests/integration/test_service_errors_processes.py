@@ -16,7 +16,9 @@ Slow-marked: skip locally with ``-m "not slow"``.
 from __future__ import annotations
 
 import itertools
+import json
 import subprocess
+import sys
 import textwrap
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -166,6 +168,10 @@ def test_stop_ends_every_member_with_an_error_line_and_exit_code_1(
         with trio.fail_after(90):
             async with session(cluster.ingress_endpoints) as c:
                 assert await ask(c, b"+") == b"1"
+                # every member holds the log first: a member that started late and was not
+                # caught up when the others stopped never meets the entry (it waits, as a
+                # member must, for a leader)
+                await wait_for(lambda: all_caught_up(cluster), 30, "every member to catch up")
                 await c.offer(b"boom")
                 await wait_for(lambda: not alive(cluster), 30, "every member to stop")
 
@@ -178,6 +184,22 @@ def test_stop_ends_every_member_with_an_error_line_and_exit_code_1(
             check_stopped(node_log(cluster, member_id))
     finally:
         cluster.stop_all()
+
+
+def all_caught_up(cluster: LocalCluster) -> bool:
+    done = subprocess.run(
+        [sys.executable, "-m", "cluster.tool", "--members", cluster.members, "describe", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    try:
+        members = json.loads(done.stdout)["members"]
+        applied = [m["applied_position"] for m in members]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return len(applied) == 3 and min(applied) > 0 and len(set(applied)) == 1
 
 
 def check_stopped(text: str, line: str = ERROR_LINE) -> None:
