@@ -6,14 +6,13 @@ sessions' state; a restore to a point in time holds exactly the writes before it
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import msgspec
 import pytest
 import trio
 from test_failover import kv_session, local_cluster
+from test_tool_offline import tool
 
 from cluster.archive.reader import read_log
 from cluster.examples.kv import Put, Request
@@ -22,16 +21,6 @@ from cluster.protocol.codec import LOG
 from cluster.protocol.ingress import SessionMessageHeader
 
 pytestmark = pytest.mark.slow
-
-
-def tool(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cluster.tool", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def puts_in_log(archive: Path, start: int, stop: int) -> list[tuple[int, str]]:

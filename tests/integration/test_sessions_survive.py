@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import trio
 from test_failover import Load, kv_session, local_cluster, report, running, unreadable
+from test_handover import tool
 
 import client
 from cluster.local import LocalCluster
@@ -44,16 +43,6 @@ DEFAULTS = [  # the default 10 s leader heartbeat and session timeouts
     "500ms",
 ]
 SHORT_SESSIONS = [*DEFAULTS, "--session-timeout", "3s"]
-
-
-def tool(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cluster.tool", "--members", cluster.members, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def positions(cluster: LocalCluster) -> dict[int, int]:
