@@ -3,7 +3,10 @@
 The metrics are read at scrape time from the member's status (what ``cluster-tool
 describe`` shows), through ``prometheus-client``'s collector interface, so nothing is
 counted twice and the hot path pays nothing.  Names follow Prometheus' conventions:
-``triarch_`` prefix, counters end in ``_total``, sizes in ``_bytes``.
+``triarch_`` prefix, counters end in ``_total``, sizes in ``_bytes``.  Beside them, the
+``process_*`` metrics every Prometheus exporter has (resident and virtual memory, CPU
+seconds, open and maximum file descriptors, start time: ``prometheus_client``'s process
+collector, read from ``/proc/self`` at scrape time) and ``python_info``.
 
 ``/health`` answers 200 when this member can take its part in writes now: its module is
 ACTIVE, its disk writable, it is not catching up, and it leads, is ready and heard from a
@@ -23,7 +26,13 @@ import logging
 from collections.abc import Callable, Iterator
 
 import trio
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -328,6 +337,9 @@ class MetricsServer:
         self.healthy = healthy
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(StatusCollector(status))
+        # process_resident_memory_bytes, process_open_fds, ...: the names every exporter uses
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
         self.requests = 0
         self.gate = ConnectionGate("metrics port", MAX_CONNECTIONS, MAX_PER_ADDRESS)
         """Counted at accept: more are closed at once (a scraper needs one or two)."""
