@@ -1,7 +1,8 @@
 """How long things take on one member, for its operators (``/metrics``, ``describe``, the
-console): the duty cycle, the time from a leader publishing log to its commit, and each
-follower's replication lag in seconds.  (The archive's ``fdatasync`` times are kept by the
-archive itself: :attr:`cluster.archive.segments.Archive.sync_times`.)
+console): the duty cycle, the time from a leader publishing log to its commit (its own
+write and sync, or a quorum's, included), and each follower's replication lag in
+seconds.  (The archive's ``fdatasync`` times are kept by the archive itself:
+:attr:`cluster.archive.segments.Archive.sync_times`.)
 
 Nothing here changes what the member does; the node calls it from its duty cycle, so each
 call costs a comparison, an append or a bisect.
@@ -37,6 +38,7 @@ class Timings:
         self._positions: list[int] = []
         self._times: list[int] = []
         self._committed = 0  # marks before this index are committed (and observed)
+        self._drive_began = 0  # perf_counter_ns() at before_drive
 
     @staticmethod
     def clock() -> int:
@@ -61,13 +63,27 @@ class Timings:
     def before_drive(self, cm: ConsensusModule, now_ns: int) -> None:
         """The node is about to drive the consensus module: a leader's log published so
         far is stamped ``now_ns``."""
-        if cm.role is Role.LEADER:
-            self.published(cm.log.published_position, now_ns)
+        self._drive_began = time.perf_counter_ns()
+        log = cm.log
+        if cm.role is Role.LEADER and log.published_position > log.commit_position:
+            # (log already committed is not stamped again: an idle leader's marks are
+            # forgotten once confirmed, and it would be observed as committed at once)
+            self.published(log.published_position, now_ns)
 
     def after_drive(self, cm: ConsensusModule, now_ns: int) -> None:
-        """The node drove the consensus module: what it committed, the leader it knows."""
+        """The node drove the consensus module, from ``now_ns`` (the time it gave
+        :meth:`before_drive`): what it committed, the leader it knows.
+
+        The drive may have taken long (a leader alone, or with its followers' answers in,
+        writes and syncs its log inline): the commit is observed at its end, ``now_ns``
+        plus the drive's duration, not at ``now_ns``, which would count the log published
+        before the drive and committed by it as committed at once.  Log published during
+        the drive and not committed by it is stamped at its end."""
         if cm.role is Role.LEADER:
-            self.committed(cm.log.commit_position, now_ns)
+            end_ns = now_ns + max(0, time.perf_counter_ns() - self._drive_began)
+            self.committed(cm.log.commit_position, end_ns)
+            if cm.log.published_position > cm.log.commit_position:
+                self.published(cm.log.published_position, end_ns)
         self.saw_leader(cm.leadership_term_id, cm.leader_member_id)
 
     def published(self, position: int, now_ns: int) -> None:
