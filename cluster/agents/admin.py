@@ -31,7 +31,12 @@ only, Aeron's refusals otherwise), edit the recording log, or hand leadership ov
 this one member as SIGTERM does (``stop``).  **They
 are refused unless the connection comes from a loopback address** (127.0.0.0/8 or ::1):
 the admin port has no authentication, so a member bound to a routable address still
-only lets its own host change it.  Streams that
+only lets its own host change it.
+
+Backups (``backup-query``, ``backup-read``: :mod:`cluster.backup.serve`) read the
+member's whole state (its snapshots and its committed log, in bounded chunks, file reads
+in a worker thread): **they are refused like the commands above** (a loopback address
+without TLS, an admin principal with it), though they change nothing.  Streams that
 are not sockets (the in-memory simulator's) count as local.  Queries are open to anyone
 who can reach the port: firewall it like the consensus port.
 """
@@ -54,6 +59,9 @@ from ..archive.recording_log import (
     ENTRY_TYPE_TERM,
     RecordingLog,
 )
+from ..backup.serve import COMMANDS as BACKUP_COMMANDS
+from ..backup.serve import BackupSource
+from ..backup.serve import handle as backup_handle
 from ..config import NodeConfig
 from ..errorlog import DistinctErrorLog, installed
 from ..protocol.admin import AdminCommand, AdminReply, MemberStatus, encode_body
@@ -81,6 +89,8 @@ MUTATING = frozenset(
         "stop",
     }
 )
+READS_STATE = frozenset(BACKUP_COMMANDS)
+"""Queries that read the whole state (backups): access as :data:`MUTATING`."""
 _ENTRY_TYPES = {
     ENTRY_TYPE_TERM: "TERM",
     ENTRY_TYPE_SNAPSHOT: "SNAPSHOT",
@@ -108,8 +118,8 @@ def peer_is_local(stream: trio.abc.Stream) -> bool:
     return ip.is_loopback
 
 
-class AdminTarget(Protocol):
-    """What the admin server needs of a node."""
+class AdminTarget(BackupSource, Protocol):
+    """What the admin server needs of a node (and, for backups, :class:`BackupSource`)."""
 
     @property
     def network(self) -> Network: ...
@@ -193,6 +203,8 @@ class AdminServer:
             "invalidate-latest-snapshot": self._invalidate_latest_snapshot,
             "transfer-leadership": self._transfer_leadership,
             "stop": self._stop,
+            "backup-query": self._backup,
+            "backup-read": self._backup,
         }
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
@@ -268,7 +280,7 @@ class AdminServer:
         if handler is None:
             known = ", ".join(sorted(self._handlers))
             return AdminReply(cid, False, f"unknown command {command.command!r} (known: {known})")
-        if command.command in MUTATING and not local:
+        if (command.command in MUTATING or command.command in READS_STATE) and not local:
             return AdminReply(
                 cid,
                 False,
@@ -303,6 +315,9 @@ class AdminServer:
             }
             for e in self.node.recording_log.entries
         ]
+
+    async def _backup(self, command: AdminCommand) -> AdminReply:
+        return await backup_handle(self.node, command)
 
     async def _recording_log(self, command: AdminCommand) -> AdminReply:
         return AdminReply(command.correlation_id, True, "", encode_body(self.recording_log()))

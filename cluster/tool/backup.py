@@ -1,5 +1,6 @@
-"""``cluster-tool backup --from-dir`` and ``cluster-tool restore``: a backup of a stopped
-member's directory, and a member's directory made from a backup (issue 34).
+"""``cluster-tool backup`` and ``cluster-tool restore``: a backup of a stopped member's
+directory (``--from-dir``) or of the live cluster (over the admin port,
+:mod:`cluster.backup.oneshot`), and a member's directory made from a backup (issue 34).
 
 A **backup** is a directory holding what a start of a member needs: the member's
 ``recording.log`` (its terms and snapshots), its latest valid snapshot(s) and its log
@@ -30,8 +31,11 @@ import random
 import shutil
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+import trio
 
 from ..archive.identity import Identity, write_identity
 from ..archive.node_state import NodeState
@@ -39,6 +43,10 @@ from ..archive.reader import list_segments, scan_records
 from ..archive.record import RECORD_HEADER_LENGTH
 from ..archive.recording_log import CM_SERVICE_ID, RecordingLog
 from ..archive.snapshots import snapshot_path
+from ..backup.link import client_identity
+from ..backup.oneshot import OneShotError, live_backup
+from ..transport.tls import TlsError
+from .client import use_certs
 from .commands import emit
 from .offline import recovery_plan, verify
 
@@ -230,6 +238,39 @@ def cmd_backup(args: Any) -> int:
             f"{manifest['covers']} ({manifest['records']} records checked; log "
             f"[{manifest['log_start']}, {manifest['log_end']}), snapshot at "
             f"{manifest['snapshot']['log_position'] if manifest['snapshot'] else 'none'})"
+        )
+    return 0
+
+
+def cmd_live_backup(parser: Any, args: Any) -> int:
+    """``backup --out DIR [--member N]``: from the live cluster (:mod:`cluster.backup`)."""
+    members = parser.members(args.members)
+    if args.member is not None and args.member not in {m.member_id for m in members}:
+        parser.error(f"--member {args.member} is not in --members")
+    try:
+        tls = client_identity(args.certs_dir, "cluster-tool")
+        use_certs(args.certs_dir)
+    except TlsError as exc:
+        parser.error(f"--certs-dir: {exc}")
+    try:
+        manifest = trio.run(
+            partial(live_backup, members, Path(args.out), member=args.member, tls=tls,
+                    limit=max(args.timeout, 10.0))
+        )  # fmt: skip
+    except OneShotError as exc:
+        print(f"cluster-tool backup: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    if args.output == "json":
+        emit(manifest)
+    else:
+        snapshot = manifest["snapshot"]
+        print(
+            f"backup of {manifest['source']} in {args.out}: covers log position "
+            f"{manifest['covers']} ({manifest['records']} records checked; log "
+            f"[{manifest['log_start']}, {manifest['log_end']}), snapshot at "
+            f"{snapshot['log_position'] if snapshot else 'none'})"
         )
     return 0
 

@@ -15,7 +15,7 @@ from ..certs import DEFAULT_DAYS, make_certs, planned_folders
 from ..config import MemberEndpoints, UsageParser, add_version, duration_seconds
 from ..transport.tls import TlsError
 from . import offline, render
-from .backup import cmd_backup, cmd_restore
+from .backup import cmd_backup, cmd_live_backup, cmd_restore
 from .client import use_certs
 from .commands import ACTIONS, Options, emit, run
 from .offline import OFFLINE
@@ -62,8 +62,9 @@ _HELP = {
     "replay (no cluster needed)",
     "describe-snapshot": "the latest valid snapshot of --dir: position, term, time, "
     "sessions, timers, service state (no cluster needed)",
-    "backup": "copy a stopped member's directory --from-dir to --out as a backup, every "
-    "record checked; prints the log position it covers",
+    "backup": "copy the live cluster's latest snapshot and committed log from the leader "
+    "(or --member N) over the admin port to --out, or a stopped member's directory "
+    "--from-dir; every record checked; prints the log position it covers",
     "restore": "make member --member-id's data directory --dir from the backup --from "
     "(a new cluster, or --same-cluster; --to-position P: to that point)",
 }
@@ -146,7 +147,8 @@ def build_parser() -> UsageParser:
             name, help=_HELP[name], description=_HELP[name], allow_abbrev=False
         )
         add_version(sub)
-        _common(sub, top=False, network=name not in ("certs", *DIRECTORY_COMMANDS))
+        _common(sub, top=False,
+                network=name not in ("certs", *DIRECTORY_COMMANDS) or name == "backup")  # fmt: skip
         if name in _MEMBER_HELP or name in ACTIONS:
             sub.add_argument(
                 "--member",
@@ -186,8 +188,11 @@ def build_parser() -> UsageParser:
                 "--dir", type=Path, required=True, help="a member's data directory (or a copy)"
             )
         if name == "backup":
-            sub.add_argument("--from-dir", type=Path, required=True,
-                             help="a stopped member's data directory")  # fmt: skip
+            sub.add_argument("--from-dir", type=Path, default=None,
+                             help="a stopped member's data directory (offline; without "
+                             "it, the live cluster over --members' admin ports)")  # fmt: skip
+            sub.add_argument("--member", type=int, default=argparse.SUPPRESS, metavar="N",
+                             help="back up from this member (default: the leader)")  # fmt: skip
             sub.add_argument("--out", type=Path, required=True, help="a new directory")
         if name == "restore":
             _restore_options(sub)
@@ -281,6 +286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in OFFLINE:
         return offline.run(args.command, args)
     if args.command == "backup":
+        if args.from_dir is None:
+            return cmd_live_backup(parser, args)
+        if args.member is not None:
+            parser.error("backup --from-dir takes no --member")
         return cmd_backup(args)
     if args.command == "restore":
         return cmd_restore(args)

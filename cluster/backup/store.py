@@ -1,0 +1,315 @@
+"""A backup directory being written: the same layout ``cluster-tool backup --from-dir``
+makes and ``cluster-tool restore`` reads (:mod:`cluster.tool.backup`).
+
+``DIR/snapshots/snapshot-<position>-<term>.snap`` (each written to a temporary file,
+checked, renamed), ``DIR/archive/log-<base>.seg`` (the committed log, in the backup's own
+segments: a new one at a record's start once the last holds ``segment_size`` bytes, so
+that retention can drop whole files), ``DIR/recording.log`` (the terms, a ``LOG_START``
+where the backup's log begins, the snapshots it holds) and ``DIR/backup.json`` (the
+manifest: the position the backup **covers**, its snapshots, its log).  The recording log
+and then the manifest are replaced atomically (temporary file, fsync, rename) after the
+files they name are durable, so a restore finds a consistent backup at any time; what
+was appended past the manifest's ``log_end`` (a backup stopped half-way) is cut off when
+the directory is opened again, and the backup goes on from there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ..archive.reader import list_segments, segment_name
+from ..archive.recording_log import CM_SERVICE_ID, RecordingLog
+from ..archive.segments import DEFAULT_SEGMENT_SIZE
+from ..archive.snapshots import snapshot_path
+from ..fileio import fsync_directory, replace_file, write_all
+
+MANIFEST = "backup.json"
+FORMAT = 1
+
+
+class StoreError(Exception):
+    """The directory cannot hold this backup (the reason in words)."""
+
+
+class BackupStore:
+    """One backup directory (see the module docstring)."""
+
+    def __init__(self, out: Path, manifest: dict[str, Any], segment_size: int) -> None:
+        self.out = out
+        self.manifest = manifest
+        self.segment_size = segment_size
+        self._fd: int | None = None
+        self._segment_base = -1
+        self.records = 0
+        """Records appended (each CRC-checked on the way) since this store was opened."""
+        self.appended_bytes = 0
+
+    # ------------------------------------------------------------------ opening
+
+    @classmethod
+    def create(cls, out: Path, segment_size: int = DEFAULT_SEGMENT_SIZE) -> BackupStore:
+        """A new backup in ``out``, which must be new or empty."""
+        if out.exists() and any(out.iterdir()):
+            raise StoreError(f"{out} is not empty: a backup goes to a new directory")
+        return cls._fresh(out, segment_size)
+
+    @classmethod
+    def _fresh(cls, out: Path, segment_size: int) -> BackupStore:
+        (out / "archive").mkdir(parents=True, exist_ok=True)
+        (out / "snapshots").mkdir(exist_ok=True)
+        manifest: dict[str, Any] = {
+            "format": FORMAT,
+            "new_cluster_id": random.randrange(1, 1 << 31),
+            "created": time.time(),
+            "snapshot": None,
+            "snapshots": [],
+            "terms": [],
+            "log_start": None,
+            "log_end": None,
+            "covers": 0,
+        }
+        return cls(out, manifest, segment_size)
+
+    @classmethod
+    def open(cls, out: Path, segment_size: int = DEFAULT_SEGMENT_SIZE) -> BackupStore:
+        """The backup in ``out`` to go on with (a new one if ``out`` is new or empty):
+        what lies past its manifest is removed."""
+        path = out / MANIFEST
+        if not path.exists():
+            if out.exists() and any(p.name not in ("archive", "snapshots") for p in out.iterdir()):
+                raise StoreError(f"{out} holds files but no {MANIFEST}: not a backup")
+            return cls._fresh(out, segment_size)
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"{path}: {exc}") from None
+        if manifest.get("format") != FORMAT or "snapshots" not in manifest:
+            raise StoreError(f"{out} is not a backup this program continues ({MANIFEST})")
+        store = cls(out, manifest, segment_size)
+        store._reconcile()
+        return store
+
+    def _reconcile(self) -> None:
+        """Cut what was written after the manifest (a stop half-way)."""
+        start, end = self.log_start, self.log_end
+        archive = self.out / "archive"
+        archive.mkdir(exist_ok=True)
+        (self.out / "snapshots").mkdir(exist_ok=True)
+        for segment in list_segments(archive):
+            if (
+                start is None
+                or end is None
+                or segment.base < start
+                or (segment.base >= end and segment.base != start)
+            ):
+                segment.path.unlink()
+            elif segment.end > end:
+                os.truncate(segment.path, end - segment.base)
+        kept = {self._snapshot_file(e).name for e in self.manifest["snapshots"]}
+        for file in (self.out / "snapshots").iterdir():
+            if file.name not in kept:
+                file.unlink()
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def log_start(self) -> int | None:
+        value = self.manifest["log_start"]
+        return None if value is None else int(value)
+
+    @property
+    def log_end(self) -> int | None:
+        value = self.manifest["log_end"]
+        return None if value is None else int(value)
+
+    @property
+    def snapshots(self) -> list[dict[str, Any]]:
+        """The consensus module's snapshot entries held, oldest first."""
+        return [e for e in self.manifest["snapshots"] if e["service_id"] == CM_SERVICE_ID]
+
+    @property
+    def latest_snapshot(self) -> int:
+        """The newest held snapshot's log position (-1: none)."""
+        return max((int(e["log_position"]) for e in self.snapshots), default=-1)
+
+    def _snapshot_file(self, entry: dict[str, Any]) -> Path:
+        return snapshot_path(self.out, entry["log_position"], entry["leadership_term_id"])
+
+    # ------------------------------------------------------------------ writing
+
+    def snapshot_temp(self) -> Path:
+        return self.out / "snapshots" / "incoming.tmp"
+
+    def add_snapshot(self, entries: list[dict[str, Any]], checked: Path) -> None:
+        """Take the snapshot file ``checked`` (written whole and checked) with its
+        recording-log ``entries`` (the service's and the consensus module's)."""
+        target = self._snapshot_file(entries[0])
+        fd = os.open(checked, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(checked, target)
+        fsync_directory(target.parent)
+        known = {(e["log_position"], e["service_id"]) for e in self.manifest["snapshots"]}
+        for entry in entries:
+            if (entry["log_position"], entry["service_id"]) not in known:
+                self.manifest["snapshots"].append(
+                    {k: entry[k] for k in ("leadership_term_id", "term_base_log_position",
+                                           "log_position", "timestamp", "service_id")}
+                )  # fmt: skip
+        self.manifest["snapshots"].sort(key=lambda e: (e["log_position"], -e["service_id"]))
+
+    def start_at(self, position: int) -> None:
+        """Begin the backup's log, empty, at ``position`` (a snapshot's): every log and
+        snapshot below it is dropped."""
+        self._close_segment()
+        archive = self.out / "archive"
+        for segment in list_segments(archive):
+            segment.path.unlink()
+        self.manifest["snapshots"] = [
+            e for e in self.manifest["snapshots"] if e["log_position"] >= position
+        ]
+        self.manifest["log_start"] = self.manifest["log_end"] = position
+        self._new_segment(position)
+        self._drop_unlisted_snapshots()
+
+    def _new_segment(self, base: int) -> None:
+        self._close_segment()
+        path = self.out / "archive" / segment_name(base)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._segment_base = base
+        fsync_directory(path.parent)
+
+    def _close_segment(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.fsync(fd)
+            os.close(fd)
+
+    def append(self, data: bytes) -> None:
+        """Append whole, checked records at :attr:`log_end` (in the manifest at the next
+        :meth:`commit`)."""
+        end = self.log_end
+        if end is None:
+            raise StoreError("the backup's log has no start yet")
+        if self._fd is None:
+            last = list_segments(self.out / "archive")[-1]
+            self._fd = os.open(last.path, os.O_WRONLY)
+            self._segment_base = last.base
+        if end - self._segment_base >= self.segment_size:
+            self._new_segment(end)
+        assert self._fd is not None
+        write_all(self._fd, data, end - self._segment_base)
+        self.manifest["log_end"] = end + len(data)
+        self.appended_bytes += len(data)
+
+    def retain(self, keep: int) -> None:
+        """Keep the newest ``keep`` snapshots and the log from the oldest of them (whole
+        segment files: the log may begin a little below it)."""
+        snaps = self.snapshots
+        if keep <= 0 or len(snaps) <= keep:
+            return
+        oldest = int(snaps[-keep]["log_position"])
+        self.manifest["snapshots"] = [
+            e for e in self.manifest["snapshots"] if e["log_position"] >= oldest
+        ]
+        segments = list_segments(self.out / "archive")
+        for segment in segments[:-1]:
+            if segment.end <= oldest:
+                segment.path.unlink()
+        remaining = list_segments(self.out / "archive")
+        self.manifest["log_start"] = remaining[0].base
+        self._drop_unlisted_snapshots()
+
+    def _drop_unlisted_snapshots(self) -> None:
+        kept = {self._snapshot_file(e) for e in self.manifest["snapshots"]}
+        for file in (self.out / "snapshots").glob("*.snap"):
+            if file not in kept:
+                file.unlink()
+
+    # ------------------------------------------------------------------ the manifest
+
+    def set_terms(self, terms: list[dict[str, Any]]) -> None:
+        """Merge a member's recording-log terms into the backup's (the newest word on
+        each term wins)."""
+        by_id = {int(t["leadership_term_id"]): t for t in self.manifest["terms"]}
+        for term in terms:
+            by_id[int(term["leadership_term_id"])] = {
+                k: term[k] for k in ("leadership_term_id", "term_base_log_position", "timestamp")
+            }
+        self.manifest["terms"] = [by_id[k] for k in sorted(by_id)]
+
+    def _recording_log(self) -> bytes:
+        end = self.log_end or 0
+        start = self.log_start or 0
+        terms = [t for t in self.manifest["terms"] if t["term_base_log_position"] <= end]
+        with tempfile.TemporaryDirectory(dir=self.out, prefix=".recording-") as tmp:
+            with RecordingLog.open(tmp) as log:
+                for term in terms:
+                    try:
+                        log.append_term(
+                            term["leadership_term_id"],
+                            term["term_base_log_position"],
+                            term["timestamp"],
+                        )
+                    except ValueError:
+                        continue  # a term that another member's view contradicts
+                if start > 0:
+                    holder = max(
+                        (t for t in terms if t["term_base_log_position"] <= start),
+                        key=lambda t: t["leadership_term_id"],
+                        default=None,
+                    )
+                    log.append_log_start(
+                        start,
+                        -1 if holder is None else holder["leadership_term_id"],
+                        0 if holder is None else holder["term_base_log_position"],
+                        int(time.time() * 1000),
+                    )
+                for entry in self.manifest["snapshots"]:
+                    if entry["log_position"] <= end:
+                        log.append_snapshot(
+                            entry["leadership_term_id"],
+                            entry["term_base_log_position"],
+                            entry["log_position"],
+                            entry["timestamp"],
+                            entry["service_id"],
+                        )
+            return (Path(tmp) / "recording.log").read_bytes()
+
+    def commit(self, **source: Any) -> dict[str, Any]:
+        """Make everything written durable, then the recording log and the manifest
+        (``source``: who it came from, merged into the manifest); the manifest."""
+        if self._fd is not None:
+            os.fsync(self._fd)
+        fsync_directory(self.out / "archive")
+        end = self.log_end or 0
+        manifest = self.manifest
+        manifest.update(source)
+        held = [e for e in self.snapshots if e["log_position"] <= end]
+        latest = max(held, key=lambda e: e["log_position"], default=None)
+        manifest["snapshot"] = latest and {
+            "log_position": latest["log_position"],
+            "leadership_term_id": latest["leadership_term_id"],
+        }
+        manifest["covers"] = end
+        manifest["updated"] = time.time()
+        replace_file(self.out / "recording.log", self._recording_log())
+        replace_file(self.out / MANIFEST, json.dumps(manifest, indent=2).encode())
+        return manifest
+
+    def close(self) -> None:
+        self._close_segment()
+
+    def remove(self) -> None:
+        """Remove the whole directory (a one-shot backup that failed)."""
+        self.close()
+        shutil.rmtree(self.out, ignore_errors=True)
