@@ -62,6 +62,7 @@ from cluster.archive.record import iter_records
 from cluster.archive.segments import FsyncPolicy, list_segments
 from cluster.config import NodeConfig
 from cluster.core.replication import LeaderReplication
+from cluster.examples.auth import SharedSecretAuthenticator, SharedSecretCredentials
 from cluster.examples.kv import DEDUPE_WINDOW, KeyValueService, Put, Request, Response
 from cluster.node import Node
 from cluster.protocol import LOG
@@ -80,6 +81,8 @@ SNAPSHOT_CHUNK = 1024
 snapshots are a few KiB, and a transfer must take many chunks to be cut short."""
 INGRESS_PORT, CONSENSUS_PORT, ADMIN_PORT = 9010, 9020, 9030
 CHECK_INTERVAL = 0.010
+APP, APP_SECRET = b"app", b"the workload's secret"
+"""The one principal of :attr:`SimConfig.authenticate`, and its secret."""
 
 _decode_put = msgspec.msgpack.Decoder(Put).decode
 
@@ -156,6 +159,9 @@ class SimConfig:
     adversary: bool = False
     """A process on the network that speaks the consensus protocol with random, replayed,
     mutated and forged messages during the safety phase (``tests/sim/adversary.py``)."""
+    authenticate: bool = False
+    """Members challenge every client (:class:`~cluster.examples.auth.SharedSecretAuthenticator`
+    with one principal, ``app``); the workload's clients answer with its secret."""
     node: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -733,6 +739,9 @@ class SimCluster:
         node = Node(
             self._node_config(sn.index),
             service,
+            authenticator=(
+                SharedSecretAuthenticator({APP: APP_SECRET}) if self.config.authenticate else None
+            ),
             network=self.net.host(sn.host),
             clock_ns=lambda: int(trio.current_time() * 1e9),
             epoch_offset_ns=EPOCH_OFFSET_NS + skew * 1_000_000,
@@ -893,6 +902,8 @@ class SimCluster:
         # half the clients take their egress on their ingress connection (the default
         # of the real client), half listen for it (the seeds' response channel)
         options.setdefault("own_egress", index % 2 == 1)
+        if self.config.authenticate:
+            options.setdefault("credentials", SharedSecretCredentials(APP, APP_SECRET))
         return SimClient(
             index,
             self.net,

@@ -9,7 +9,8 @@ the simulated network, so this small shell drives :class:`client._connect.AsyncC
   resumes at the leader, then at each other member in turn, follows REDIRECTs, waits
   while a member says an election is on, and sends nothing until the leader has taken
   its resume (its NewLeaderEvent);
-* connects: ``SessionConnectRequest``, follows ``REDIRECT`` (no authentication here);
+* connects: ``SessionConnectRequest`` with its credentials (answering a challenge),
+  follows ``REDIRECT``;
 * sends :class:`cluster.examples.kv.Put` requests with unique keys and values in
   ``SessionMessageHeader`` envelopes, a few in flight at once;
 * follows ``NewLeaderEvent`` (ingress moves to the new leader, the session stays);
@@ -33,7 +34,7 @@ import msgspec
 import trio
 
 from client._connect import AsyncConnect, ConnectIngress, ConnectState, Done, Fail, SendMessage
-from client._credentials import StaticCredentials
+from client._credentials import CredentialsSupplier, StaticCredentials
 from client._endpoints import Endpoint, parse_endpoints
 from cluster.examples.kv import Put, Response
 from cluster.protocol import EGRESS, FrameDecoder, ProtocolError, encode_frame
@@ -119,8 +120,10 @@ class SimClient:
         leader_retry_time: float = 2.0,
         max_silent_timeouts: int = 2,
         own_egress: bool = False,
+        credentials: CredentialsSupplier | None = None,
     ) -> None:
         self.own_egress = own_egress
+        self.credentials = credentials if credentials is not None else StaticCredentials()
         self._confirmed = True  # the ingress connection is the leader's (own_egress)
         self._redirected = False  # a member named another leader (own_egress)
         self.index = index
@@ -354,7 +357,7 @@ class SimClient:
         """One AsyncConnect attempt; True once the session is open."""
         ac = AsyncConnect(
             self.endpoints,
-            StaticCredentials(),
+            self.credentials,
             lambda: next(self._correlation_ids),
             self.response_channel,
         )
