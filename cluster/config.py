@@ -503,6 +503,13 @@ SETTINGS: tuple[Setting, ...] = (
         _show_or_off(format_duration),
     ),
     Setting("log-level", "INFO", _log_level, "logging level"),
+    Setting(
+        "log-format",
+        "text",
+        _choice("text", "json"),
+        "the log on stderr: text lines, or json (one object a line: time, level, logger, "
+        "member, message, exception)",
+    ),
 )
 
 
@@ -552,6 +559,7 @@ class NodeConfig:
     snapshot_interval: int = 0
     """Nanoseconds (0: off), as every duration here."""
     log_level: str = "INFO"
+    log_format: str = "text"
 
     @property
     def member_list(self) -> list[MemberEndpoints]:

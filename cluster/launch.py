@@ -11,21 +11,27 @@ error, logged with its traceback; a service callback that raised with
 ``--on-service-error stop``, or an ``on_start`` that raised: one ERROR line naming the
 callback, the log position and the exception, with the service's traceback, logged when
 it happened).
+
+The log goes to stderr, as text lines or, with ``--log-format json``, one JSON object a
+line (:class:`JsonFormatter`); each ``CLUSTER_*`` environment variable that names no
+setting gets one WARNING line at start-up (a misspelt one would be ignored otherwise).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 
 import trio
 
 from .archive.errors import ArchiveError
 from .archive.identity import DataDirError
-from .config import ConfigError, describe, load_config, load_object
+from .config import SETTINGS, ConfigError, NodeConfig, describe, load_config, load_object
 from .core.service_errors import ServiceFailure
 from .descriptors import fit_descriptors
 from .memory import tune_allocator
@@ -35,6 +41,82 @@ from .service import ClusteredService
 from .transport.base import ListenError, listen_error_in
 
 log = logging.getLogger("cluster.node")
+
+OTHER_VARIABLES = frozenset(
+    {
+        "CLUSTER_CONFIG",  # --config
+        "CLUSTER_SECRETS_FILE",  # cluster.examples.auth
+        "CLUSTER_CREDENTIALS",  # cluster-tui
+        "CLUSTER_TUI_SCREENSHOT_DIR",
+    }
+)
+"""``CLUSTER_*`` variables that are read, though not as a node's settings."""
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: ``time`` (UTC, ISO 8601, milliseconds), ``level``,
+    ``logger``, ``member``, ``message`` and, when the record has one, ``exception`` (its
+    traceback as text) and ``stack``."""
+
+    def __init__(self, member_id: int) -> None:
+        super().__init__()
+        self.member_id = member_id
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        line: dict[str, object] = {
+            "time": f"{stamp}.{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "member": self.member_id,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            line["exception"] = record.exc_text
+        if record.stack_info:
+            line["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+def setup_logging(config: NodeConfig) -> None:
+    """The node's log on stderr, at ``--log-level``, as ``--log-format`` says."""
+    if config.log_format != "json":
+        configure_logging(config.log_level)
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(config.member_id))
+    logging.basicConfig(level=getattr(logging, config.log_level, logging.INFO), handlers=[handler])
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """The ``CLUSTER_*`` variables of ``environ`` that are no setting (etcd warns of its
+    ``ETCD_*`` ones alike)."""
+    known = {"CLUSTER_" + s.name.replace("-", "_").upper() for s in SETTINGS}
+    return sorted(
+        name
+        for name in environ
+        if name.startswith("CLUSTER_") and name not in known and name not in OTHER_VARIABLES
+    )
+
+
+def warn_unknown_variables(names: Iterable[str]) -> None:
+    for name in names:
+        log.warning(
+            "environment variable %s is not a setting and is ignored (settings: "
+            "CLUSTER_ and the flag's name, e.g. CLUSTER_SESSION_TIMEOUT for "
+            "--session-timeout)",
+            name,
+        )
+
+
+def _error(config: NodeConfig, message: str) -> None:
+    """A start-up error of one line: ``error: ...`` in the text log, a record in json."""
+    if config.log_format == "json":
+        log.error("%s", message)
+    else:
+        print(f"error: {message}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    configure_logging(config.log_level)
+    setup_logging(config)
+    warn_unknown_variables(unknown_variables(os.environ))
     try:
         service_cls = load_object(config.service, "service")
         authenticator = (
@@ -61,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_exposure(config)
         network = network_for(config)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _error(config, str(exc))
         return 2
     config = fit_descriptors(config)  # the soft limit raised, the caps sized from it
     log.info(
@@ -83,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("%s", exc)
         return 2
     except ListenError as exc:  # before OSError, which it is: a port in use, named
-        print(f"error: {exc}", file=sys.stderr)
+        _error(config, str(exc))
         return 2
     except OSError as exc:
         log.error("node stopped: %s", exc)
@@ -93,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # an ExceptionGroup from the agents' nursery, or any bug
         listen_error = listen_error_in(exc)
         if listen_error is not None:  # a port in use: one line naming it, no traceback
-            print(f"error: {listen_error}", file=sys.stderr)
+            _error(config, str(listen_error))
             return 2
         if isinstance(exc, BaseExceptionGroup) and exc.split(ServiceFailure)[1] is None:
             return 1  # a ServiceFailure in a task (a snapshot installed from the leader)

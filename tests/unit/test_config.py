@@ -332,6 +332,7 @@ def test_every_setting_settable_from_each_layer(tmp_path: Path) -> None:
         "snapshot-log-bytes": ("256KiB", 256 << 10),
         "snapshot-interval": ("10m", 600 * SECOND),
         "log-level": ("warning", "WARNING"),
+        "log-format": ("JSON", "json"),
     }
     assert set(values) == {s.name for s in SETTINGS}, "add new settings to this test"
     toml = "\n".join(f'{k} = "{v}"' for k, (v, _) in values.items())
