@@ -7,12 +7,13 @@
     python3 scripts/dev.py floor    # scripts/floor_bench.py: the machine's latency floor
 
 The first run creates ``.venv`` and installs the project: ``demo`` and ``floor`` need
-nothing more, ``test`` adds the ``dev`` and ``spark`` extras (pytest, PySpark...), ``bench``
+nothing more, ``test`` adds the ``dev`` and ``spark`` extras (pytest, pdoc, PySpark...), ``bench``
 the ``dev`` one; later runs install again only when ``pyproject.toml`` changes or a
 command needs an extra not yet there.  ``test`` also makes
 sure a Java runtime is there for the Spark pipeline tests (``python -m
 cluster.pipeline.java``: installs ``default-jre-headless`` with apt-get when run as root).
-With no arguments, ``test`` runs the suite on two pytest-xdist workers
+``test`` lints, type-checks and builds the API reference (``docs/api/``, with pdoc)
+before the tests.  With no arguments, ``test`` runs the suite on two pytest-xdist workers
 (``tests/conftest.py`` says which test runs where); extra arguments after ``test`` go to
 pytest instead (e.g. ``-m "not slow"`` to skip the real-process tests).
 """
@@ -92,6 +93,8 @@ def cmd_test(args: list[str]) -> int:
         ("ruff check", (py, "-m", "ruff", "check", ".")),
         ("ruff format", (py, "-m", "ruff", "format", "--check", ".")),
         ("mypy", (py, "-m", "mypy")),
+        # the API reference README links to: docs/api/ with pdoc (the dev extra), seconds
+        ("API reference", (py, str(ROOT / "scripts" / "apidoc.py"))),
     ):
         if run(*cmd) != 0:
             failed.append(name)

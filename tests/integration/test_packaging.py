@@ -97,8 +97,22 @@ def build_wheel(into: Path) -> Path:
     return wheel
 
 
-def test_the_wheel_carries_the_stylesheet_the_license_and_the_version(tmp_path: Path) -> None:
-    wheel = build_wheel(tmp_path)
+USER_PROGRAM = """\
+import client
+
+
+async def main() -> None:
+    async with client.connect("0=127.0.0.1:9000") as c:
+        await c.offer(b"hello")
+        reply: int = await c.receive()  # bytes: the library's hints say so
+        print(reply)
+"""
+
+
+def test_the_wheel_carries_the_stylesheet_the_license_the_version_and_py_typed(
+    tmp_path: Path,
+) -> None:
+    wheel = build_wheel(tmp_path / "dist")
     assert wheel.name.startswith(f"triarch-{__version__}-")
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
@@ -106,6 +120,27 @@ def test_the_wheel_carries_the_stylesheet_the_license_and_the_version(tmp_path: 
         assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
         metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
         assert f"Version: {__version__}" in zf.read(metadata).decode()
+        # PEP 561: without the marker a user's type checker ignores the library's hints
+        assert {"cluster/py.typed", "client/py.typed"} <= names
+        zf.extractall(tmp_path / "installed")
+    # the wheel's files as installed packages (a virtualenv whose site-packages points
+    # at them), and mypy over a user's program: it reads the hints and finds the mistake
+    env = tmp_path / "venv"
+    venv.create(env, with_pip=False)
+    (site,) = (env / "lib").glob("python3*/site-packages")
+    (site / "triarch.pth").write_text(f"{tmp_path / 'installed'}\n")
+    (tmp_path / "user.py").write_text(USER_PROGRAM)
+    mypy = [sys.executable, "-m", "mypy", "--no-incremental", "--strict"]
+    out = subprocess.run(
+        [*mypy, "--python-executable", str(env / "bin" / "python"), str(tmp_path / "user.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert 'expression has type "bytes", variable has type "int"' in out.stdout, out.stdout
+    assert "py.typed" not in out.stdout
 
 
 @pytest.mark.slow
