@@ -166,11 +166,14 @@ class ClusteredService(abc.ABC):
 
     @abc.abstractmethod
     def on_start(self, cluster: Cluster, snapshot: bytes | None) -> None:
-        """Called once before any log entry, with the service's bytes from the latest
-        snapshot (what :meth:`on_take_snapshot` returned), or ``None`` when there is no
-        snapshot yet.  Load the state from it; keep ``cluster`` to schedule timers, offer
-        service messages or look up sessions later.  If it raises, the member cannot
-        start: it logs an ERROR naming the exception and exits with code 1."""
+        """Called when the member starts, before any log entry, with the service's bytes
+        from the latest snapshot (what :meth:`on_take_snapshot` returned), or ``None``
+        when there is no snapshot yet; and again on a running follower that installs its
+        leader's snapshot (it needs log the leader has purged), with that snapshot.  Load
+        the state from it, replacing whatever the service held; keep ``cluster`` to
+        schedule timers, offer service messages or look up sessions later.  If it raises,
+        the member cannot start: it logs an ERROR naming the exception and exits with
+        code 1."""
 
     def on_session_open(self, session: ClientSession, timestamp: int) -> None:  # noqa: B027
         """A client session opened (SessionOpenEvent on the log)."""
