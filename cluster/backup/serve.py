@@ -7,10 +7,11 @@ work to the leader's write path.  Both commands read the member's whole state, s
 admin server refuses them like the commands that change the cluster: only from a
 loopback address or, with TLS, an admin principal.
 
-- ``backup-query``: JSON: the member (id, cluster id, role, leader, term), its commit
+- ``backup-query [brief=1]``: JSON: the member (id, cluster id, role, leader, term), its commit
   position and ``readable_end`` (what ``backup-read`` will serve: the commit position,
   never more than the log it holds), where its log begins, its recording log's terms and
-  its valid snapshots (position, term, term base, time, file size).
+  its valid snapshots (position, term, term base, time, file size); ``brief=1``: only
+  the member, its role, leader and positions (cheap, for a poll).
 - ``backup-read kind=snapshot position=P term=T offset=O [length=N]``: raw bytes of that
   snapshot file; ``kind=log from=P stop=S [length=N]``: raw log bytes from ``P`` (a
   record's start) up to ``S`` (at most the commit position), whole records only, at
@@ -28,13 +29,16 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from .. import __version__
 from ..archive.errors import ArchiveError
 from ..archive.identity import Identity
 from ..archive.record import RECORD_HEADER, RECORD_HEADER_LENGTH, complete_length
 from ..archive.recording_log import ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM, RecordingLog
 from ..archive.segments import Archive
 from ..archive.snapshots import snapshot_path
-from ..protocol.admin import AdminCommand, AdminReply, MemberStatus, encode_body
+from ..core.consensus import ConsensusModule
+from ..protocol.admin import AdminCommand, AdminReply, encode_body
+from ..status import role_name
 
 COMMANDS = ("backup-query", "backup-read")
 MAX_CHUNK = 1 << 20
@@ -54,7 +58,7 @@ class BackupSource(Protocol):
     archive: Archive
     run_blocking: Callable[..., Awaitable[Any]]
 
-    def status(self) -> MemberStatus: ...
+    cm: ConsensusModule
 
     async def read_log(self, start: int, stop: int) -> bytes: ...
 
@@ -75,16 +79,32 @@ def _int(command: AdminCommand, name: str, default: int | None = None) -> int:
         raise ReadRefused(f"{command.command}: bad {name} {text!r}") from None
 
 
-def readable_end(node: BackupSource, status: MemberStatus) -> int:
+def readable_end(node: BackupSource) -> int:
     """How far ``backup-read`` serves the log: the commit position, never past the
-    log this member holds."""
-    held = max(status.published_position, status.append_position, node.archive.position)
-    return max(0, min(status.commit_position, held))
+    log this member holds (cheap: read for every chunk)."""
+    log = node.cm.log
+    held = max(log.published_position, log.archive_position, node.archive.position)
+    return max(0, min(log.commit_position, held))
+
+
+def brief(node: BackupSource) -> dict[str, Any]:
+    """``backup-query brief=1``: who this member is and its commit position (what the
+    continuous backup asks the leader at every poll)."""
+    cm = node.cm
+    return {
+        "member_id": cm.config.member_id,
+        "cluster_id": node.identity.cluster_id,
+        "role": role_name(cm),
+        "leader_member_id": cm.leader_member_id,
+        "leadership_term_id": cm.leadership_term_id,
+        "commit_position": cm.log.commit_position,
+        "readable_end": readable_end(node),
+        "version": __version__,
+    }
 
 
 def query(node: BackupSource) -> dict[str, Any]:
     """``backup-query``'s body."""
-    status = node.status()
     recording = node.recording_log
     snapshots = []
     for entry in recording.entries:
@@ -114,18 +134,11 @@ def query(node: BackupSource) -> dict[str, Any]:
         if e.is_valid and e.type == ENTRY_TYPE_TERM
     ]
     return {
-        "member_id": status.member_id,
-        "cluster_id": node.identity.cluster_id,
-        "role": status.role,
-        "leader_member_id": status.leader_member_id,
-        "leadership_term_id": status.leadership_term_id,
-        "commit_position": status.commit_position,
-        "readable_end": readable_end(node, status),
+        **brief(node),
         "log_start": max(node.archive.start_position, recording.log_start),
         "terms": terms,
         "snapshots": snapshots,
         "max_chunk": MAX_CHUNK,
-        "version": status.version,
     }
 
 
@@ -156,7 +169,7 @@ async def _read_snapshot(node: BackupSource, command: AdminCommand) -> bytes:
 async def _read_log(node: BackupSource, command: AdminCommand) -> bytes:
     start, stop = _int(command, "from"), _int(command, "stop")
     length = max(1, min(_int(command, "length", MAX_CHUNK), MAX_CHUNK))
-    end = readable_end(node, node.status())
+    end = readable_end(node)
     if stop > end:
         raise ReadRefused(f"stop {stop} is past this member's committed log ({end})")
     log_start = max(node.archive.start_position, node.recording_log.log_start)
@@ -190,7 +203,8 @@ async def handle(node: BackupSource, command: AdminCommand) -> AdminReply:
     cid = command.correlation_id
     try:
         if command.command == "backup-query":
-            return AdminReply(cid, True, "", encode_body(query(node)))
+            body = brief(node) if command.args.get("brief") == "1" else query(node)
+            return AdminReply(cid, True, "", encode_body(body))
         kind = command.args.get("kind", "")
         if kind == "snapshot":
             return AdminReply(cid, True, "", await _read_snapshot(node, command))
