@@ -163,10 +163,11 @@ class PeerLinks:
         self.hello_timeout = hello_timeout
         self._unidentified = 0  # inbound connections that have not said hello yet
         unidentified = 2 * len(self.links) + 2  # more than members could: a stranger's flood
-        self.gate = ConnectionGate("consensus port", unidentified, unidentified)
+        self.gate = ConnectionGate("consensus port", unidentified, unidentified, evict_oldest=True)
         """Inbound links that have not said hello, counted at accept (before a TLS
         handshake); a link's slot is given back once its hello names a member.  No share
-        per address: members may share a host."""
+        per address: members may share a host.  When full, the oldest is closed for a new
+        one: strangers holding every slot cannot keep a member's new link out."""
         self.protocol_errors = 0
         self.inbound: dict[int, int] = {}
         #: the open inbound link of each member, and the cancel scope of its reader

@@ -13,6 +13,13 @@ A handler joins its port's gate with :func:`gated`; :meth:`TcpNetwork.serve
 network (the simulator's) calls the wrapper, which counts when it is called.  A handler
 that no longer needs its slot counted (a member link once its hello named a member) hands
 it back early with :meth:`ConnectionGate.release`.
+
+A gate made with ``evict_oldest`` (the consensus port's, which counts only links that
+have not said who they are) does not refuse a connection when it is full: it closes the
+oldest connection it counts instead.  A member's link says hello within a round trip of
+its connect (or of its TLS handshake), so strangers holding every slot open and dialling
+again as soon as one is closed no longer keep a restarted member out: they would have to
+open a whole cap of new connections within that round trip, each time.
 """
 
 from __future__ import annotations
@@ -41,9 +48,17 @@ def default_share(limit: int) -> int:
 class ConnectionGate:
     """A cap on a port's open connections and a share of it per source address."""
 
-    def __init__(self, name: str, limit: int, per_address: int = 0) -> None:
-        """``per_address``: 0 means :func:`default_share` of ``limit``."""
+    def __init__(
+        self, name: str, limit: int, per_address: int = 0, *, evict_oldest: bool = False
+    ) -> None:
+        """``per_address``: 0 means :func:`default_share` of ``limit``; ``evict_oldest``:
+        when full, close the oldest connection counted rather than refuse the new one."""
         self.name = name
+        self.evict_oldest = evict_oldest
+        self.evicted = 0
+        """Connections closed to make room for a newer one (``evict_oldest``)."""
+        self._scopes: dict[int, trio.CancelScope] = {}
+        self._evict_logged_at = -math.inf
         self.limit = max(1, limit)
         self.per_address = min(self.limit, per_address) if per_address > 0 else 0
         self.open = 0
@@ -80,20 +95,54 @@ class ConnectionGate:
         IPv6 address counts by its /64, as the pending sessions' shares do
         (:func:`~cluster.core.session.address_key`)."""
         key = address_key(address)
+        if self.evict_oldest and self.open >= self.limit and self._held:
+            self._evict(next(iter(self._held)))
         if not self.admit(key):
             return False
         self._held[id(stream)] = key
         return True
+
+    def guard(self, stream: object) -> trio.CancelScope:
+        """The cancel scope a connection's handler runs in: :meth:`hold`'s eviction
+        cancels it (already cancelled if ``stream`` was evicted before its handler
+        began)."""
+        scope = trio.CancelScope()
+        if id(stream) in self._held:
+            self._scopes[id(stream)] = scope
+        elif self.evict_oldest:
+            scope.cancel()
+        return scope
+
+    def _evict(self, oldest: int) -> None:
+        self.leave(self._held.pop(oldest))
+        scope = self._scopes.pop(oldest, None)
+        if scope is not None:
+            scope.cancel()
+        self.evicted += 1
+        now = _now()
+        if now - self._evict_logged_at >= 10.0:
+            self._evict_logged_at = now
+            log.warning(
+                "%s: %d connections that have not said who they are (the cap): closing "
+                "the oldest for each new one (%d closed so far)",
+                self.name,
+                self.limit,
+                self.evicted,
+            )
 
     def move(self, old: object, new: object) -> None:
         """``old``'s slot is now ``new``'s (a TLS stream over the accepted socket)."""
         address = self._held.pop(id(old), None)
         if address is not None:
             self._held[id(new)] = address
+            scope = self._scopes.pop(id(old), None)
+            if scope is not None:
+                self._scopes[id(new)] = scope
 
     def release(self, stream: object) -> None:
         """Give back ``stream``'s slot; nothing if it holds none (or gave it back)."""
         address = self._held.pop(id(stream), None)
+        self._scopes.pop(id(stream), None)
         if address is not None:
             self.leave(address)
 
@@ -167,9 +216,11 @@ class Gated:
             await trio.aclose_forcefully(stream)
             return
         try:
-            await self.inner(stream)
+            with gate.guard(stream):
+                await self.inner(stream)
         finally:
             gate.release(stream)
+            await trio.aclose_forcefully(stream)  # evicted: the handler had no say
 
 
 def gated(handler: Callable[[Any], Awaitable[None]], gate: ConnectionGate) -> Gated:

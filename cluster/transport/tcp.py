@@ -189,21 +189,25 @@ class TcpNetwork:
             # with a gate, its slot was taken at accept (_accept_loop) and is given back
             # here, however the connection ends (a TLS handshake that fails included)
             tls_stream: trio.SSLStream[trio.SocketStream] | None = None
+            guard = gate.guard(stream) if gate is not None else trio.CancelScope()
             try:
-                _tune(stream)
-                if tls is None:
-                    await inner(stream)
-                    return
-                tls_stream = await self._server_handshake(stream, tls, nursery)
-                if tls_stream is not None:
-                    if gate is not None:
-                        gate.move(stream, tls_stream)
-                    await inner(tls_stream)
+                with guard:  # a gate that evicts its oldest connection cancels it
+                    _tune(stream)
+                    if tls is None:
+                        await inner(stream)
+                        return
+                    tls_stream = await self._server_handshake(stream, tls, nursery)
+                    if tls_stream is not None:
+                        if gate is not None:
+                            gate.move(stream, tls_stream)
+                        await inner(tls_stream)
             finally:
                 if gate is not None:
                     gate.release(stream)
                     if tls_stream is not None:
                         gate.release(tls_stream)
+                if guard.cancelled_caught:  # evicted: the handler had no say
+                    await trio.aclose_forcefully(tls_stream or stream)
 
         async with trio.open_nursery() as nursery:
             for listener in listeners:

@@ -117,6 +117,25 @@ async def test_a_flood_of_bare_connects_to_a_tls_port_is_refused_at_accept(pki: 
             assert await tls_client_echoes(pki, port)
 
 
+async def test_an_evicting_tls_port_lets_a_newcomer_in_past_idle_strangers(pki: Path) -> None:
+    """The consensus port's gate (``evict_oldest``): strangers holding every slot with
+    bare connects do not keep a newcomer out: each new connection closes the oldest, so a
+    TLS client that completes its handshake at once gets through, while the strangers'
+    connections are closed by the server."""
+    gate = ConnectionGate("consensus port", 4, 4, evict_oldest=True)
+    with trio.fail_after(60):
+        async with tls_server(pki, gate) as (network, port):
+            flood = [await dial(port, "127.0.0.2") for _ in range(4)]
+            await wait_for(lambda: gate.open == 4)
+            assert await tls_client_echoes(pki, port)
+            assert gate.evicted == 1
+            assert gate.refused == 0
+            assert await closed_within(flood[0], 5)  # the oldest stranger was closed
+            for s in flood:
+                await s.aclose()
+            await wait_for(lambda: gate.open == 0)
+
+
 async def test_the_ingress_port_shares_its_slots_per_address(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with node(tmp_path, max_connections=8) as n:

@@ -195,3 +195,40 @@ def test_never_answered_connect_requests_keep_no_authenticated_client_out(
     assert seen["challenged"] > 20, seen
     assert seen["sessions_opened"] == 0, seen
     assert seen["evicted"] > 0, seen
+
+
+def test_strangers_holding_the_consensus_ports_keep_no_member_out(tmp_path: Path) -> None:
+    """Idle connections to the consensus ports, more than a member's slots for links that
+    have not said hello, held until closed and dialled again at once: a follower that
+    restarts in the middle must still get its links up and catch up."""
+    seen: dict[str, Any] = {}
+
+    async def scenario(sim: SimCluster) -> None:
+        await sim.start_workload()
+        leader = await sim.wait_for_leader()
+        flood = IngressFlood(
+            sim,
+            random.Random("flood-consensus"),
+            hosts=3,
+            workers=8,
+            kinds=("consensus_idle",),
+            hold=(5.0, 10.0),
+        )
+        follower = (leader + 1) % 3
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(flood.run, FLOOD)
+            await sim.sleep(1.0)
+            await sim.crash(follower)
+            await sim.sleep(0.5)
+            await sim.restart(follower)
+            await sim.wait_for(
+                "the restarted follower rejoined through the flooded consensus ports",
+                lambda: _total_applied(sim, follower) >= _node_commit(sim, leader) > 0,
+                FLOOD - 2.0,
+            )
+            seen["writes"] = await _probe_writes(sim, trio.current_time() + 1.0, within=3.0)
+            nursery.cancel_scope.cancel()
+        seen.update(flood.stats)
+
+    _sim(23, 3, tmp_path, scenario, clients=3, **BOUNDS)
+    assert seen["writes"] >= 1, seen
