@@ -1,7 +1,17 @@
 """Run a local cluster: ``python -m cluster.local --nodes 3 --service MODULE:CLASS --dir DIR``.
 
 Starts that many ``python -m cluster.node`` processes on free loopback ports, prints the
-members and ingress endpoints, and stops them (SIGTERM, then SIGKILL) on Ctrl-C.
+members and ingress endpoints, and stops them (SIGTERM, then SIGKILL) on Ctrl-C or
+SIGTERM (exit code 0).
+
+It supervises them as a process supervisor does.  A member that exits is named with its
+exit code on stderr; then the others are stopped and it exits with 1 (or 0 when every
+member stopped by itself with 0 within :data:`SHUTDOWN_GRACE` seconds: ``cluster-tool
+shutdown``).  With ``--restart`` a member that failed (a non-zero exit, a signal) is
+started again instead, after a pause that doubles while it keeps failing within
+:data:`STABLE` seconds of its start (0.5 s to 10 s); one that exits with 0 (stopped on
+purpose) or 2 (a setting, a port in use, its data directory: starting it again would not
+help) is not.
 """
 
 from __future__ import annotations
@@ -132,6 +142,9 @@ class LocalCluster:
                     f"(exit code {code}); see {self.log_dir / f'node-{ident}.log'}"
                 )
 
+    def pid(self, member_id: int) -> int:
+        return self.processes[member_id].pid
+
     def signal(self, member_id: int, signum: int) -> None:
         self.processes[member_id].send_signal(signum)
 
@@ -166,20 +179,121 @@ class LocalCluster:
         self.stop_all()
 
 
+SHUTDOWN_GRACE = 2.0
+"""Seconds to wait, once a member exited with 0, for the others to stop by themselves."""
+STABLE = 10.0
+"""A member that ran this long before it failed is restarted after the shortest pause."""
+FIRST_PAUSE, LONGEST_PAUSE = 0.5, 10.0
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def describe_exit(code: int) -> str:
+    """``code 1``, or ``code -9 (SIGKILL)`` for a process a signal ended."""
+    if code < 0:
+        try:
+            return f"code {code} ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return f"code {code}"
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+class Supervisor:
+    """Watches a started :class:`LocalCluster`'s members (see the module's docstring)."""
+
+    def __init__(self, cluster: LocalCluster, restart: bool = False, poll: float = 0.2) -> None:
+        self.cluster = cluster
+        self.restart = restart
+        self.poll = poll
+        self.started = {m: time.monotonic() for m in cluster.processes}
+        self.pauses = {m: FIRST_PAUSE for m in cluster.processes}
+        self.due: dict[int, float] = {}  # members to start again, and when
+        self.restarts = 0
+
+    def _log(self, member_id: int) -> Path:
+        return self.cluster.log_dir / f"node-{member_id}.log"
+
+    def _exited(self) -> dict[int, int]:
+        return {
+            m: code
+            for m, p in self.cluster.processes.items()
+            if m not in self.due and (code := p.poll()) is not None
+        }
+
+    def run(self) -> int:
+        """Until a member exits (without ``restart``); the exit code."""
+        while True:
+            for member_id, at in list(self.due.items()):
+                if time.monotonic() >= at:
+                    del self.due[member_id]
+                    self.cluster.start(member_id)
+                    self.started[member_id] = time.monotonic()
+                    self.restarts += 1
+                    _say(f"member {member_id} started again (pid {self.cluster.pid(member_id)})")
+            for member_id, code in sorted(self._exited().items()):
+                if self.restart and code not in (0, 2):
+                    self._schedule(member_id, code)
+                    continue
+                return self._stop(member_id, code)
+            time.sleep(self.poll)
+
+    def _schedule(self, member_id: int, code: int) -> None:
+        ran = time.monotonic() - self.started[member_id]
+        pause = FIRST_PAUSE if ran >= STABLE else self.pauses[member_id]
+        self.pauses[member_id] = min(pause * 2, LONGEST_PAUSE)
+        self.due[member_id] = time.monotonic() + pause
+        _say(
+            f"member {member_id} exited with {describe_exit(code)} after {ran:.1f} s "
+            f"(see {self._log(member_id)}); restarting it in {pause:g} s"
+        )
+
+    def _stop(self, member_id: int, code: int) -> int:
+        why = {0: "it stopped on purpose", 2: "a setting, a port or its data directory"}
+        note = f" ({why[code]}: not restarted)" if self.restart and code in why else ""
+        _say(
+            f"member {member_id} exited with {describe_exit(code)}{note}; "
+            f"see {self._log(member_id)}"
+        )
+        if code == 0:  # a cluster-wide shutdown stops every member with 0
+            deadline = time.monotonic() + SHUTDOWN_GRACE
+            while time.monotonic() < deadline and any(
+                p.poll() is None for p in self.cluster.processes.values()
+            ):
+                time.sleep(0.05)
+            codes = [p.poll() for p in self.cluster.processes.values()]
+            if all(c == 0 for c in codes) and not self.due:
+                _say("every member stopped with exit code 0")
+                return 0
+        running = [m for m, p in self.cluster.processes.items() if p.poll() is None]
+        if running:
+            _say(f"stopping the other members: {', '.join(map(str, running))}")
+        return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cluster.local", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m cluster.local",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_version(parser)
     parser.add_argument("--nodes", type=int, default=1, help="number of members (default 1)")
     parser.add_argument("--service", default="cluster.examples.kv:KeyValueService")
     parser.add_argument("--dir", default="cluster-local", help="data directory")
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="start a member that failed again (else: stop the others and exit 1)",
+    )
     args, extra = parser.parse_known_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # stop the members as on Ctrl-C
     cluster = LocalCluster(args.nodes, args.service, args.dir, extra_args=extra)
-    reported: set[int] = set()
     try:  # from here on a signal stops whatever members have started
         try:
             cluster.start_all()
@@ -189,19 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"members: {cluster.members}")
         print(f"ingress endpoints: {cluster.ingress_endpoints}")
         print(f"logs: {cluster.log_dir}/node-*.log  (Ctrl-C to stop)", flush=True)
-        while any(p.poll() is None for p in cluster.processes.values()):
-            for member_id, proc in cluster.processes.items():
-                if proc.poll() is not None and member_id not in reported:
-                    reported.add(member_id)
-                    print(
-                        f"member {member_id} exited with code {proc.returncode}; "
-                        "the others keep running",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-            time.sleep(0.5)
-        print("every member has exited", file=sys.stderr)
-        return 1
+        return Supervisor(cluster, restart=args.restart).run()
     except KeyboardInterrupt:
         return 0
     finally:
