@@ -47,9 +47,13 @@ async def test_a_busy_pass_is_recorded_with_its_cpu_time_and_where_it_ran() -> N
         spin_python(0.03, sampled)
 
     await run_with_watch(body, watch)
-    (stall,) = [s for s in watch.recent if s.cpu_s >= 0.03]
+    (stall,) = [s for s in watch.recent if "spin_python" in s.where]
     assert stall.kind == "busy"
-    assert stall.duration_s >= stall.cpu_s
+    assert stall.duration_s >= 0.03
+    # cpu_s is the loop thread's CPU in the sampler's window, scaled to the whole pass:
+    # on a busy machine the share in the window is not the share of the pass (it failed
+    # a clean-clone run asking for >= 0.03), so only its sign and bound are exact
+    assert 0 < stall.cpu_s <= stall.duration_s
     assert "spin_python" in stall.where
     assert "test_stalls.py" in stall.where
     assert watch.busy >= 1
