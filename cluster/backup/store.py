@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..archive.reader import list_segments, segment_name
+from ..archive.record import RECORD_HEADER, RECORD_HEADER_LENGTH, complete_length
 from ..archive.recording_log import CM_SERVICE_ID, RecordingLog
 from ..archive.segments import DEFAULT_SEGMENT_SIZE
 from ..archive.snapshots import snapshot_path
@@ -196,20 +197,32 @@ class BackupStore:
 
     def append(self, data: bytes) -> None:
         """Append whole, checked records at :attr:`log_end` (in the manifest at the next
-        :meth:`commit`)."""
-        end = self.log_end
-        if end is None:
+        :meth:`commit`), in a new segment at the first record's start past
+        ``segment_size``."""
+        if self.log_end is None:
             raise StoreError("the backup's log has no start yet")
         if self._fd is None:
             last = list_segments(self.out / "archive")[-1]
             self._fd = os.open(last.path, os.O_WRONLY)
             self._segment_base = last.base
-        if end - self._segment_base >= self.segment_size:
-            self._new_segment(end)
-        assert self._fd is not None
-        write_all(self._fd, data, end - self._segment_base)
-        self.manifest["log_end"] = end + len(data)
-        self.appended_bytes += len(data)
+        view = memoryview(data)
+        while view.nbytes:
+            end = self.log_end
+            room = self._segment_base + self.segment_size - end
+            if room <= 0:
+                self._new_segment(end)
+                room = self.segment_size
+            size = view.nbytes if view.nbytes <= room else max(complete_length(view[:room]), 0)
+            if size == 0:  # one record longer than the room left: it goes whole
+                length, _crc = RECORD_HEADER.unpack_from(view)
+                size = RECORD_HEADER_LENGTH + length
+            assert self._fd is not None
+            write_all(self._fd, view[:size], end - self._segment_base)
+            self.manifest["log_end"] = end + size
+            self.appended_bytes += size
+            view = view[size:]
+            if view.nbytes:
+                self._new_segment(self.log_end)
 
     def retain(self, keep: int) -> None:
         """Keep the newest ``keep`` snapshots and the log from the oldest of them (whole

@@ -1,9 +1,10 @@
 """The disaster-recovery drill (issue 34), with real processes.
 
 A 3-member KV cluster runs under a closed-loop writer (unique keys, every
-acknowledgement recorded): first alone, then with ``cluster-backup`` following it (its
-``/metrics`` lag and ``/health`` sampled all along), and a one-shot ``cluster-tool backup
---out`` taken mid-run.  Then every member is killed and its directory destroyed.  A new
+acknowledgement recorded) with ``cluster-backup`` following it, detached (SIGSTOP: it
+asks nothing of the cluster) and attached in turns (its ``/metrics`` lag and ``/health``
+sampled while attached), and a one-shot ``cluster-tool backup --out`` taken mid-run.
+Then every member is killed and its directory destroyed.  A new
 cluster is restored from each backup and started: every write acknowledged before the
 one-shot backup was asked for (its position covers them) reads back with its value from
 the first; every acknowledged write from the second (the continuous backup caught up
@@ -38,7 +39,8 @@ from cluster.local import LocalCluster, free_ports
 pytestmark = pytest.mark.slow
 
 WRITERS = 8
-PHASE = 3.0  # seconds of writing without, then with, the backup attached
+PHASE = 2.5  # seconds of writing without, then with, the backup attached, in turns
+ROUNDS = 2
 MAX_LAG = 1 << 20
 INTERVAL = "500ms"
 
@@ -83,11 +85,13 @@ def metric(text: str, name: str) -> float:
     raise KeyError(name)
 
 
-def start_backup(members: str, out: Path, port: int, log: IO[str]) -> subprocess.Popen[bytes]:
+def start_backup(
+    members: str, out: Path, port: int, log: IO[str], *extra: str
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "cluster.backup", "--members", members, "--out", str(out),
          "--metrics-port", str(port), "--interval", INTERVAL, "--max-lag", str(MAX_LAG),
-         "--segment-size", "256KiB"],
+         "--segment-size", "256KiB", *extra],
         stdout=log, stderr=log,
     )  # fmt: skip
 
@@ -124,6 +128,14 @@ def test_the_drill(tmp_path: Path) -> None:
                 unhealthy.append(text)
             await trio.sleep(0.5)
 
+    async def healthy() -> None:
+        for _ in range(100):  # caught up: the lag known and small, a recent poll
+            code, text = await trio.to_thread.run_sync(scrape, port, "/health")
+            if code == 200:
+                return
+            await trio.sleep(0.1)
+        raise AssertionError(f"the backup is not healthy: {text}")
+
     async def drive(cluster: LocalCluster) -> Writer:
         async with kv_session(cluster.ingress_endpoints, attempts=3) as (_c, kv):
             writer = Writer(kv)
@@ -131,25 +143,37 @@ def test_the_drill(tmp_path: Path) -> None:
             writer.counts.clear()
             snap = await trio.to_thread.run_sync(tool, "--members", cluster.members, "snapshot")
             assert snap.returncode == 0, snap.stderr
-            t0 = trio.current_time()
-            await writer.run(t0 + PHASE)
-            figures["without"] = writer.counts["without"] / (trio.current_time() - t0)
-
             procs.append(start_backup(cluster.members, backup_dir, port, backup_log))
-            for _ in range(100):  # caught up: the lag known and small
-                code, text = await trio.to_thread.run_sync(scrape, port, "/health")
-                if code == 200:
-                    break
-                await trio.sleep(0.1)
-            assert code == 200, text
+            await healthy()
+            # without and with the backup attached, in turns (a stopped backup asks
+            # nothing of the cluster); its lag sampled while it is attached
+            elapsed = {"without": 0.0, "with": 0.0}
             stop_sampling = trio.Event()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(sample, stop_sampling)
-                writer.phase = "with"
-                t0 = trio.current_time()
-                await writer.run(t0 + PHASE)
-                figures["with"] = writer.counts["with"] / (trio.current_time() - t0)
+                for turn in range(ROUNDS):  # without, with, with, without: drift cancels
+                    for phase in ("without", "with")[:: 1 if turn % 2 == 0 else -1]:
+                        if phase == "without":
+                            stop_sampling.set()
+                            procs[0].send_signal(signal.SIGSTOP)
+                        else:
+                            procs[0].send_signal(signal.SIGCONT)
+                            await trio.sleep(1.0)  # it catches up with the pause
+                            await healthy()
+                            stop_sampling = trio.Event()
+                            nursery.start_soon(sample, stop_sampling)
+                        writer.phase = phase
+                        t0 = trio.current_time()
+                        await writer.run(t0 + PHASE)
+                        elapsed[phase] += trio.current_time() - t0
+                    stop_sampling.set()
+                for phase, seconds in elapsed.items():
+                    figures[phase] = writer.counts[phase] / seconds
+                procs[0].send_signal(signal.SIGCONT)
+                await trio.sleep(1.0)
+                await healthy()
 
+                stop_sampling = trio.Event()
+                nursery.start_soon(sample, stop_sampling)
                 # mid-run: a snapshot (the continuous backup pulls it), a one-shot backup
                 writer.phase = "oneshot"
 
@@ -204,7 +228,7 @@ def test_the_drill(tmp_path: Path) -> None:
     assert max(lags) <= MAX_LAG
     assert not unhealthy, unhealthy[:3]
     # the writer's throughput with the backup attached (loose: a noisy 2-core machine)
-    assert figures["with"] >= 0.7 * figures["without"], figures
+    assert figures["with"] >= 0.75 * figures["without"], figures
 
     assert oneshot["covers"] > 0
     assert tool("verify", "--dir", str(tmp_path / "oneshot")).returncode == 0

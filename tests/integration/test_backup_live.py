@@ -7,15 +7,18 @@ from it holds every write acknowledged before the call.  The admin commands behi
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 import trio
-from test_failover import kv_session, local_cluster
+from test_backup_drill import metric, scrape, start_backup
+from test_failover import NODE_ARGS, kv_session, local_cluster, unreadable
 from test_tool_offline import tool
 
 from cluster.config import parse_members
-from cluster.local import LocalCluster
+from cluster.local import LocalCluster, free_ports
 from cluster.tool.client import request
 
 pytestmark = pytest.mark.slow
@@ -95,3 +98,103 @@ def test_a_live_backup_with_no_member_reachable_exits_1_in_words(tmp_path: Path)
     assert "no leader found" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "b").exists()
+
+
+def test_the_continuous_backup_survives_a_pause_a_leader_kill_and_a_restart(
+    tmp_path: Path,
+) -> None:
+    """``cluster-backup`` paused (SIGSTOP) for longer than the members' admin idle
+    timeout, the leader killed, the backup stopped (SIGTERM) and started again on its
+    directory: it goes on each time, keeps only ``--retention`` snapshots (the log below
+    the oldest dropped), and a restore from it holds every acknowledged write."""
+    port = free_ports(1)[0]
+    out = tmp_path / "continuous"
+    log = open(tmp_path / "backup.log", "w")  # noqa: SIM115
+    written: dict[str, bytes] = {}
+    backups: list[subprocess.Popen[bytes]] = []
+
+    def start() -> None:
+        backups.append(
+            start_backup(
+                cluster.members, out, port, log, "--retention", "2", "--segment-size", "8KiB"
+            )
+        )
+
+    def position() -> float:
+        code, text = scrape(port, "/metrics")
+        return metric(text, "triarch_backup_position") if code == 200 else -1
+
+    async def until_caught_up(at_least: float) -> None:
+        for _ in range(200):
+            if await trio.to_thread.run_sync(position) >= at_least:
+                code, _text = await trio.to_thread.run_sync(scrape, port, "/health")
+                if code == 200:
+                    return
+            await trio.sleep(0.1)
+        raise AssertionError(f"the backup did not reach {at_least}: {scrape(port, '/health')}")
+
+    async def commit_position() -> int:
+        done = await trio.to_thread.run_sync(tool, "--members", cluster.members, "describe",
+                                             "--json")  # fmt: skip
+        return max(m["commit_position"] or 0 for m in json.loads(done.stdout)["members"])
+
+    async def scenario() -> None:
+        async with kv_session(cluster.ingress_endpoints, attempts=3) as (c, kv):
+
+            async def put_some(prefix: str, count: int) -> None:
+                for i in range(count):
+                    written[f"{prefix}{i}"] = f"{prefix}-value-{i}".encode()
+                    await kv.put(f"{prefix}{i}", written[f"{prefix}{i}"])
+
+            await put_some("a", 100)
+            await trio.to_thread.run_sync(start)
+            await until_caught_up(await commit_position())
+            # paused past the admin idle timeout (2 s here) while the cluster writes
+            backups[0].send_signal(signal.SIGSTOP)
+            await put_some("b", 100)
+            await trio.sleep(2.5)
+            backups[0].send_signal(signal.SIGCONT)
+            await until_caught_up(await commit_position())
+            for n in range(3):  # snapshots the backup pulls; it keeps two
+                await trio.to_thread.run_sync(tool, "--members", cluster.members, "snapshot")
+                await put_some(f"s{n}-", 50)
+                await until_caught_up(await commit_position())
+            # the leader killed: the backup goes on from the others
+            leader = c.leader_member_id
+            cluster.kill(leader)
+            await put_some("c", 100)
+            await until_caught_up(await commit_position())
+            # stopped and started again: it goes on where it stopped
+            backups[0].send_signal(signal.SIGTERM)
+            assert await trio.to_thread.run_sync(backups[0].wait, 10) == 0
+            held = json.loads((out / "backup.json").read_text())
+            await put_some("d", 100)
+            await trio.to_thread.run_sync(start)
+            await until_caught_up(await commit_position())
+            again = json.loads((out / "backup.json").read_text())
+            assert again["new_cluster_id"] == held["new_cluster_id"]
+            assert again["log_end"] > held["log_end"]
+            assert again["log_start"] >= held["log_start"] > 0  # retention dropped the log
+            assert len({(e["log_position"]) for e in again["snapshots"]}) <= 2
+
+    args = [*NODE_ARGS, "--admin-idle-timeout", "2s"]
+    try:
+        with local_cluster(3, tmp_path / "source", args) as cluster:
+            trio.run(scenario)
+        backups[-1].send_signal(signal.SIGTERM)
+        assert backups[-1].wait(10) == 0
+    finally:
+        for proc in backups:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+        log.close()
+    assert tool("verify", "--dir", str(out)).returncode == 0
+    restore_all(out, tmp_path / "restored")
+
+    async def read_back(cluster: LocalCluster) -> None:
+        async with kv_session(cluster.ingress_endpoints, attempts=3) as (_c, kv):
+            assert await unreadable(kv, written) == []
+
+    with local_cluster(3, tmp_path / "restored") as cluster:
+        trio.run(read_back, cluster)
