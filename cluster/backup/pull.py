@@ -97,7 +97,7 @@ async def sync(
             return await _once(store, pull, keep, upto)
         except BackupLinkError as exc:
             failure = exc
-            if "gone" not in str(exc) and "no longer held" not in str(exc):
+            if not any(word in str(exc) for word in ("gone", "no longer held", "log start")):
                 raise
             await trio.sleep(0.1 * (attempt + 1))  # compacted meanwhile: ask again
     assert failure is not None
