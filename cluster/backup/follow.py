@@ -224,7 +224,12 @@ class Follower:
         try:
             while True:
                 started = trio.current_time()
-                await self.poll()
+                try:
+                    await self.poll()
+                except Exception as exc:  # a bug or a surprise: logged, the next poll
+                    log.exception("poll failed")
+                    self.state.failures += 1
+                    self.state.last_error = f"poll failed: {exc!r}"
                 await trio.sleep_until(started + self.interval)
         finally:
             for pull in self._pulls.values():

@@ -15,8 +15,11 @@ import pytest
 import trio
 from test_backup_drill import metric, scrape, start_backup
 from test_failover import NODE_ARGS, kv_session, local_cluster, unreadable
+from test_security import secure_cluster
 from test_tool_offline import tool
 
+from cluster.backup.link import Link, client_identity
+from cluster.backup.oneshot import OneShotError, live_backup
 from cluster.config import parse_members
 from cluster.local import LocalCluster, free_ports
 from cluster.tool.client import request
@@ -198,3 +201,26 @@ def test_the_continuous_backup_survives_a_pause_a_leader_kill_and_a_restart(
 
     with local_cluster(3, tmp_path / "restored") as cluster:
         trio.run(read_back, cluster)
+
+
+async def test_a_live_backup_under_tls_needs_an_admin_principal(tmp_path: Path) -> None:
+    """With TLS the backup commands are answered to an admin principal only: the ``app``
+    client's certificate is refused in words and nothing is left behind."""
+    async with secure_cluster(tmp_path) as c:
+        members = parse_members(c.members)
+        admin = client_identity(str(c.client_dir("admin")), "test")
+        manifest = await live_backup(members, tmp_path / "ok", member=0, tls=admin)
+        assert manifest["covers"] > 0
+        assert manifest["cluster_id"] == c.nodes[0].identity.cluster_id
+        app = client_identity(str(c.client_dir("app")), "test")
+        with pytest.raises(OneShotError, match="refused: only allowed to an admin principal"):
+            await live_backup(members, tmp_path / "refused", member=1, tls=app)
+        assert not (tmp_path / "refused").exists()
+        # a snapshot file that is not there (compacted meanwhile): a refusal in words
+        link = Link(members[0], admin)
+        reply = await link.request("backup-read", {
+            "kind": "snapshot", "position": "12345", "term": "0", "offset": "0",
+        })  # fmt: skip
+        await link.aclose()
+        assert not reply.ok
+        assert "is gone from this member" in reply.message
