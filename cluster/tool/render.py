@@ -19,6 +19,7 @@ import msgspec
 from ..config import MemberEndpoints
 from ..protocol.admin import MemberStatus
 from ..transport.tls import is_tls_problem
+from ..units import format_size
 from .client import Result, find_leader
 
 STATUS_FIELDS = tuple(f.name for f in msgspec.structs.fields(MemberStatus))
@@ -150,13 +151,13 @@ def describe_table(described: Sequence[Result]) -> str:
                 lag[f.member_id] = f.lag_bytes
     header = (
         "member", "role", "term", "commit", "append", "snapshot", "election", "module",
-        "sessions", "lag", "uptime", "status",
+        "sessions", "lag", "uptime", "pid", "archive", "version", "status",
     )  # fmt: skip
     rows: list[tuple[str, ...]] = []
     for r in described:
         s = r.status
         if s is None:
-            rows.append((str(r.member.member_id), *("-",) * 10, down(r.failure).strip()))
+            rows.append((str(r.member.member_id), *("-",) * 13, down(r.failure).strip()))
             continue
         rows.append(
             (
@@ -171,6 +172,9 @@ def describe_table(described: Sequence[Result]) -> str:
                 str(len(s.sessions)),
                 cell(lag.get(s.member_id)),
                 duration(s.uptime_s),
+                str(s.pid) if s.pid else "-",
+                format_size(s.archive_bytes),
+                s.version or "-",
                 f"up, {s.disk.summary()}" if s.disk.problem else "up",
             )
         )
