@@ -51,6 +51,8 @@ class BackupStore:
         self.records = 0
         """Records appended (each CRC-checked on the way) since this store was opened."""
         self.appended_bytes = 0
+        self._doomed: list[Path] = []
+        """Files dropped by retention, deleted once the manifest no longer names them."""
 
     # ------------------------------------------------------------------ opening
 
@@ -226,7 +228,9 @@ class BackupStore:
 
     def retain(self, keep: int) -> None:
         """Keep the newest ``keep`` snapshots and the log from the oldest of them (whole
-        segment files: the log may begin a little below it)."""
+        segment files: the log may begin a little below it).  The files are deleted by
+        the next :meth:`commit`, once the recording log and the manifest no longer name
+        them, so a restore meanwhile finds the old consistent set."""
         snaps = self.snapshots
         if keep <= 0 or len(snaps) <= keep:
             return
@@ -235,12 +239,11 @@ class BackupStore:
             e for e in self.manifest["snapshots"] if e["log_position"] >= oldest
         ]
         segments = list_segments(self.out / "archive")
-        for segment in segments[:-1]:
-            if segment.end <= oldest:
-                segment.path.unlink()
-        remaining = list_segments(self.out / "archive")
-        self.manifest["log_start"] = remaining[0].base
-        self._drop_unlisted_snapshots()
+        doomed = [s for s in segments[:-1] if s.end <= oldest]
+        self._doomed += [s.path for s in doomed]
+        self.manifest["log_start"] = segments[len(doomed)].base
+        kept = {self._snapshot_file(e) for e in self.manifest["snapshots"]}
+        self._doomed += [f for f in (self.out / "snapshots").glob("*.snap") if f not in kept]
 
     def _drop_unlisted_snapshots(self) -> None:
         kept = {self._snapshot_file(e) for e in self.manifest["snapshots"]}
@@ -317,6 +320,9 @@ class BackupStore:
         manifest["updated"] = time.time()
         replace_file(self.out / "recording.log", self._recording_log())
         replace_file(self.out / MANIFEST, json.dumps(manifest, indent=2).encode())
+        doomed, self._doomed = self._doomed, []
+        for path in doomed:  # named by neither any more (see retain)
+            path.unlink(missing_ok=True)
         return manifest
 
     def close(self) -> None:

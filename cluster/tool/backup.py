@@ -52,10 +52,17 @@ from .offline import recovery_plan, verify
 
 MANIFEST = "backup.json"
 FORMAT = 1
+RESTORE_ATTEMPTS = 5
+"""A restore from a directory that a running ``cluster-backup`` changed under it is
+tried again (it changes every poll, atomically)."""
 
 
 class BackupError(Exception):
     """The backup or the restore cannot be made as asked (exit 1, the reason in words)."""
+
+
+class BackupChanged(BackupError):
+    """The backup changed under the restore (a running ``cluster-backup``): try again."""
 
 
 def _saved_commit(node_dir: Path) -> int:
@@ -155,7 +162,8 @@ def restore(
 ) -> dict[str, Any]:
     """Make member ``member_id``'s data directory ``node_dir`` from ``backup``."""
     try:
-        manifest = json.loads((backup / MANIFEST).read_text())
+        manifest_bytes = (backup / MANIFEST).read_bytes()
+        manifest = json.loads(manifest_bytes)
     except (OSError, ValueError) as exc:
         raise BackupError(f"{backup} is no backup ({MANIFEST}: {exc})") from None
     if manifest.get("format") != FORMAT:
@@ -186,12 +194,20 @@ def restore(
         )
     checked = verify(backup)
     if not checked["ok"]:
+        if (backup / MANIFEST).read_bytes() != manifest_bytes:
+            raise BackupChanged(f"{backup} changed while it was checked")
         raise BackupError(f"{backup} does not verify: {checked['problems']}")
     node_dir.mkdir(parents=True, exist_ok=True)
     try:
-        for part in ("archive", "snapshots"):
-            shutil.copytree(backup / part, node_dir / part)
-        shutil.copyfile(backup / "recording.log", node_dir / "recording.log")
+        try:
+            for part in ("archive", "snapshots"):
+                shutil.copytree(backup / part, node_dir / part)
+            shutil.copyfile(backup / "recording.log", node_dir / "recording.log")
+        except (OSError, shutil.Error) as exc:
+            raise BackupChanged(
+                f"{backup} changed while it was copied (a running cluster-backup "
+                f"dropped a file?): {exc}"
+            ) from None
         if to_position is not None:
             end = _record_end_at_or_below(node_dir, to_position)
             if end != to_position:
@@ -276,18 +292,26 @@ def cmd_live_backup(parser: Any, args: Any) -> int:
 
 
 def cmd_restore(args: Any) -> int:
-    try:
-        done = restore(
-            Path(getattr(args, "from")),
-            Path(args.dir),
-            args.member_id,
-            same_cluster=args.same_cluster,
-            cluster_commit=args.cluster_commit,
-            to_position=args.to_position,
-        )
-    except BackupError as exc:
-        print(f"cluster-tool restore: error: {exc}", file=sys.stderr)
-        return 1
+    for attempt in range(RESTORE_ATTEMPTS):
+        try:
+            done = restore(
+                Path(getattr(args, "from")),
+                Path(args.dir),
+                args.member_id,
+                same_cluster=args.same_cluster,
+                cluster_commit=args.cluster_commit,
+                to_position=args.to_position,
+            )
+            break
+        except BackupChanged as exc:  # a running cluster-backup: its next state
+            if attempt + 1 < RESTORE_ATTEMPTS:
+                time.sleep(0.5)
+                continue
+            print(f"cluster-tool restore: error: {exc}", file=sys.stderr)
+            return 1
+        except BackupError as exc:
+            print(f"cluster-tool restore: error: {exc}", file=sys.stderr)
+            return 1
     if args.output == "json":
         emit(done)
     else:

@@ -162,6 +162,15 @@ def test_the_continuous_backup_survives_a_pause_a_leader_kill_and_a_restart(
                 await trio.to_thread.run_sync(tool, "--members", cluster.members, "snapshot")
                 await put_some(f"s{n}-", 50)
                 await until_caught_up(await commit_position())
+            # a restore while it runs (and writes go on): a consistent set
+            restoring = trio.to_thread.run_sync(tool, "restore", "--from", str(out), "--dir",
+                                                str(tmp_path / "while" / "node-0"),
+                                                "--member-id", "0")  # fmt: skip
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(put_some, "w", 100)
+                done = await restoring
+            assert done.returncode == 0, done.stderr
+            assert tool("verify", "--dir", str(tmp_path / "while" / "node-0")).returncode == 0
             # the leader killed: the backup goes on from the others
             leader = c.leader_member_id
             cluster.kill(leader)
