@@ -233,3 +233,80 @@ async def test_a_live_backup_under_tls_needs_an_admin_principal(tmp_path: Path) 
         await link.aclose()
         assert not reply.ok
         assert "is gone from this member" in reply.message
+
+
+def test_backups_while_members_compact_their_log_all_the_time(tmp_path: Path) -> None:
+    """Members on 16 KiB segments taking a snapshot every 32 KiB of log and keeping one:
+    their snapshots and segments go away all the time under the backups' reads.  One-shot
+    backups (from a follower and from the leader) succeed or fail in words, never with
+    a traceback; the continuous backup follows, and restores every write."""
+    port = free_ports(1)[0]
+    out = tmp_path / "continuous"
+    log = open(tmp_path / "backup.log", "w")  # noqa: SIM115
+    written: dict[str, bytes] = {}
+    backups: list[subprocess.Popen[bytes]] = []
+    results: list[subprocess.CompletedProcess[str]] = []
+    args = [*NODE_ARGS, "--segment-size", "16KiB", "--snapshot-log-bytes", "32KiB",
+            "--archive-retention", "1"]  # fmt: skip
+
+    async def scenario() -> None:
+        async with kv_session(cluster.ingress_endpoints, attempts=3) as (_c, kv):
+            backups.append(start_backup(cluster.members, out, port, log, "--segment-size", "16KiB"))
+            stop = trio.Event()
+
+            async def write() -> None:
+                i = 0
+                while not stop.is_set():
+                    written[f"k{i}"] = f"value-{i}".encode() * 4
+                    await kv.put(f"k{i}", written[f"k{i}"])
+                    i += 1
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(4):
+                    nursery.start_soon(write)
+                for n, member in enumerate(("1", "0", "2")):
+                    target = str(tmp_path / f"oneshot-{n}")
+                    results.append(await trio.to_thread.run_sync(
+                        tool, "--members", cluster.members, "backup", "--out", target,
+                        "--member", member,
+                    ))  # fmt: skip
+                stop.set()
+            commit = 0
+            for _ in range(100):
+                done = await trio.to_thread.run_sync(tool, "--members", cluster.members,
+                                                     "describe", "--json")  # fmt: skip
+                commit = max(m["commit_position"] or 0 for m in json.loads(done.stdout)["members"])
+                code, text = await trio.to_thread.run_sync(scrape, port, "/metrics")
+                if code == 200 and metric(text, "triarch_backup_position") >= commit:
+                    break
+                await trio.sleep(0.2)
+            assert metric(text, "triarch_backup_position") >= commit
+
+    try:
+        with local_cluster(3, tmp_path / "source", args) as cluster:
+            trio.run(scenario)
+        backups[0].send_signal(signal.SIGTERM)
+        assert backups[0].wait(10) == 0
+    finally:
+        for proc in backups:
+            if proc.poll() is None:
+                proc.kill()
+        log.close()
+    for n, result in enumerate(results):
+        assert "Traceback" not in result.stderr, result.stderr
+        if result.returncode == 0:
+            assert tool("verify", "--dir", str(tmp_path / f"oneshot-{n}")).returncode == 0
+        else:
+            assert result.returncode == 1, result.stderr
+            assert "error:" in result.stderr
+    assert sum(r.returncode == 0 for r in results) >= 2, [r.stderr for r in results]
+    manifest = json.loads((out / "backup.json").read_text())
+    assert manifest["log_start"] > 0  # the log below its snapshots dropped
+    restore_all(out, tmp_path / "restored")
+
+    async def read_back(cluster: LocalCluster) -> None:
+        async with kv_session(cluster.ingress_endpoints, attempts=3) as (_c, kv):
+            assert await unreadable(kv, written) == []
+
+    with local_cluster(3, tmp_path / "restored") as cluster:
+        trio.run(read_back, cluster)
