@@ -35,6 +35,10 @@ class BackupLinkError(Exception):
     """No usable answer from the member (the reason in words)."""
 
 
+class SnapshotDamaged(BackupLinkError):
+    """The member's snapshot file fails its check (an older one may do)."""
+
+
 def client_identity(folder: str | None, user: str) -> TlsIdentity | None:
     """``--certs-dir``'s client identity (an admin principal's folder), or None."""
     return None if folder is None else load_client_identity(Path(folder), user=user,
@@ -160,7 +164,10 @@ class Pull:
             offset += len(reply.body)
         problem = _write_checked(into, b"".join(parts))
         if problem:
-            raise BackupLinkError(f"member {self.member_id}: snapshot fails its check: {problem}")
+            raise SnapshotDamaged(
+                f"member {self.member_id}: the snapshot at log position "
+                f"{entry['log_position']} fails its check: {problem}"
+            )
 
     async def log(self, start: int, stop: int) -> AsyncIterator[bytes]:
         """The log ``[start, stop)`` in chunks of whole records, each CRC-checked."""

@@ -12,12 +12,15 @@ meanwhile (a compaction) is retried from a fresh query a few times.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import trio
 
-from .link import BackupLinkError, Pull
+from .link import BackupLinkError, Pull, SnapshotDamaged
 from .store import BackupStore
+
+log = logging.getLogger("cluster.backup")
 
 COMMIT_EVERY = 16 << 20
 """Bytes of log after which a long pass saves its progress (the manifest)."""
@@ -54,18 +57,28 @@ async def _once(store: BackupStore, pull: Pull, keep: int, upto: int | None) -> 
         )
     stop = query["readable_end"] if upto is None else min(upto, query["readable_end"])
     groups = _snapshot_groups(query)
-    newest = max(groups, default=None)
     end = store.log_end
     behind = end is None or end < query["log_start"]
-    if newest is not None and newest[0] > store.latest_snapshot and (behind or newest[0] <= stop):
-        temp = store.snapshot_temp()
-        await pull.snapshot(groups[newest][0], temp)
-        store.add_snapshot(groups[newest], temp)
+    newest = None
+    for candidate in sorted(groups, reverse=True):  # the newest that passes its check
+        if candidate[0] <= store.latest_snapshot or not (behind or candidate[0] <= stop):
+            break
+        try:
+            temp = store.snapshot_temp()
+            await pull.snapshot(groups[candidate][0], temp)
+        except SnapshotDamaged as exc:
+            log.warning("%s: an older one is taken", exc)
+            continue
+        store.add_snapshot(groups[candidate], temp)
+        newest = candidate
+        break
+    if behind and newest is None and 0 <= query["log_start"] <= store.latest_snapshot:
+        newest = (store.latest_snapshot, -1)  # the one it holds: the log from there
     if behind:
         if newest is None:
             if query["log_start"] > 0 or end is not None:
                 raise BackupLinkError(
-                    f"member {pull.member_id} holds no snapshot and its log begins at "
+                    f"member {pull.member_id} holds no valid snapshot and its log begins at "
                     f"{query['log_start']}: nothing to start a backup from"
                 )
             store.start_at(0)

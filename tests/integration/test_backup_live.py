@@ -310,3 +310,49 @@ def test_backups_while_members_compact_their_log_all_the_time(tmp_path: Path) ->
 
     with local_cluster(3, tmp_path / "restored") as cluster:
         trio.run(read_back, cluster)
+
+
+def test_a_live_backup_passes_over_a_damaged_snapshot(tmp_path: Path) -> None:
+    """The member's newest snapshot file has a flipped bit: the backup takes the one
+    before it and the log from there, and a restore from it holds every write."""
+    written: dict[str, bytes] = {}
+    positions: list[int] = []
+
+    async def scenario(cluster: LocalCluster) -> None:
+        async with kv_session(cluster.ingress_endpoints, attempts=3) as (_c, kv):
+            for n in range(2):
+                for i in range(50):
+                    written[f"{n}-{i}"] = f"value-{n}-{i}".encode()
+                    await kv.put(f"{n}-{i}", written[f"{n}-{i}"])
+                done = await trio.to_thread.run_sync(
+                    tool, "--members", cluster.members, "snapshot", "--json"
+                )
+                assert done.returncode == 0, done.stderr
+            snaps = sorted((tmp_path / "source" / "node-0" / "snapshots").glob("*.snap"))
+            assert len(snaps) == 2
+            data = bytearray(snaps[-1].read_bytes())
+            data[len(data) // 2] ^= 0x10
+            snaps[-1].write_bytes(bytes(data))
+            positions.extend(int(p.name.split("-")[1]) for p in snaps)
+            for i in range(20):
+                written[f"after-{i}"] = b"after"
+                await kv.put(f"after-{i}", b"after")
+            done = await trio.to_thread.run_sync(
+                tool, "--members", cluster.members, "backup", "--out", str(tmp_path / "b"),
+                "--json",
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            manifest = json.loads(done.stdout)
+            assert manifest["snapshot"]["log_position"] == positions[0]
+
+    with local_cluster(1, tmp_path / "source") as cluster:
+        trio.run(scenario, cluster)
+    assert tool("verify", "--dir", str(tmp_path / "b")).returncode == 0
+    restore_all(tmp_path / "b", tmp_path / "restored", members=1)
+
+    async def read_back(cluster: LocalCluster) -> None:
+        async with kv_session(cluster.ingress_endpoints, attempts=3) as (_c, kv):
+            assert await unreadable(kv, written) == []
+
+    with local_cluster(1, tmp_path / "restored") as cluster:
+        trio.run(read_back, cluster)
