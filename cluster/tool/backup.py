@@ -11,8 +11,9 @@ than its log.  Every record is checked before the copy is trusted (:func:`verify
 the source and on the copy); damage refuses the backup.
 
 A **restore** makes one member's data directory from a backup: the log (cut at
-``--to-position`` if given, at a record's end: point-in-time, for an incident), the
-recording log (terms after the cut removed), the snapshot, ``node-state.json`` (the
+``--to-position`` if given, at a record's end, from the backup's oldest snapshot on:
+point-in-time, for an incident), the recording log (terms and snapshots after the cut
+removed), the snapshot, ``node-state.json`` (the
 commit position the backup covers, or the cut) and ``member.json`` (the member id
 given, voting).  Each member of the new cluster is restored from the same backup with
 its own ``--member-id``: they get the same cluster id (``backup.json``'s
@@ -184,19 +185,19 @@ def restore(
             )
         if manifest["cluster_id"] is None:
             raise BackupError("the backup does not say which cluster it came from")
-    snapshot = manifest["snapshot"]
-    floor = snapshot["log_position"] if snapshot else manifest["log_start"]
     target = manifest["log_end"] if to_position is None else to_position
-    if to_position is not None and not floor <= to_position <= manifest["log_end"]:
-        raise BackupError(
-            f"--to-position {to_position} is outside what the backup holds: "
-            f"[{floor}, {manifest['log_end']}] (from its snapshot to the end of its log)"
-        )
     checked = verify(backup)
     if not checked["ok"]:
         if (backup / MANIFEST).read_bytes() != manifest_bytes:
             raise BackupChanged(f"{backup} changed while it was checked")
         raise BackupError(f"{backup} does not verify: {checked['problems']}")
+    held = [e.log_position for e in RecordingLog.read(backup).snapshots(CM_SERVICE_ID)]
+    floor = min(held) if held else manifest["log_start"]
+    if to_position is not None and not floor <= to_position <= manifest["log_end"]:
+        raise BackupError(
+            f"--to-position {to_position} is outside what the backup holds: "
+            f"[{floor}, {manifest['log_end']}] (from its oldest snapshot to the end of its log)"
+        )
     node_dir.mkdir(parents=True, exist_ok=True)
     try:
         try:
@@ -215,10 +216,22 @@ def restore(
                     f"--to-position {to_position} is not where a record ends (the last one "
                     f"before it ends at {end})"
                 )
-            _cut(node_dir, target)
+        _cut(node_dir, target)  # also what a running cluster-backup appended since
         with RecordingLog.open(node_dir) as recording:
+            while (newest := recording.get_latest_snapshot(CM_SERVICE_ID)) is not None and (
+                newest.log_position > target
+            ):  # a point in time before it: the snapshot before that one
+                recording.invalidate_latest_snapshot()
+                snapshot_path(node_dir, newest.log_position, newest.leadership_term_id).unlink(
+                    missing_ok=True
+                )
             recording.remove_terms_from(target + 1)
             last = recording.find_last_term()
+            used = recording.get_latest_snapshot(CM_SERVICE_ID)
+        snapshot = used and {
+            "log_position": used.log_position,
+            "leadership_term_id": used.leadership_term_id,
+        }
         commit = target if to_position is not None else min(manifest["covers"], target)
         state = NodeState(node_dir)
         state.save(

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 from test_backup_drill import metric, scrape, start_backup
+from test_backup_restore import puts_in_log
 from test_failover import NODE_ARGS, kv_session, local_cluster, unreadable
 from test_security import secure_cluster
 from test_tool_offline import tool
@@ -210,6 +211,28 @@ def test_the_continuous_backup_survives_a_pause_a_leader_kill_and_a_restart(
 
     with local_cluster(3, tmp_path / "restored") as cluster:
         trio.run(read_back, cluster)
+
+    # a point in time between its two snapshots: the older one, and the puts up to there
+    held = sorted({e["log_position"] for e in json.loads((out / "backup.json").read_text())
+                   ["snapshots"]})  # fmt: skip
+    assert len(held) == 2
+    puts = puts_in_log(out / "archive", held[0], held[1])
+    assert len(puts) > 10
+    cut = puts[len(puts) // 2 - 1][0]
+    before = [key for end, key in puts if end <= cut and key in written]
+    after = [key for end, key in puts if end > cut and key in written]
+    made = tool("restore", "--from", str(out), "--dir", str(tmp_path / "pit" / "node-0"),
+                "--member-id", "0", "--to-position", str(cut), "--json")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["snapshot"]["log_position"] == held[0]
+
+    async def point_in_time(cluster: LocalCluster) -> None:
+        async with kv_session(cluster.ingress_endpoints, attempts=3) as (_c, kv):
+            assert await unreadable(kv, {k: written[k] for k in before}) == []
+            assert [k for k in after if await kv.get(k) is not None] == []
+
+    with local_cluster(1, tmp_path / "pit") as cluster:
+        trio.run(point_in_time, cluster)
 
 
 async def test_a_live_backup_under_tls_needs_an_admin_principal(tmp_path: Path) -> None:
