@@ -221,7 +221,7 @@ def _restore_options(sub: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="P",
-        help="restore to this log position (a record's end, from the backup's snapshot on)",
+        help="restore to this log position (a record's end, from the backup's oldest snapshot on)",
     )
 
 
