@@ -14,6 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import trio
+
 from ..config import MemberEndpoints
 from ..tool.client import describe_all, find_leader
 from ..tool.offline import verify
@@ -21,6 +23,12 @@ from ..transport.tls import TlsIdentity
 from .link import BackupLinkError, Link, Pull
 from .pull import sync
 from .store import BackupStore, StoreError
+
+ATTEMPTS = 3
+RETRY_AFTER = 0.5
+FAILOVER_WAIT = 30.0
+"""How long a backup whose leader was lost waits for a new one (an election after the
+leader heartbeat timeout)."""
 
 
 class OneShotError(Exception):
@@ -51,9 +59,39 @@ async def live_backup(
     tls: TlsIdentity | None = None,
     limit: float = 10.0,
 ) -> dict[str, Any]:
-    """Make the backup in ``out``; its manifest (``covers``: the position it holds to)."""
+    """Make the backup in ``out``; its manifest (``covers``: the position it holds to).
+
+    Without ``member``, a leader lost half-way (killed, deposed) is not the end: the new
+    leader is found and the backup made again from it (:data:`ATTEMPTS` in all); its
+    commit position is at least the old one's, so the backup still covers every write
+    acknowledged before the call."""
     chosen = await choose(members, member, limit)
-    endpoints = next(m for m in members if m.member_id == chosen)
+    for attempt in range(ATTEMPTS):
+        try:
+            return await _from(next(m for m in members if m.member_id == chosen), out, tls,
+                               limit)  # fmt: skip
+        except BackupLinkError as exc:
+            if member is not None or attempt + 1 == ATTEMPTS or "refused" in str(exc):
+                raise OneShotError(str(exc)) from None
+        chosen = await _new_leader(members, limit)
+    raise AssertionError("unreachable")
+
+
+async def _new_leader(members: list[MemberEndpoints], limit: float) -> int:
+    """The leader, once there is one again (within :data:`FAILOVER_WAIT` seconds)."""
+    deadline = trio.current_time() + FAILOVER_WAIT
+    while True:
+        await trio.sleep(RETRY_AFTER)
+        try:
+            return await choose(members, None, limit)
+        except OneShotError:
+            if trio.current_time() >= deadline:
+                raise
+
+
+async def _from(
+    endpoints: MemberEndpoints, out: Path, tls: TlsIdentity | None, limit: float
+) -> dict[str, Any]:
     try:
         store = BackupStore.create(out)
     except StoreError as exc:
@@ -66,10 +104,10 @@ async def live_backup(
         if not checked["ok"]:
             raise OneShotError(f"the backup does not verify: {checked['problems']}")
         return store.commit(kind="live", records=checked["records"])
-    except (BackupLinkError, OSError, OneShotError) as exc:
+    except BaseException as exc:
         store.remove()
         if isinstance(exc, OSError):
             raise OneShotError(f"writing {out} failed: {exc.strerror or exc}") from None
-        raise OneShotError(str(exc)) from None
+        raise
     finally:
         await link.aclose()
