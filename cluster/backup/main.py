@@ -8,7 +8,8 @@ Follows the cluster (:mod:`cluster.backup.follow`) and keeps, in ``DIR``, the la
 ``cluster-tool restore --from DIR`` reads at any time (:mod:`cluster.backup.store`).
 Started again on the same ``DIR`` it goes on where it stopped.  SIGTERM or SIGINT stops
 it after the write under way (the manifest names only what is whole).  Exit codes: 0
-stopped by a signal, 1 the directory cannot be used, 2 usage.
+stopped by a signal, 1 the directory cannot be used or the metrics port cannot be listened
+on, 2 usage.
 """
 
 from __future__ import annotations
@@ -169,11 +170,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         http = BackupHttp(
             args.metrics_host, args.metrics_port, follower.state, args.max_lag, max_age
         )
+    failures: list[str] = []
     try:
-        trio.run(run, follower, http)
+        try:
+            trio.run(run, follower, http)
+        except* OSError as group:  # the metrics port in use, the backup's disk
+            failures += [str(exc) for exc in _leaves(group)]
     except KeyboardInterrupt:
         pass
-    except OSError as exc:
-        print(f"cluster-backup: error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    for failure in failures:
+        print(f"cluster-backup: error: {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def _leaves(group: BaseExceptionGroup[OSError]) -> list[OSError]:
+    found: list[OSError] = []
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            found += _leaves(exc)
+        else:
+            found.append(exc)
+    return found
