@@ -262,7 +262,8 @@ def test_backups_while_members_compact_their_log_all_the_time(tmp_path: Path) ->
     """Members on 16 KiB segments taking a snapshot every 32 KiB of log and keeping one:
     their snapshots and segments go away all the time under the backups' reads.  One-shot
     backups (from a follower and from the leader) succeed or fail in words, never with
-    a traceback; the continuous backup follows, and restores every write."""
+    a traceback; the continuous backup follows (SIGKILLed and started again meanwhile),
+    and restores every write."""
     port = free_ports(1)[0]
     out = tmp_path / "continuous"
     log = open(tmp_path / "backup.log", "w")  # noqa: SIM115
@@ -293,6 +294,13 @@ def test_backups_while_members_compact_their_log_all_the_time(tmp_path: Path) ->
                         tool, "--members", cluster.members, "backup", "--out", target,
                         "--member", member,
                     ))  # fmt: skip
+                # killed (SIGKILL) under the writes, perhaps half-way through a pull, and
+                # started again on its directory: it goes on from its manifest
+                backups[0].kill()
+                await trio.to_thread.run_sync(backups[0].wait)
+                backups.append(start_backup(cluster.members, out, port, log, "--segment-size",
+                                            "16KiB"))  # fmt: skip
+                await trio.sleep(1.5)
                 stop.set()
             commit = 0
             for _ in range(100):
@@ -308,8 +316,8 @@ def test_backups_while_members_compact_their_log_all_the_time(tmp_path: Path) ->
     try:
         with local_cluster(3, tmp_path / "source", args) as cluster:
             trio.run(scenario)
-        backups[0].send_signal(signal.SIGTERM)
-        assert backups[0].wait(10) == 0
+        backups[-1].send_signal(signal.SIGTERM)
+        assert backups[-1].wait(10) == 0
     finally:
         for proc in backups:
             if proc.poll() is None:
