@@ -51,6 +51,9 @@ class BackupState:
     """``time.monotonic()`` of the last poll that brought the backup up to date."""
     started: float = field(default_factory=time.monotonic)
     bytes_pulled: int = 0
+    lag_before_pull: int = 0
+    """The lag at the start of the last successful poll: how far behind the backup had
+    fallen over the interval (``lag_bytes`` is what is left after the pull)."""
     snapshots_pulled: int = 0
 
     @property
@@ -174,6 +177,7 @@ class Follower:
 
     async def _sync(self, member_id: int) -> bool:
         state = self.state
+        before = state.lag_bytes  # the commit position was just asked for
         pulled = self.store.appended_bytes
         snapshot = self.store.latest_snapshot
         try:
@@ -190,6 +194,7 @@ class Follower:
         if member_id != state.source_member:
             log.info("backing up from member %d (leader %d)", member_id, state.leader_member)
         state.source_member = member_id
+        state.lag_before_pull = before
         state.last_ok = time.monotonic()
         state.last_error = ""
         return True

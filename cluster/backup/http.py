@@ -36,6 +36,8 @@ class BackupCollector(Collector):
         gauges = (
             ("triarch_backup_lag_bytes", "the cluster's commit position (leader's view) "
              "minus the end of the log the backup holds", s.lag_bytes),
+            ("triarch_backup_lag_before_pull_bytes", "the lag at the start of the last "
+             "successful poll (how far behind it fell over the interval)", s.lag_before_pull),
             ("triarch_backup_position", "the end of the log the backup holds", s.held),
             ("triarch_backup_cluster_commit_position", "the leader's commit position at "
              "the last poll", s.cluster_commit),

@@ -123,6 +123,7 @@ def test_the_drill(tmp_path: Path) -> None:
             code, text = await trio.to_thread.run_sync(scrape, port, "/metrics")
             if code == 200:
                 lags.append(metric(text, "triarch_backup_lag_bytes"))
+                lags.append(metric(text, "triarch_backup_lag_before_pull_bytes"))
             code, text = await trio.to_thread.run_sync(scrape, port, "/health")
             if code != 200:
                 unhealthy.append(text)
