@@ -33,6 +33,7 @@ from ..fileio import fsync_directory, replace_file, write_all
 
 MANIFEST = "backup.json"
 FORMAT = 1
+_PARTS = ("archive", "archive.new", "archive.old", "snapshots")
 
 
 class StoreError(Exception):
@@ -52,6 +53,9 @@ class BackupStore:
         """Records appended (each CRC-checked on the way) since this store was opened."""
         self.appended_bytes = 0
         self._doomed: list[Path] = []
+        self._archive = out / "archive"
+        """Where the log is written: ``archive``, or ``archive.new`` while a log begun
+        afresh (:meth:`start_at`) is not committed yet."""
         """Files dropped by retention, deleted once the manifest no longer names them."""
 
     # ------------------------------------------------------------------ opening
@@ -86,7 +90,7 @@ class BackupStore:
         what lies past its manifest is removed."""
         path = out / MANIFEST
         if not path.exists():
-            if out.exists() and any(p.name not in ("archive", "snapshots") for p in out.iterdir()):
+            if out.exists() and any(p.name not in _PARTS for p in out.iterdir()):
                 raise StoreError(f"{out} holds files but no {MANIFEST}: not a backup")
             return cls._fresh(out, segment_size)
         try:
@@ -100,9 +104,20 @@ class BackupStore:
         return store
 
     def _reconcile(self) -> None:
-        """Cut what was written after the manifest (a stop half-way)."""
+        """Cut what was written after the manifest (a stop half-way), and finish or undo
+        a log begun afresh that a stop cut short (see :meth:`commit`)."""
         start, end = self.log_start, self.log_end
-        archive = self.out / "archive"
+        archive, staging, old = (self.out / n for n in ("archive", "archive.new", "archive.old"))
+        shutil.rmtree(staging, ignore_errors=True)  # never swapped in: the manifest is older
+        if old.exists():
+            if archive.exists():
+                first = list_segments(archive)
+                if first and first[0].base == start:  # the manifest names the new log
+                    shutil.rmtree(old)
+                else:
+                    shutil.rmtree(archive)
+            if not archive.exists():
+                os.rename(old, archive)
         archive.mkdir(exist_ok=True)
         (self.out / "snapshots").mkdir(exist_ok=True)
         for segment in list_segments(archive):
@@ -172,21 +187,25 @@ class BackupStore:
 
     def start_at(self, position: int) -> None:
         """Begin the backup's log, empty, at ``position`` (a snapshot's): every log and
-        snapshot below it is dropped."""
+        snapshot below it is dropped.  The new log is written beside the old one
+        (``archive.new``) and takes its place at the next :meth:`commit`, so the
+        directory stays a whole backup meanwhile."""
         self._close_segment()
-        archive = self.out / "archive"
-        for segment in list_segments(archive):
-            segment.path.unlink()
+        staging = self.out / "archive.new"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        self._archive = staging
         self.manifest["snapshots"] = [
             e for e in self.manifest["snapshots"] if e["log_position"] >= position
         ]
         self.manifest["log_start"] = self.manifest["log_end"] = position
         self._new_segment(position)
-        self._drop_unlisted_snapshots()
+        kept = {self._snapshot_file(e) for e in self.manifest["snapshots"]}
+        self._doomed += [f for f in (self.out / "snapshots").glob("*.snap") if f not in kept]
 
     def _new_segment(self, base: int) -> None:
         self._close_segment()
-        path = self.out / "archive" / segment_name(base)
+        path = self._archive / segment_name(base)
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self._segment_base = base
         fsync_directory(path.parent)
@@ -204,7 +223,7 @@ class BackupStore:
         if self.log_end is None:
             raise StoreError("the backup's log has no start yet")
         if self._fd is None:
-            last = list_segments(self.out / "archive")[-1]
+            last = list_segments(self._archive)[-1]
             self._fd = os.open(last.path, os.O_WRONLY)
             self._segment_base = last.base
         view = memoryview(data)
@@ -238,18 +257,12 @@ class BackupStore:
         self.manifest["snapshots"] = [
             e for e in self.manifest["snapshots"] if e["log_position"] >= oldest
         ]
-        segments = list_segments(self.out / "archive")
+        segments = list_segments(self._archive)
         doomed = [s for s in segments[:-1] if s.end <= oldest]
         self._doomed += [s.path for s in doomed]
         self.manifest["log_start"] = segments[len(doomed)].base
         kept = {self._snapshot_file(e) for e in self.manifest["snapshots"]}
         self._doomed += [f for f in (self.out / "snapshots").glob("*.snap") if f not in kept]
-
-    def _drop_unlisted_snapshots(self) -> None:
-        kept = {self._snapshot_file(e) for e in self.manifest["snapshots"]}
-        for file in (self.out / "snapshots").glob("*.snap"):
-            if file not in kept:
-                file.unlink()
 
     # ------------------------------------------------------------------ the manifest
 
@@ -306,7 +319,14 @@ class BackupStore:
         (``source``: who it came from, merged into the manifest); the manifest."""
         if self._fd is not None:
             os.fsync(self._fd)
-        fsync_directory(self.out / "archive")
+        fsync_directory(self._archive)
+        archive, old = self.out / "archive", self.out / "archive.old"
+        if self._archive != archive:  # a log begun afresh: it takes the old one's place
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(archive, old)
+            os.rename(self._archive, archive)
+            fsync_directory(self.out)
+            self._archive = archive
         end = self.log_end or 0
         manifest = self.manifest
         manifest.update(source)
@@ -323,6 +343,7 @@ class BackupStore:
         doomed, self._doomed = self._doomed, []
         for path in doomed:  # named by neither any more (see retain)
             path.unlink(missing_ok=True)
+        shutil.rmtree(old, ignore_errors=True)
         return manifest
 
     def close(self) -> None:

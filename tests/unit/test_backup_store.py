@@ -90,3 +90,51 @@ async def test_the_backup_commands_need_a_loopback_peer_or_an_admin(command: str
     reply = await server.execute(AdminCommand(1, command, {}), local=False)
     assert not reply.ok
     assert "refused" in reply.message
+
+
+def test_a_log_begun_afresh_replaces_the_old_one_only_when_committed(tmp_path: Path) -> None:
+    out = tmp_path / "b"
+    store = BackupStore.create(out, segment_size=250)
+    store.start_at(0)
+    store.append(RECORD * 3)
+    add_snapshot(store, 200)
+    store.commit()
+    # fallen behind the member's log: a new snapshot and the log from it
+    add_snapshot(store, 1000)
+    store.start_at(1000)
+    store.append(RECORD)
+    old = json.loads((out / "backup.json").read_text())
+    assert old["log_start"] == 0  # meanwhile the directory is the old backup, whole
+    assert [s.base for s in list_segments(out / "archive")] == [0, 200]
+    assert (out / "snapshots" / "snapshot-00000000000000000200-0.snap").exists()
+    manifest = store.commit()
+    assert (manifest["log_start"], manifest["log_end"]) == (1000, 1100)
+    assert [s.base for s in list_segments(out / "archive")] == [1000]
+    assert not (out / "archive.new").exists()
+    assert not (out / "archive.old").exists()
+    assert [p.name for p in (out / "snapshots").iterdir()] == [
+        "snapshot-00000000000000001000-0.snap"
+    ]
+
+
+@pytest.mark.parametrize("stopped", ["before the swap", "between the renames", "after them"])
+def test_a_stop_in_the_middle_of_a_new_log_leaves_one_whole_backup(
+    tmp_path: Path, stopped: str
+) -> None:
+    out = tmp_path / "b"
+    store = BackupStore.create(out, segment_size=250)
+    store.start_at(0)
+    store.append(RECORD * 3)
+    store.commit()
+    store.start_at(1000)
+    store.append(RECORD)
+    store.close()
+    if stopped != "before the swap":
+        (out / "archive").rename(out / "archive.old")
+    if stopped == "after them":
+        (out / "archive.new").rename(out / "archive")
+    again = BackupStore.open(out, segment_size=250)
+    assert (again.log_start, again.log_end) == (0, 300)
+    assert [s.end for s in list_segments(out / "archive")] == [200, 300]
+    assert not (out / "archive.new").exists()
+    assert not (out / "archive.old").exists()
