@@ -5,6 +5,11 @@ variable (``CLUSTER_SESSION_TIMEOUT``) and its TOML key (``session-timeout`` or
 ``session_timeout``) are the same setting.  Durations accept ``10s``, ``200ms``,
 ``500us``, ``1m``; sizes accept ``4096``, ``64KiB``, ``1MiB``.  Defaults follow Aeron
 Cluster's where Aeron has one.
+
+One idea: the node's configuration, the settings table (:data:`SETTINGS`, with the
+value parsers it names), the :class:`NodeConfig` it fills and the resolving of the four
+sources into it.  The command-line conventions every command shares (``--version``,
+usage errors, duration arguments) are :mod:`cluster.cli`'s, re-exported here.
 """
 
 from __future__ import annotations
@@ -13,14 +18,16 @@ import argparse
 import dataclasses
 import importlib
 import os
-import sys
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from .archive.segments import FsyncPolicy
+from .cli import UsageParser as UsageParser
+from .cli import add_version as add_version
+from .cli import duration_seconds as duration_seconds
 from .members import (
     DEFAULT_ADMIN_PORT as DEFAULT_ADMIN_PORT,
 )
@@ -80,41 +87,6 @@ def _or_off(parse: Callable[[Any], int]) -> Callable[[Any], int]:
 
 def _show_or_off(show: Callable[[int], str]) -> Callable[[int], str]:
     return lambda value: show(value) if value else "off"
-
-
-def add_version(parser: argparse.ArgumentParser) -> None:
-    """``--version``: prints the command's name and Triarch's version, then exits."""
-    from . import __version__
-
-    parser.add_argument("--version", action="version", version=f"%(prog)s (Triarch) {__version__}")
-
-
-class UsageParser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors print the usage line and exit with code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-    def members(self, text: str | None) -> list[MemberEndpoints]:
-        """The ``--members`` value parsed, or a usage error saying what is wrong."""
-        if not text:
-            self.error("--members is required (or set CLUSTER_MEMBERS)")
-        try:
-            return check_members(parse_members(text), ports=False)
-        except ValueError as exc:
-            self.error(f"--members: {exc}")
-
-
-def duration_seconds(text: str) -> float:
-    """argparse ``type=`` for a positive duration (``2s``, ``250ms``), in seconds."""
-    try:
-        seconds = parse_duration_ns(text) / 1e9
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return seconds
 
 
 def parse_bool(text: str | bool) -> bool:

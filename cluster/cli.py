@@ -1,0 +1,55 @@
+"""What every Triarch command's command line shares, apart from the node's settings.
+
+``cluster-node``, ``cluster-tool``, ``cluster-backup``, ``cluster-tui`` and the pipeline
+each build their own parser; these are the conventions they have in common: ``--version``
+(:func:`add_version`), usage errors that print the usage line and exit with code 2
+(:class:`UsageParser`, which also parses ``--members`` for the tools), and durations
+given as ``2s`` or ``250ms`` (:func:`duration_seconds`).  The node's own settings, each
+a flag, a ``CLUSTER_*`` variable and a TOML key, are :mod:`cluster.config`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn
+
+from .members import MemberEndpoints, check_members, parse_members
+from .units import parse_duration_ns
+
+__all__ = ["UsageParser", "add_version", "duration_seconds"]
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    """``--version``: prints the command's name and Triarch's version, then exits."""
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s (Triarch) {__version__}")
+
+
+class UsageParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors print the usage line and exit with code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def members(self, text: str | None) -> list[MemberEndpoints]:
+        """The ``--members`` value parsed, or a usage error saying what is wrong."""
+        if not text:
+            self.error("--members is required (or set CLUSTER_MEMBERS)")
+        try:
+            return check_members(parse_members(text), ports=False)
+        except ValueError as exc:
+            self.error(f"--members: {exc}")
+
+
+def duration_seconds(text: str) -> float:
+    """argparse ``type=`` for a positive duration (``2s``, ``250ms``), in seconds."""
+    try:
+        seconds = parse_duration_ns(text) / 1e9
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return seconds
