@@ -10,10 +10,9 @@ are derived across polls:
   term; a change of leader or term is an event, and so is a member's ``elections``
   counter moving (it started an election);
 - **closed sessions**: a session that disappears from the leader's ``describe`` is kept
-  as CLOSED (dimmed) for ``closed_retention`` seconds.  The node removes a session when
-  it closes and does not report why; when the leader's ``timed_out_sessions`` counter
-  moved in the same poll the console says TIMEOUT (most idle sessions first),
-  otherwise ``gone`` (closed by the client or the service);
+  as CLOSED for ``closed_retention`` seconds, TIMEOUT or ``gone`` as the leader's
+  ``timed_out_sessions`` counter tells (:mod:`tui.sessions`, fed the leader's listing
+  once per round);
 - **redirects**: the nodes count redirected sessions (``redirected_sessions``) but do
   not say which client was redirected, so the recent-redirects list is made of counter
   deltas: when, which member, how many, and the leader they were sent to;
@@ -44,12 +43,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.config import MemberEndpoints
-from cluster.protocol.admin import FollowerStatus, IngressStatus, MemberStatus, SessionStatus
+from cluster.protocol.admin import FollowerStatus, IngressStatus, MemberStatus
 from cluster.transport.tls import is_tls_problem
 
 from .errorfeed import error_events
 from .events import Event, Severity
 from .headline import STOPPING, Headline, headline
+from .sessions import SessionRow, SessionTable
 from .source import MemberPoll
 from .timings import HistogramWindow, Timing
 
@@ -105,22 +105,6 @@ class MemberRow:
     @property
     def client_redirects(self) -> int:
         return max(0, self.redirects - self.own_redirects)
-
-
-@dataclass(slots=True)
-class SessionRow:
-    session_id: int
-    state: str
-    response_channel: str = ""
-    last_activity_ms: int | None = None
-    close_reason: str | None = None
-    closed_at: float | None = None  # monotonic
-    seen_at: float = 0.0  # monotonic time of the last describe that listed it
-    existing: bool = False  # open when the console first listed sessions
-
-    @property
-    def closed(self) -> bool:
-        return self.closed_at is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,11 +166,10 @@ class ClusterModel:
         self._describes: dict[int, MemberStatus] = {}
         self._leader_seen = False
         self._last_leader = "none"
-        self._timeouts_pending = 0
         self._window: _RateWindow | None = None
         self._error_marks: dict[int, tuple[int | None, float]] = {}
         self._windows = {m.member_id: HistogramWindow(self.timing_window) for m in self.endpoints}
-        self._sessions_listed = False
+        self._session_table = SessionTable(self.sessions, self.event)
         self._held: list[Event] = []  # told a round later (see apply_round)
         self._own_pending: dict[int, float] = {}  # member dialled -> until when (monotonic)
         self.stopped_at: float | None = None  # monotonic: when the whole cluster stopped
@@ -255,7 +238,7 @@ class ClusterModel:
         for poll in polls:
             status = poll.describe
             if status is not None and poll.member_id == self.leader_id:
-                events += self._sessions_from_leader(status.sessions, poll.at)
+                events += self._session_table.update(status.sessions, poll.at, self.leader_id)
                 self._sample_rates(poll.member_id, status, poll.at)
         self._timings()
         return events
@@ -468,7 +451,7 @@ class ClusterModel:
                 )
             )
         if timed_out := delta("timed_out_sessions"):
-            self._timeouts_pending += timed_out
+            self._session_table.timed_out(timed_out)
         if rejected := delta("rejected_sessions"):
             events.append(
                 self.event("session", f"member {mid} rejected {rejected} session(s)", "warning")
@@ -593,84 +576,9 @@ class ClusterModel:
 
     # ------------------------------------------------------------------ sessions
 
-    def _sessions_from_leader(self, listed: Sequence[SessionStatus], now: float) -> list[Event]:
-        events: list[Event] = []
-        current: dict[int, SessionStatus] = {s.cluster_session_id: s for s in listed}
-        if not self._sessions_listed:  # the first listing is the baseline: no "opened"
-            self._sessions_listed = True
-            for s in current.values():
-                self.sessions[s.cluster_session_id] = SessionRow(
-                    s.cluster_session_id, s.state, existing=True
-                )
-            if current:
-                n = len(current)
-                events.append(
-                    self.event(
-                        "session",
-                        f"{n} session{'s' if n > 1 else ''} open when the console started "
-                        f"(leader {self.leader_id})",
-                    )
-                )
-        for sid, s in current.items():
-            row = self.sessions.get(sid)
-            state = s.state
-            channel = s.response_channel
-            if row is None or row.closed:
-                if row is None:
-                    events.append(self.event("session", f"session {sid} opened ({channel})"))
-                else:
-                    events.append(self.event("session", f"session {sid} listed again"))
-                row = SessionRow(sid, state)
-                self.sessions[sid] = row
-            row.state = state
-            row.response_channel = channel
-            row.last_activity_ms = s.last_activity_ms_ago
-            row.close_reason = s.close_reason or None
-            row.seen_at = now
-        vanished = [
-            row for sid, row in self.sessions.items() if not row.closed and sid not in current
-        ]
-        vanished.sort(key=lambda r: -(r.last_activity_ms or 0))
-        for row in vanished:
-            row.closed_at = now
-            row.state = "CLOSED"
-            if row.close_reason is None and self._timeouts_pending > 0:
-                self._timeouts_pending -= 1
-                row.close_reason = "TIMEOUT"
-            if row.close_reason == "TIMEOUT":
-                idle = row.last_activity_ms
-                after = f" after {idle / 1000:.1f}s idle" if idle is not None else ""
-                events.append(
-                    self.event("session", f"session {row.session_id} timed out{after}", "warning")
-                )
-            else:
-                if row.close_reason is None:
-                    row.close_reason = "gone"
-                events.append(
-                    self.event("session", f"session {row.session_id} closed ({row.close_reason})")
-                )
-        if self._timeouts_pending:
-            plural = "s" if self._timeouts_pending > 1 else ""
-            events.append(
-                self.event(
-                    "session",
-                    f"{self._timeouts_pending} session{plural} timed out before opening",
-                    "warning",
-                )
-            )
-        self._timeouts_pending = 0
-        return events
-
     def expire(self, now: float) -> list[int]:
         """Forget sessions closed more than ``closed_retention`` seconds ago."""
-        gone = [
-            sid
-            for sid, row in self.sessions.items()
-            if row.closed_at is not None and now - row.closed_at > self.closed_retention
-        ]
-        for sid in gone:
-            del self.sessions[sid]
-        return gone
+        return self._session_table.expire(now, self.closed_retention)
 
     # ------------------------------------------------------------------ throughput
 
