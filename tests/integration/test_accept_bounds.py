@@ -124,7 +124,7 @@ async def test_an_evicting_tls_port_lets_a_newcomer_in_past_idle_strangers(pki: 
     connections are closed by the server."""
     gate = ConnectionGate("consensus port", 4, 4, evict_oldest=True)
     with trio.fail_after(60):
-        async with tls_server(pki, gate) as (network, port):
+        async with tls_server(pki, gate) as (_, port):
             flood = [await dial(port, "127.0.0.2") for _ in range(4)]
             await wait_for(lambda: gate.open == 4)
             assert await tls_client_echoes(pki, port)

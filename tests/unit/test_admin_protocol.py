@@ -295,8 +295,8 @@ def test_tool_describe_document_and_table_from_decoded_statuses() -> None:
     assert bad["error"].startswith("bad describe body")
     json.dumps(document)  # plain JSON
     lines = describe_table(described).splitlines()
-    assert " ".join(lines[1].split()) == "0 LEADER 3 640 700 - CLOSED ACTIVE 1 0 1s up"
-    assert lines[2].split()[-3:] == ["60", "0s", "up"]
+    assert " ".join(lines[1].split()) == "0 LEADER 3 640 700 - CLOSED ACTIVE 1 0 1s 1234 0 - up"
+    assert lines[2].split()[-6:] == ["60", "0s", "-", "0", "-", "up"]
     assert lines[3].startswith("2")
     assert "down (bad describe body" in lines[3]
     assert lines[-1] == "leader: 0"
