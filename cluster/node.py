@@ -24,7 +24,7 @@ import random
 import secrets
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -71,7 +71,7 @@ from .protocol.enums import ClusterAction, ModuleState, Role
 from .recovery import recover
 from .security import admin_authorisation
 from .service import ClusteredService
-from .status import member_status
+from .status import node_status
 from .transport.base import Network
 from .transport.tcp import TcpNetwork
 
@@ -343,24 +343,7 @@ class Node:
 
     def status(self) -> MemberStatus:
         """This member's :class:`MemberStatus` (``describe`` on the admin port)."""
-        now = self.now_ns()
-        return member_status(
-            self.config.member_id,
-            self.cm,
-            now,
-            ingress=self.ingress.statistics(),
-            links=self.links.statistics(),
-            members=self.members,
-            snapshots_taken=self.snapshots.taken,
-            uptime_s=round((now - self.started_ns) / 1e9, 3),
-            archive_verified=self.verifier.verified,
-            archive_errors=self.archive_errors,
-            link_protocol_errors=self.links.protocol_errors,
-            disk=self.storage.disk.status(),
-            timings=self.timings,
-            archive=self.archive,
-            stalls=self.stalls,
-        )
+        return node_status(self)
 
     # ------------------------------------------------------------------ callbacks
 
@@ -568,12 +551,11 @@ class Node:
             if trio.current_time() > deadline + interval:
                 deadline = trio.current_time()  # overran: don't try to catch up
 
-    async def _signal_agent(self) -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                log.info("received %s: shutting down", signal.Signals(signum).name)
-                await self.shutdown()
-                return
+    async def _signal_agent(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            log.info("received %s: shutting down", signal.Signals(signum).name)
+            await self.shutdown()
+            return
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -589,7 +571,17 @@ class Node:
         ``freeze_gc`` (a node that owns its process: :func:`main`): once started, every
         object made so far (the modules, the recovered state) is put out of the cyclic
         collector's reach (:func:`gc.freeze`), so a full collection walks only what was
-        made since: 12-27 ms of stopped event loop less each on the 2-core machine."""
+        made since: 12-27 ms of stopped event loop less each on the 2-core machine.
+        With ``handle_signals``, SIGTERM and SIGINT are the node's from its first instant:
+        one during start-up stops it as one later does (not the signal's default action)."""
+        if not handle_signals:
+            return await self._run(None, freeze_gc, task_status)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            await self._run(signals, freeze_gc, task_status)
+
+    async def _run(
+        self, signals: AsyncIterator[int] | None, freeze_gc: bool, task_status: Any
+    ) -> None:
         self.started_ns = self.now_ns()
         try:
             await self.run_blocking(self._open_storage)
@@ -627,8 +619,8 @@ class Node:
                 nursery.start_soon(verify, name="verify_archive")
                 nursery.start_soon(self.catchup.run, name="catchup")
                 nursery.start_soon(self.watchdog.run, name="leader_watchdog")
-                if handle_signals:
-                    nursery.start_soon(self._signal_agent, name="signals")
+                if signals is not None:
+                    nursery.start_soon(self._signal_agent, signals, name="signals")
                 self.archive_agent.kick()
                 log.info(
                     "node %d ready: ingress %s:%d, data %s",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import __version__
 from .config import MemberEndpoints
@@ -91,6 +91,48 @@ def session_statuses(cm: ConsensusModule, now_ns: int) -> list[SessionStatus]:
         )
         for s in sorted(cm.sessions.values(), key=lambda s: s.cluster_session_id)
     ]
+
+
+class StatusParts(Protocol):
+    """The parts of a running node that report a piece of its status (the node is one)."""
+
+    config: Any
+    cm: ConsensusModule
+    members: list[MemberEndpoints]
+    started_ns: int
+    archive_errors: int
+    ingress: Any  # each part's statistics(), status() or counters, as below
+    links: Any
+    snapshots: Any
+    verifier: Any
+    storage: Any
+    timings: Any
+    archive: Any
+    stalls: Any
+
+    def now_ns(self) -> int: ...
+
+
+def node_status(node: StatusParts) -> MemberStatus:
+    """A running node's :class:`MemberStatus`: each of its parts' piece, put together."""
+    now = node.now_ns()
+    return member_status(
+        node.config.member_id,
+        node.cm,
+        now,
+        ingress=node.ingress.statistics(),
+        links=node.links.statistics(),
+        members=node.members,
+        snapshots_taken=node.snapshots.taken,
+        uptime_s=round((now - node.started_ns) / 1e9, 3),
+        archive_verified=node.verifier.verified,
+        archive_errors=node.archive_errors,
+        link_protocol_errors=node.links.protocol_errors,
+        disk=node.storage.disk.status(),
+        timings=node.timings,
+        archive=node.archive,
+        stalls=node.stalls,
+    )
 
 
 def member_status(
