@@ -1,14 +1,23 @@
 """The order the suite runs in, and how ``scripts/dev.py test`` shares the two cores.
 
-The full suite runs on two pytest-xdist workers (``-n 2 --dist loadgroup``): the heavy
-tests that keep no time of their own (Spark's jobs, each in a JVM, and the wheel built
-and installed into a fresh virtualenv) on one, every other test on the other, one after
-the other.  On that worker the unit and simulator tests come first (CPU-bound, in
-virtual time or none); the real-time tests (elections, failover, the console watching a
-live cluster, the benchmarks' ratios, the stall finder's CPU shares) wait until the
-heavy tests are done (a file lock the heavy worker holds while it runs them), so they
-have the machine to themselves, as when they were measured.  Run without xdist, the
-same order holds and nothing waits.
+The full suite runs on two pytest-xdist workers (``-n 2 --dist loadgroup``), in units
+of work that each go to one worker, in this order (``--no-loadscope-reorder`` is set
+here, so the order below is the order they are handed out):
+
+1. the heavy tests that keep no time of their own (Spark's jobs, each in a JVM, and the
+   wheel built and installed into a fresh virtualenv): one unit, to the first worker;
+2. the unit and simulator tests (CPU-bound, in virtual time or none): one unit, to the
+   second worker, beside the heavy ones;
+3. the real-time tests (real processes, elections, failover, the console watching a
+   live cluster), a unit per file: whichever worker is free takes the next, so two run
+   at once; they wait until the heavy tests are done (a file lock the heavy worker
+   holds while it runs them), and each must hold on a busy 2-core machine;
+4. the tests that measure the machine (:data:`ALONE`: the benchmarks' ratios, the stall
+   finder's CPU shares, a leader paused just short of the session timeout): one unit,
+   last, each test run with the machine to itself (an exclusive lock that the
+   real-time tests hold shared).
+
+Run without xdist, the same order holds and nothing waits.
 """
 
 from __future__ import annotations
@@ -21,52 +30,72 @@ from pathlib import Path
 import pytest
 
 HEAVY = ("pipeline/", "integration/test_packaging.py")
-"""Long, CPU-heavy and timing-insensitive: the other worker's share."""
+"""Long, CPU-heavy and timing-insensitive: the first worker's share."""
 FIRST = ("unit/", "sim/")
-"""Run first on the main worker, beside the heavy tests (the console's tests run live
+"""Run first on the other worker, beside the heavy tests (the console's tests run live
 clusters: they wait)."""
-ALONE = ("unit/test_stalls.py",)
-"""Tests under ``FIRST`` that measure the loop's CPU share: they wait as the rest do."""
+ALONE = (
+    "unit/test_stalls.py",
+    "integration/test_bench.py",
+    "integration/test_sessions_survive.py::test_a_paused_leader_keeps_every_session",
+)
+"""Tests that measure the machine (CPU shares, latency ratios) or a margin of time a
+loaded machine eats (a 9 s pause beside a 10 s session timeout): last, each alone."""
 
 _TESTS = Path(__file__).parent
 
 
 def _where(item: pytest.Item) -> str:
     try:
-        return Path(item.path).relative_to(_TESTS).as_posix()
+        where = Path(item.path).relative_to(_TESTS).as_posix()
     except ValueError:
         return ""
+    name = getattr(item, "originalname", item.name)
+    return f"{where}::{name}"
+
+
+def _kind(where: str) -> int:
+    """0 heavy, 1 first, 2 real time, 3 alone: the order of the units."""
+    if where.startswith(HEAVY):
+        return 0
+    if where.startswith(ALONE):
+        return 3
+    if where.startswith(FIRST):
+        return 1
+    return 2
 
 
 def _waits(where: str) -> bool:
-    return not where.startswith(FIRST) or where.startswith(ALONE)
+    return _kind(where) >= 2
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "xdist_group(name): run the group on one xdist worker")
+    if hasattr(config.option, "loadscopereorder"):  # xdist: hand the units out in order
+        config.option.loadscopereorder = False
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups off the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: _waits(_where(item)))  # stable: collection order in each
+    items.sort(key=lambda item: _kind(_where(item)))  # stable: collection order in each
     for item in items:
-        heavy = _where(item).startswith(HEAVY)
-        item.add_marker(pytest.mark.xdist_group("heavy" if heavy else "main"))
+        where = _where(item)
+        kind = _kind(where)
+        group = ("heavy", "first", "", "alone")[kind] or where.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
-class _HeavyLock:
-    """A file lock the xdist workers of a run share (one file for the checkout): held by
-    the worker that runs the heavy tests while it does; the tests that need the machine
-    to themselves wait for it."""
+class _Lock:
+    """A file lock the xdist workers of a run share (one file for the checkout)."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         self.held = False
 
-    def hold(self) -> None:
+    def hold(self, shared: bool = False) -> None:
         if not self.held:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            fcntl.flock(self._fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
             self.held = True
 
     def release(self) -> None:
@@ -81,36 +110,45 @@ class _HeavyLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
 
-_lock: _HeavyLock | None = None
+_locks: tuple[_Lock, _Lock] | None = None
 
 
-def _heavy_lock(config: pytest.Config) -> _HeavyLock | None:
-    """The run's lock in an xdist worker; None without xdist (nothing to wait for)."""
-    global _lock
+def _run_locks(config: pytest.Config) -> tuple[_Lock, _Lock] | None:
+    """The run's locks in an xdist worker: the heavy tests' (held while they run; the
+    real-time tests wait for it) and the machine's (held shared by a real-time test,
+    exclusively by one that must be alone); None without xdist (nothing to wait for)."""
+    global _locks
     if not hasattr(config, "workerinput"):
         return None
-    if _lock is None:  # one file for the checkout (.pytest_cache is not committed)
-        _lock = _HeavyLock(config.rootpath / ".pytest_cache" / "heavy-tests.lock")
-    return _lock
+    if _locks is None:  # one file each for the checkout (.pytest_cache is not committed)
+        cache = config.rootpath / ".pytest_cache"
+        _locks = (_Lock(cache / "heavy-tests.lock"), _Lock(cache / "machine.lock"))
+    return _locks
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Hold or wait before the test's protocol starts (outside pytest-timeout's timer:
     a wait is not the test's time)."""
-    lock = _heavy_lock(item.config)
-    if lock is not None:
-        where = _where(item)
-        if where.startswith(HEAVY):
-            lock.hold()
-        elif _waits(where):
-            lock.wait()
+    locks = _run_locks(item.config)
+    kind = _kind(_where(item))
+    if locks is not None:
+        heavy, machine = locks
+        if kind == 0:
+            heavy.hold()
+        elif _waits(_where(item)):
+            heavy.wait()
+            machine.hold(shared=kind == 2)
     yield
-    if lock is not None and (nextitem is None or not _where(nextitem).startswith(HEAVY)):
-        lock.release()  # this worker's heavy tests are done (for now)
+    if locks is not None:
+        heavy, machine = locks
+        machine.release()
+        if nextitem is None or _kind(_where(nextitem)) != 0:
+            heavy.release()  # this worker's heavy tests are done (for now)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    lock = _heavy_lock(session.config)
-    if lock is not None:
-        lock.release()
+    locks = _run_locks(session.config)
+    if locks is not None:
+        for lock in locks:
+            lock.release()
