@@ -13,7 +13,7 @@ command needs an extra not yet there.  ``test`` also makes
 sure a Java runtime is there for the Spark pipeline tests (``python -m
 cluster.pipeline.java``: installs ``default-jre-headless`` with apt-get when run as root).
 ``test`` lints, type-checks and builds the API reference (``docs/api/``, with pdoc)
-before the tests.  With no arguments, ``test`` runs the suite on two pytest-xdist workers
+before the tests.  With no arguments, ``test`` runs the suite on three pytest-xdist workers
 (``tests/conftest.py`` says which test runs where); extra arguments after ``test`` go to
 pytest instead (e.g. ``-m "not slow"`` to skip the real-process tests).
 """
@@ -98,9 +98,10 @@ def cmd_test(args: list[str]) -> int:
     ):
         if run(*cmd) != 0:
             failed.append(name)
-    # The full suite on two workers (tests/conftest.py says which test runs where);
-    # with arguments, pytest as asked.
-    code = run(py, "-m", "pytest", *(args or ["-n", "2", "--dist", "loadgroup"]))
+    # The full suite on three workers (tests/conftest.py says which test runs where:
+    # the real-time tests mostly wait, so three share two cores); with arguments,
+    # pytest as asked.
+    code = run(py, "-m", "pytest", *(args or ["-n", "3", "--dist", "loadgroup"]))
     if failed:
         print(f"FAILED checks: {', '.join(failed)}", flush=True)
         return 1

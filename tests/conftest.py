@@ -1,6 +1,6 @@
 """The order the suite runs in, and how ``scripts/dev.py test`` shares the two cores.
 
-The full suite runs on two pytest-xdist workers (``-n 2 --dist loadgroup``), in units
+The full suite runs on three pytest-xdist workers (``-n 3 --dist loadgroup``), in units
 of work that each go to one worker, in this order (``--no-loadscope-reorder`` is set
 here, so the order below is the order they are handed out):
 
@@ -9,9 +9,10 @@ here, so the order below is the order they are handed out):
 2. the unit and simulator tests (CPU-bound, in virtual time or none): one unit, to the
    second worker, beside the heavy ones;
 3. the real-time tests (real processes, elections, failover, the console watching a
-   live cluster), a unit per file: whichever worker is free takes the next, so two run
-   at once; they wait until the heavy tests are done (a file lock the heavy worker
-   holds while it runs them), and each must hold on a busy 2-core machine;
+   live cluster), a unit per file: whichever worker is free takes the next, so three
+   run at once (on two cores: they mostly wait on timers and sockets); they wait until
+   the heavy tests are done (a file lock the heavy worker holds while it runs them), and
+   each must hold on a busy 2-core machine;
 4. the tests that measure the machine (:data:`ALONE`: the benchmarks' ratios, the stall
    finder's CPU shares, a leader paused just short of the session timeout): one unit,
    last, each test run with the machine to itself (an exclusive lock that the
