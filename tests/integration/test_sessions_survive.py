@@ -169,9 +169,12 @@ def test_a_suspended_cluster_appends_nothing_until_resumed(tmp_path: Path) -> No
     async def main(cluster: LocalCluster) -> None:
         with trio.fail_after(120):
             async with kv_session(cluster.ingress_endpoints, attempts=3) as (c, kv):
-                assert tool(cluster, "suspend").returncode == 0
+                # the tool runs in a thread: this loop is the client's, and its keepalives
+                # must go on (a tool call blocking it 3 s on a busy machine timed the
+                # session out at RESUME)
+                assert (await trio.to_thread.run_sync(tool, cluster, "suspend")).returncode == 0
                 await trio.sleep(0.5)  # the SUSPEND entry commits everywhere
-                before = positions(cluster)
+                before = await trio.to_thread.run_sync(positions, cluster)
                 answered: list[str] = []
 
                 async def put(key: str) -> None:
@@ -187,9 +190,11 @@ def test_a_suspended_cluster_appends_nothing_until_resumed(tmp_path: Path) -> No
                         nursery.start_soon(put, f"held-{i}")
                     nursery.start_soon(second_session)
                     await trio.sleep(4)  # past a session timeout (3 s) and many timer ticks
-                    assert positions(cluster) == before, "an entry was appended while SUSPENDED"
+                    now = await trio.to_thread.run_sync(positions, cluster)
+                    assert now == before, "an entry was appended while SUSPENDED"
                     assert answered == []
-                    assert tool(cluster, "resume").returncode == 0
+                    resumed = await trio.to_thread.run_sync(tool, cluster, "resume")
+                    assert resumed.returncode == 0
                 assert sorted(answered) == sorted([*(f"held-{i}" for i in range(20)), "session"])
                 assert not c.is_closed  # not timed out while the module was suspended
                 for i in range(20):
