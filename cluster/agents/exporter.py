@@ -321,28 +321,23 @@ MAX_PER_ADDRESS = 8
 """Of them, from one source address."""
 
 
-class MetricsServer:
-    """Serves ``/metrics`` and ``/health`` on ``host:port``."""
+class MetricsHttp:
+    """``GET /metrics`` (``registry``) and ``GET /health`` (:meth:`health`) on
+    ``host:port``: one request per connection, at most :data:`MAX_REQUEST` bytes of it
+    within :data:`REQUEST_TIMEOUT`, connections counted at accept.  The member's
+    :class:`MetricsServer` and ``cluster-backup``'s server are two of these."""
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        status: Callable[[], MemberStatus],
-        healthy: Callable[[], bool],
-    ) -> None:
+    def __init__(self, host: str, port: int, registry: CollectorRegistry) -> None:
         self.host = host
         self.port = port
-        self.status = status
-        self.healthy = healthy
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(StatusCollector(status))
-        # process_resident_memory_bytes, process_open_fds, ...: the names every exporter uses
-        ProcessCollector(registry=self.registry)
-        PlatformCollector(registry=self.registry)
+        self.registry = registry
         self.requests = 0
         self.gate = ConnectionGate("metrics port", MAX_CONNECTIONS, MAX_PER_ADDRESS)
         """Counted at accept: more are closed at once (a scraper needs one or two)."""
+
+    def health(self) -> tuple[bool, list[str], dict[str, object]]:
+        """Healthy or not, the reasons, and what else ``/health``'s JSON body says."""
+        raise NotImplementedError
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         # plain TCP: accepts paused while out of descriptors, a port in use a ListenError
@@ -383,21 +378,45 @@ class MetricsServer:
         if path == "/metrics":
             return _response(200, CONTENT_TYPE_LATEST, generate_latest(self.registry))
         if path == "/health":
-            status = self.status()
-            ok, reasons = status.health(self.healthy())
+            ok, reasons, more = self.health()
             body = json.dumps(
-                {
-                    "health": ok,
-                    "reason": "; ".join(reasons),
-                    "reasons": reasons,
-                    "member": status.member_id,
-                    "role": status.role,
-                    "module_state": status.module_state,
-                    "catching_up": status.catching_up,
-                }
+                {"health": ok, "reason": "; ".join(reasons), "reasons": reasons, **more}
             ).encode()
             return _response(200 if ok else 503, "application/json", body + b"\n")
         return _response(404, "text/plain", b"/metrics or /health\n")
+
+
+class MetricsServer(MetricsHttp):
+    """A member's ``/metrics`` and ``/health``."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        status: Callable[[], MemberStatus],
+        healthy: Callable[[], bool],
+    ) -> None:
+        super().__init__(host, port, CollectorRegistry(auto_describe=False))
+        self.status = status
+        self.healthy = healthy
+        self.registry.register(StatusCollector(status))
+        # process_resident_memory_bytes, process_open_fds, ...: the names every exporter uses
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+
+    def health(self) -> tuple[bool, list[str], dict[str, object]]:
+        status = self.status()
+        ok, reasons = status.health(self.healthy())
+        return (
+            ok,
+            reasons,
+            {
+                "member": status.member_id,
+                "role": status.role,
+                "module_state": status.module_state,
+                "catching_up": status.catching_up,
+            },
+        )
 
 
 _REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}

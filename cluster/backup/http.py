@@ -3,28 +3,22 @@
 ``triarch_backup_lag_bytes`` is the cluster's commit position (the leader's view) minus
 the end of the log the backup holds.  ``/health`` answers 200 while the last poll that
 brought the backup up to date is recent (``--max-poll-age``) and the lag is within
-``--max-lag``, else 503; its JSON body says why either way.  Like the member's exporter
-(:mod:`cluster.agents.exporter`): one request per connection, at most 8 KiB of request
-within 5 s, a few connections at a time.
+``--max-lag``, else 503; its JSON body says why either way.  The same server as the member's
+(:class:`cluster.agents.exporter.MetricsHttp`): one request per connection, at most 8 KiB
+of request within 5 s, a few connections at a time.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 
-import trio
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..agents.exporter import MAX_CONNECTIONS, MAX_PER_ADDRESS, MAX_REQUEST, REQUEST_TIMEOUT
-from ..transport.gate import ConnectionGate, gated
-from ..transport.tcp import TcpNetwork
+from ..agents.exporter import MetricsHttp
 from .follow import BackupState
-
-REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
 
 
 class BackupCollector(Collector):
@@ -65,68 +59,27 @@ class BackupCollector(Collector):
             yield counter
 
 
-def _response(code: int, content_type: str, body: bytes) -> bytes:
-    head = (
-        f"HTTP/1.1 {code} {REASONS[code]}\r\nContent-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode() + body
-
-
-class BackupHttp:
+class BackupHttp(MetricsHttp):
     """Serves ``/metrics`` and ``/health`` for one backup."""
 
     def __init__(
         self, host: str, port: int, state: BackupState, max_lag: int, max_age: float
     ) -> None:
-        self.host, self.port = host, port
+        super().__init__(host, port, CollectorRegistry(auto_describe=False))
         self.state = state
         self.max_lag, self.max_age = max_lag, max_age
-        self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(BackupCollector(state))
-        self.gate = ConnectionGate("metrics port", MAX_CONNECTIONS, MAX_PER_ADDRESS)
 
-    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        await TcpNetwork().serve(
-            self.host, self.port, gated(self._handle, self.gate), task_status=task_status
+    def health(self) -> tuple[bool, list[str], dict[str, object]]:
+        s = self.state
+        ok, reasons = s.health(self.max_lag, self.max_age)
+        return (
+            ok,
+            reasons,
+            {
+                "lag_bytes": s.lag_bytes,
+                "held": s.held,
+                "cluster_commit": s.cluster_commit,
+                "source_member": s.source_member,
+            },
         )
-
-    async def _handle(self, stream: trio.SocketStream) -> None:
-        try:
-            with trio.move_on_after(REQUEST_TIMEOUT):
-                data = b""
-                while b"\r\n\r\n" not in data and b"\n\n" not in data:
-                    if len(data) > MAX_REQUEST:
-                        return
-                    chunk = await stream.receive_some(4096)
-                    if not chunk:
-                        break
-                    data += chunk
-                line = data.split(b"\n", 1)[0].decode("latin-1").strip()
-                if line:
-                    await stream.send_all(self.answer(line))
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
-        finally:
-            await trio.aclose_forcefully(stream)
-
-    def answer(self, request_line: str) -> bytes:
-        parts = request_line.split()
-        if len(parts) < 2 or parts[0] not in ("GET", "HEAD"):
-            return _response(405, "text/plain", b"only GET\n")
-        path = parts[1].split("?", 1)[0]
-        if path == "/metrics":
-            return _response(200, CONTENT_TYPE_LATEST, generate_latest(self.registry))
-        if path == "/health":
-            ok, reasons = self.state.health(self.max_lag, self.max_age)
-            body = json.dumps({
-                "health": ok,
-                "reason": "; ".join(reasons),
-                "reasons": reasons,
-                "lag_bytes": self.state.lag_bytes,
-                "held": self.state.held,
-                "cluster_commit": self.state.cluster_commit,
-                "source_member": self.state.source_member,
-            }).encode()  # fmt: skip
-            return _response(200 if ok else 503, "application/json", body + b"\n")
-        return _response(404, "text/plain", b"/metrics or /health\n")
