@@ -11,8 +11,9 @@ a flag, a ``CLUSTER_*`` variable and a TOML key, are :mod:`cluster.config`'s.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .members import MemberEndpoints, check_members, parse_members
 from .units import parse_duration_ns
@@ -42,6 +43,16 @@ class UsageParser(argparse.ArgumentParser):
             return check_members(parse_members(text), ports=False)
         except ValueError as exc:
             self.error(f"--members: {exc}")
+
+
+def add_members(parser: argparse.ArgumentParser, default: Any = None) -> None:
+    """``--members``, defaulting to ``$CLUSTER_MEMBERS`` (``default``: what to use
+    instead, e.g. ``argparse.SUPPRESS`` on a subcommand)."""
+    parser.add_argument(
+        "--members",
+        default=os.environ.get("CLUSTER_MEMBERS", "") if default is None else default,
+        help="0=host:ingress:consensus:admin,1=... (default: $CLUSTER_MEMBERS)",
+    )
 
 
 def duration_seconds(text: str) -> float:

@@ -52,7 +52,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, RichLog, Static
 
 from cluster.admin_client import use_certs
-from cluster.config import UsageParser, add_version, duration_seconds
+from cluster.cli import UsageParser, add_members, add_version, duration_seconds
 from cluster.transport.tls import TlsError
 
 from .events import FILTERS, Event, Severity
@@ -495,11 +495,7 @@ def build_parser() -> UsageParser:
         "events, c save a screenshot, q quit",
     )
     add_version(parser)
-    parser.add_argument(
-        "--members",
-        default=os.environ.get("CLUSTER_MEMBERS", ""),
-        help="0=host:ingress:consensus:admin,1=... (default: $CLUSTER_MEMBERS)",
-    )
+    add_members(parser)
     parser.add_argument(
         "--interval", type=duration_seconds, default=0.25, help="polling interval (default 250ms)"
     )

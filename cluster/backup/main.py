@@ -24,7 +24,7 @@ from pathlib import Path
 import trio
 
 from ..archive.segments import DEFAULT_SEGMENT_SIZE
-from ..config import UsageParser, add_version, duration_seconds
+from ..cli import UsageParser, add_members, add_version, duration_seconds
 from ..tool.client import use_certs
 from ..transport.tls import TlsError
 from ..units import parse_size
@@ -53,11 +53,7 @@ def build_parser() -> UsageParser:
         "log in --out, restorable at any time with `cluster-tool restore --from DIR`.",
     )
     add_version(parser)
-    parser.add_argument(
-        "--members",
-        default=os.environ.get("CLUSTER_MEMBERS", ""),
-        help="0=host:ingress:consensus:admin,1=... (default: $CLUSTER_MEMBERS)",
-    )
+    add_members(parser)
     parser.add_argument(
         "--out",
         type=Path,

@@ -12,7 +12,8 @@ from typing import Any
 import trio
 
 from ..certs import DEFAULT_DAYS, make_certs, planned_folders
-from ..config import MemberEndpoints, UsageParser, add_version, duration_seconds
+from ..cli import UsageParser, add_members, add_version, duration_seconds
+from ..config import MemberEndpoints
 from ..transport.tls import TlsError
 from . import offline, render
 from .backup import cmd_backup, cmd_live_backup, cmd_restore
@@ -87,11 +88,7 @@ def _common(parser: argparse.ArgumentParser, *, top: bool, network: bool = True)
     def default(value: Any) -> Any:
         return value if top else argparse.SUPPRESS
 
-    parser.add_argument(
-        "--members",
-        default=default(os.environ.get("CLUSTER_MEMBERS", "")),
-        help="0=host:ingress:consensus:admin,1=... (default: $CLUSTER_MEMBERS)",
-    )
+    add_members(parser, None if top else argparse.SUPPRESS)
     parser.add_argument(
         "-o",
         "--output",
