@@ -373,6 +373,21 @@ def _installs(sim: SimCluster, i: int) -> int:
     return 0 if catchup is None else int(catchup.installs)
 
 
+async def _in_the_middle_of_a_transfer(sim: SimCluster, i: int) -> None:
+    """Until member ``i`` has received part of a snapshot transfer, not all of it (a
+    member's state: nothing signals it, so every half virtual millisecond, 10 s at most)."""
+
+    def in_the_middle() -> bool:
+        sn = sim.nodes[i]
+        cm = getattr(sn.node, "cm", None) if sn.running else None
+        receiver = cm.replica.snapshot if cm is not None else None
+        return receiver is not None and receiver.offset > 0 and receiver.complete is None
+
+    with trio.fail_after(10):
+        while not in_the_middle():  # noqa: ASYNC110 (node state: nothing signals it)
+            await trio.sleep(0.0005)
+
+
 def _node(sim: SimCluster, i: int) -> Any:
     node = sim.nodes[i].node
     assert node is not None
@@ -438,15 +453,7 @@ def test_crash_in_the_middle_of_a_snapshot_transfer(tmp_path: Path, wipe: bool) 
                 break
         await sim.restart(lagger)
 
-        def in_the_middle() -> bool:
-            sn = sim.nodes[lagger]
-            cm = getattr(sn.node, "cm", None) if sn.running else None
-            receiver = cm.replica.snapshot if cm is not None else None
-            return receiver is not None and receiver.offset > 0 and receiver.complete is None
-
-        with trio.fail_after(10):
-            while not in_the_middle():  # noqa: ASYNC110 (node state: nothing signals it)
-                await trio.sleep(0.0005)
+        await _in_the_middle_of_a_transfer(sim, lagger)
         await sim.crash(lagger, torn=True)
         temporaries = list((sim.nodes[lagger].dir / "snapshots").glob("install-*.tmp"))
         assert temporaries, "a transfer was under way"

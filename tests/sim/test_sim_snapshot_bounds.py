@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import trio
-
 from cluster.archive.reader import list_segments
 
 from .harness import SimCluster
-from .test_sim import _compact_without, _installs, _node, _sim, _take_snapshot
+from .test_sim import (
+    _compact_without,
+    _in_the_middle_of_a_transfer,
+    _installs,
+    _node,
+    _sim,
+    _take_snapshot,
+)
 
 
 def test_a_transfer_whose_leader_crashed_is_removed_at_once(tmp_path: Path) -> None:
@@ -30,15 +35,7 @@ def test_a_transfer_whose_leader_crashed_is_removed_at_once(tmp_path: Path) -> N
         leader = await sim.wait_for_leader()
         await sim.restart(lagger)
 
-        def in_the_middle() -> bool:
-            sn = sim.nodes[lagger]
-            cm = getattr(sn.node, "cm", None) if sn.running else None
-            receiver = cm.replica.snapshot if cm is not None else None
-            return receiver is not None and receiver.offset > 0 and receiver.complete is None
-
-        with trio.fail_after(10):
-            while not in_the_middle():  # noqa: ASYNC110 (node state: nothing signals it)
-                await trio.sleep(0.0005)
+        await _in_the_middle_of_a_transfer(sim, lagger)
         snapshots = sim.nodes[lagger].dir / "snapshots"
         assert list(snapshots.glob("install-*.tmp")), "a transfer was under way"
         await sim.crash(leader)
