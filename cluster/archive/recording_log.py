@@ -131,6 +131,23 @@ def _sort_key(entry: Entry) -> tuple[int, int, int, int, int]:
     )
 
 
+def _parse(path: Path, data: bytes) -> list[Entry]:
+    """The entries in a recording log's bytes, up to a torn last one (left out); a bad
+    entry before the last raises :class:`ArchiveCorruptionError`."""
+    slots: list[Entry] = []
+    count = len(data) // ENTRY_LENGTH
+    for index in range(count):
+        offset = index * ENTRY_LENGTH
+        raw = data[offset : offset + ENTRY_LENGTH]
+        (crc,) = struct.unpack_from("<I", raw, _CRC_OFFSET)
+        if zlib.crc32(raw[:_CRC_OFFSET]) != crc:
+            if index < count - 1:
+                raise ArchiveCorruptionError(path, offset, "recording log entry crc mismatch")
+            break
+        slots.append(_decode(raw, index))
+    return slots
+
+
 class RecordingLog:
     """The ``recording.log`` of one member. Not thread-safe."""
 
@@ -153,19 +170,7 @@ class RecordingLog:
                 os.fsync(fd)
                 fsync_directory(directory)
             data = os.pread(fd, os.fstat(fd).st_size, 0)
-            slots: list[Entry] = []
-            count = len(data) // ENTRY_LENGTH
-            for index in range(count):
-                offset = index * ENTRY_LENGTH
-                raw = data[offset : offset + ENTRY_LENGTH]
-                (crc,) = struct.unpack_from("<I", raw, _CRC_OFFSET)
-                if zlib.crc32(raw[:_CRC_OFFSET]) != crc:
-                    if index < count - 1:
-                        raise ArchiveCorruptionError(
-                            path, offset, "recording log entry crc mismatch"
-                        )
-                    break
-                slots.append(_decode(raw, index))
+            slots = _parse(path, data)
             good = len(slots) * ENTRY_LENGTH
             if good != len(data):
                 os.ftruncate(fd, good)
@@ -192,18 +197,7 @@ class RecordingLog:
             data = path.read_bytes()
         except FileNotFoundError:
             data = b""
-        slots: list[Entry] = []
-        count = len(data) // ENTRY_LENGTH
-        for index in range(count):
-            offset = index * ENTRY_LENGTH
-            raw = data[offset : offset + ENTRY_LENGTH]
-            (crc,) = struct.unpack_from("<I", raw, _CRC_OFFSET)
-            if zlib.crc32(raw[:_CRC_OFFSET]) != crc:
-                if index < count - 1:
-                    raise ArchiveCorruptionError(path, offset, "recording log entry crc mismatch")
-                break
-            slots.append(_decode(raw, index))
-        return cls(path, -1, slots)
+        return cls(path, -1, _parse(path, data))
 
     @property
     def path(self) -> Path:
