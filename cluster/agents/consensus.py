@@ -161,7 +161,6 @@ class PeerLinks:
         self.max_frame_size = max_frame_size
         self.cluster_id = cluster_id
         self.hello_timeout = hello_timeout
-        self._unidentified = 0  # inbound connections that have not said hello yet
         unidentified = 2 * len(self.links) + 2  # more than members could: a stranger's flood
         self.gate = ConnectionGate("consensus port", unidentified, unidentified, evict_oldest=True)
         """Inbound links that have not said hello, counted at accept (before a TLS
@@ -496,7 +495,6 @@ class PeerLinks:
         scope = trio.CancelScope()  # cancelled when the consensus module refuses the peer
         # a link must say who it is (MemberHello) within the handshake timeout
         scope.deadline = trio.current_time() + self.hello_timeout
-        self._unidentified += 1
         peer = [-1]
         try:
             with scope:
@@ -507,8 +505,6 @@ class PeerLinks:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
-            if peer[0] < 0:
-                self._unidentified -= 1
             if peer[0] >= 0 and self._live.get(peer[0], (None,))[0] is stream:
                 del self._live[peer[0]]
             with trio.CancelScope(shield=True):
@@ -544,7 +540,6 @@ class PeerLinks:
                         who[0] = peer
                         receiver.grow(LINK_RECEIVE_SIZE)
                         scope.deadline = math.inf
-                        self._unidentified -= 1
                         self.gate.release(stream)  # a member's link: no longer a stranger
                         if answer:
                             await self._answer(stream, refused=False)
