@@ -119,8 +119,11 @@ def test_a_second_process_on_a_live_directory_exits_2_naming_the_holder(tmp_path
         node_command(directory, 0, members), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        # the first one is up once its identity is written
-        _until(lambda: (directory / "member.json").exists(), "the first node's identity")
+        # the first one is up once it listens (its identity alone is not enough: a first
+        # node that then lost its port to another test's process, three run at once,
+        # exited and freed the directory for the second)
+        _until(lambda: _listening(members), "the first node on its ingress port")
+        assert first.poll() is None, "the first node exited"
         second = subprocess.run(
             node_command(directory, 0, members_string(1)),
             capture_output=True,
