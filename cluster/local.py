@@ -29,14 +29,69 @@ from pathlib import Path
 
 from .config import add_version
 
+PORTS_VARIABLE = "TRIARCH_LOCAL_PORTS"
+"""``LOW-HIGH``: the ports :func:`free_ports` hands out (the test suite gives each of its
+workers a slice of its own, so that two workers never pick the same port)."""
+
+_cursors: dict[range, int] = {}
+"""Where this process's walk over each range is."""
+
+
+def _ephemeral_start() -> int:
+    """Where the kernel's range for outgoing connections and port-0 binds starts."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; elsewhere ports are picked by the OS (below)
+
+
+def port_range() -> range:
+    """The ports :func:`free_ports` picks from: ``$TRIARCH_LOCAL_PORTS``, or the 12,000
+    below the ephemeral range; empty where there is no room below it."""
+    spec = os.environ.get(PORTS_VARIABLE)
+    if spec:
+        low, _, high = spec.partition("-")
+        return range(int(low), int(high) + 1)
+    top = _ephemeral_start()
+    return range(max(10_000, top - 12_000), top)
+
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Ports the OS says are free right now (all bound at once, so distinct)."""
-    with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for s in socks:
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in socks]
+    """Distinct ports that are free right now, none handed out by this process in the
+    last lap of its walk over the range.
+
+    They come from below the kernel's ephemeral range (:func:`port_range`): a port
+    picked there is not taken by an outgoing connection's source port, or by another
+    program's port-0 probe, between this call and the node's bind, nor while a member
+    is down between a kill and its restart on the same port (a port the OS picked would
+    be).  Each process walks the range from a place of its own (its pid).
+    """
+    ports = port_range()
+    if len(ports) < 4 * count:  # no room below the ephemeral range: let the OS pick
+        with ExitStack() as stack:
+            socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+            for s in socks:
+                s.bind((host, 0))
+            return [s.getsockname()[1] for s in socks]
+    cursor = _cursors.get(ports, os.getpid() * 7919 % len(ports))
+    chosen: list[int] = []
+    for _ in range(len(ports)):
+        port = ports[cursor]
+        cursor = _cursors[ports] = (cursor + 1) % len(ports)
+        if _bindable(host, port):
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
+    raise OSError(f"fewer than {count} free ports in {ports.start}-{ports.stop - 1}")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def members_string(nodes: int, host: str = "127.0.0.1") -> str:

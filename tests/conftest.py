@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from cluster.local import PORTS_VARIABLE, port_range
+
 HEAVY = ("pipeline/", "integration/test_packaging.py")
 """Long, CPU-heavy and timing-insensitive: the first worker's share."""
 FIRST = ("unit/", "sim/")
@@ -39,9 +41,11 @@ ALONE = (
     "unit/test_stalls.py",
     "integration/test_bench.py",
     "integration/test_sessions_survive.py::test_a_paused_leader_keeps_every_session",
+    "integration/test_overload.py::test_a_flooding_client_does_not_starve_a_well_behaved_one",
 )
-"""Tests that measure the machine (CPU shares, latency ratios) or a margin of time a
-loaded machine eats (a 9 s pause beside a 10 s session timeout): last, each alone."""
+"""Tests that measure the machine (CPU shares, latency and throughput ratios) or a margin
+of time a loaded machine eats (a 9 s pause beside a 10 s session timeout): last, each
+alone."""
 
 _TESTS = Path(__file__).parent
 
@@ -74,6 +78,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "xdist_group(name): run the group on one xdist worker")
     if hasattr(config.option, "loadscopereorder"):  # xdist: hand the units out in order
         config.option.loadscopereorder = False
+    if hasattr(config, "workerinput"):
+        _ports_of_this_worker(config.workerinput["workerid"])
+
+
+def _ports_of_this_worker(worker: str) -> None:
+    """A slice of the local ports for each worker (and the processes its tests start):
+    two workers never pick the same port, so a member restarted on its port finds it
+    free (a port another worker picked while it was down took it before, exit code 2)."""
+    whole = port_range()
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(worker.removeprefix("gw"))
+    size = len(whole) // count
+    if size >= 1000:
+        low = whole.start + index * size
+        os.environ[PORTS_VARIABLE] = f"{low}-{low + size - 1}"
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups off the marks
