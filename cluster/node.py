@@ -35,12 +35,13 @@ import trio.lowlevel
 from .agents.admin import AdminServer
 from .agents.catchup import CatchUp
 from .agents.consensus import PeerLinks
+from .agents.duty import DutyCycle
 from .agents.egress import EgressPublisher
 from .agents.exporter import MetricsServer, sees_quorum
 from .agents.inbox import IngressInbox
 from .agents.ingress import IngressAgent
 from .agents.log import ArchiveAgent, LogAgent, LogBuffer
-from .agents.replication import Replicator
+from .agents.replication import Leadership
 from .agents.snapshot import SnapshotAgent
 from .agents.stalls import StallWatch
 from .agents.timings import Timings
@@ -49,24 +50,14 @@ from .agents.worker import WorkerThread, run_in_thread, run_inline
 from .archive.errors import ArchiveCorruptionError
 from .config import NodeConfig, format_ingress_endpoints, members_digest
 from .core.auth import Authenticator
-from .core.base import (
-    ConsensusConfig,
-    Event,
-    IngressSource,
-    LeaderReady,
-    MemberRefused,
-    RoleChanged,
-)
+from .core.base import ConsensusConfig
 from .core.consensus import ConsensusModule
-from .core.driver import drive
 from .core.service_container import ServiceContainer
 from .core.service_errors import ServiceErrorPolicy, ServiceFailure
-from .core.sessions import STALL_NS
 from .core.terms import TermHistory
 from .datadir import DataDir
 from .memory import give_back_memory
 from .protocol.admin import MemberStatus
-from .protocol.consensus import ConsensusMessage
 from .protocol.enums import ClusterAction, ModuleState, Role
 from .recovery import recover
 from .security import admin_authorisation
@@ -83,6 +74,9 @@ RunBlocking = Callable[..., Awaitable[Any]]
 
 class Node:
     """One cluster member: its state, its agents and its lifecycle."""
+
+    duty: DutyCycle
+    catchup: CatchUp
 
     def __init__(
         self,
@@ -126,8 +120,6 @@ class Node:
         self.authenticator = authenticator
         self.ingress_port = self.member.ingress_port
         self._ready = trio.Event()
-        self.role_changed = trio.Event()
-        """Set (and replaced) each time this member's role changes."""
         self.closed = trio.Event()
         """Set once :meth:`run` has ended and released the data directory (its lock)."""
         self._stopping = False
@@ -137,9 +129,6 @@ class Node:
         self.stalls = StallWatch(config.stall_threshold, self.epoch_offset_ns)
         self.archive_errors = 0
         """Records of this member's archive found corrupt (never shipped)."""
-        self.failure: ServiceFailure | None = None
-        """Why the service stopped this member (``--on-service-error stop``): raised by
-        :meth:`run` once every agent has stopped."""
 
     @property
     def data_dir(self) -> Path:
@@ -165,22 +154,20 @@ class Node:
         self.egress = EgressPublisher(
             self.network,
             max_backlog=cfg.max_egress_backlog,
-            on_connected=self._on_egress_connected,
-            on_failed=self._on_egress_failed,
+            on_connected=lambda egress_id: self.duty.on_egress_connected(egress_id),
+            on_failed=lambda egress_id: self.duty.on_egress_failed(egress_id),
         )
         self.inbox = IngressInbox(
             quantum=cfg.ingress_quantum,
             max_backlog=cfg.max_ingress_backlog,
-            gate=self._log_has_room,
-            applied=lambda: self.log_buffer.applied if self.cm.role is Role.LEADER else 1 << 62,
             window=cfg.ingress_window,
         )
         self.links = PeerLinks(
             self.network,
             self.member,
             [m for m in self.members if m.member_id != cfg.member_id],
-            self._deliver_consensus,
-            delivered=self._consensus_delivered,
+            self.inbox.deliver,
+            delivered=self.inbox.delivered,
             max_frame_size=max(cfg.max_frame_size, 2 << 20),
             cluster_id=self.identity.cluster_id,
             hello_timeout=cfg.handshake_timeout / 1e9,
@@ -234,23 +221,41 @@ class Node:
         self.container.on_cluster_action = self.snapshots.on_cluster_action
         self.verifier = ArchiveVerifier(self.archive, self.run_blocking, self._on_corrupt)
         self.log_buffer = LogBuffer(0)
+        interval = cfg.leader_heartbeat_interval / 1e9
+        self.leadership = Leadership(
+            self.links.flush,
+            lambda wait_for_log: self.catchup.replicators(
+                interval, self.read_log, wait_for_log, self._on_corrupt
+            ),
+        )
+        self.duty = duty = DutyCycle(
+            cfg,
+            self.cm,
+            self.container,
+            inbox=self.inbox,
+            links=self.links,
+            egress=self.egress,
+            log_buffer=self.log_buffer,
+            leadership=self.leadership,
+            timings=self.timings,
+            now_ns=self.now_ns,
+        )
         self.archive_lock = trio.Lock()
-        self.log_taken = trio.Event()
         self.archive_agent = ArchiveAgent(
             self.archive,
             self.cm,
             self.log_buffer,
-            self._kick,
+            duty.kick,
             self.run_log_write,
             lock=self.archive_lock,
-            on_taken=self._on_log_taken,
-            on_truncated=self._on_truncated,
+            on_taken=self.leadership.on_log_taken,
+            on_truncated=self.leadership.wake,
             clock_ns=self.now_ns,
             inline=cfg.archive_io != "thread",
             storage=self.storage,
         )
-        self.log_agent = LogAgent(self.cm, self.container, self.log_buffer, self._kick, self.links)
-        self.catchup = CatchUp(self, self._kick)  # compaction, snapshots to/from members
+        self.log_agent = LogAgent(self.cm, self.container, self.log_buffer, duty.kick, self.links)
+        self.catchup = CatchUp(self, duty.kick)  # compaction, snapshots to/from members
         self.ingress = IngressAgent(
             self.network,
             self.member.host,
@@ -258,17 +263,14 @@ class Node:
             self.inbox,
             max_frame_size=cfg.max_frame_size,
             max_backlog=cfg.max_egress_backlog,
-            on_closed=self._on_source_closed,
+            on_closed=duty.on_source_closed,
             max_connections=cfg.max_connections,
             max_per_address=cfg.max_connections_per_address,
             handshake_timeout=cfg.handshake_timeout / 1e9,
             holds_session=self.cm.session_manager.holds_session,
         )
-        self._leadership_scope: trio.CancelScope | None = None
-        self.replicators: dict[int, Replicator] = {}
-        self._in_duty_cycle = False
-        self.inbox.process = self._process_inbox
-        self.watchdog = LeaderWatchdog(self.cm, self.now_ns, self._kick)
+        self.watchdog = LeaderWatchdog(self.cm, self.now_ns, duty.kick)
+        duty.attach(self.archive_agent, self.log_agent, self.catchup, self.watchdog)
 
     def _recover(self) -> int:
         position = recover(
@@ -328,7 +330,7 @@ class Node:
         cfg = self.config
         with trio.move_on_after((cfg.election_timeout + cfg.leader_heartbeat_interval) / 1e9):
             while cm.role is Role.LEADER:
-                await self.role_changed.wait()
+                await self.duty.role_changed.wait()
         if cm.role is Role.LEADER:
             return False, f"member {target} did not take leadership over: still leading term {term}"
         return (
@@ -345,152 +347,13 @@ class Node:
         """This member's :class:`MemberStatus` (``describe`` on the admin port)."""
         return node_status(self)
 
-    # ------------------------------------------------------------------ callbacks
-
-    def _on_egress_connected(self, egress_id: int) -> None:
-        self.cm.session_manager.on_egress_connected(egress_id)
-        self._kick()
-
-    def _on_egress_failed(self, egress_id: int) -> None:
-        self.cm.session_manager.on_egress_failed(egress_id)
-        self._kick()
-
-    def _on_source_closed(self, source: IngressSource) -> None:
-        self.cm.session_manager.on_source_closed(source)
-        self._kick()
-
-    def _on_log_taken(self) -> None:
-        """New bytes in the log buffer, about to be written: replicate them first."""
-        wake = False
-        for replicator in self.replicators.values():
-            if not replicator.pump():
-                wake = True
-        self.links.flush()
-        if wake:
-            self.log_taken.set()
-            self.log_taken = trio.Event()
-
-    async def wait_for_log(self) -> None:
-        await self.log_taken.wait()
-
-    def _on_truncated(self) -> None:
-        self.log_taken.set()
-        self.log_taken = trio.Event()
-
-    def _kick(self) -> None:
-        """After the consensus module changed: drive it (:func:`cluster.core.driver.drive`:
-        react to its events, write the new log, apply what is committed, send what is
-        queued).  All of it happens right here, in the caller's task (Aeron's shared duty cycle):
-        a task switch per hop costs more than the work.  Only what has to wait (a write
-        behind another, a truncation, a retry after a failed write) goes to the archive
-        agent's task, which kicks again once it is done."""
-        if self.failure is not None:
-            return  # stopping: nothing more is applied (the failed chunk would be again)
-        self.watchdog.push()
-        now = self.now_ns()
-        self.timings.before_drive(self.cm, now)
-        try:
-            drive(self.cm, self, now)
-        except ServiceFailure as failure:  # logged where it was raised
-            self.failure = failure
-            if self._nursery is not None:  # run() raises it once all stopped
-                self._nursery.start_soon(self.log_agent.stop, self._nursery.cancel_scope)
-            return
-        self.timings.after_drive(self.cm, now)
-        self.inbox.resume()
-
-    def _log_has_room(self) -> bool:
-        """Whether a leader may sequence client messages: the log it holds not yet both
-        durable here and applied is under ``--max-log-inflight`` (back-pressure)."""
-        if self.cm.role is not Role.LEADER:
-            return True
-        held = min(self.log_buffer.applied, self.archive_agent.written)
-        return self.cm.log.published_position - held < self.config.max_log_inflight
-
-    # the driver's Shell
-
     @property
-    def applied_position(self) -> int:
-        return self.log_buffer.applied
+    def failure(self) -> ServiceFailure | None:
+        """Why the service stopped this member (``--on-service-error stop``): raised by
+        :meth:`run` once every agent has stopped."""
+        return self.duty.failure
 
-    def persist(self) -> None:
-        self.catchup.persist()  # a snapshot received from the leader
-        archive = self.archive_agent
-        if self.cm.log.buffer:
-            archive.take()
-        if archive.pending and not archive.write_now():
-            archive.kick()
-
-    def apply(self, commit_position: int) -> bool:
-        return self.log_agent.apply_committed() > 0
-
-    def flush(self) -> None:
-        self.links.flush()
-        self.egress.flush()
-
-    def on_event(self, event: Event) -> None:
-        if isinstance(event, RoleChanged):
-            self._on_role_change(event.role)
-        elif isinstance(event, MemberRefused):
-            self.links.close_inbound(event.member_id, event.reason)
-        elif isinstance(event, LeaderReady):
-            self.container.set_role(Role.LEADER)
-            log.info(
-                "member %d leads term %d: ready at log position %d",
-                self.config.member_id,
-                event.leadership_term_id,
-                event.log_position,
-            )
-
-    def _deliver_consensus(self, message: ConsensusMessage) -> None:
-        self.inbox.messages.append(message)
-
-    async def _consensus_delivered(self) -> None:
-        if self.inbox.messages:
-            await self.inbox.notify_soon()
-
-    def _process_inbox(self) -> None:
-        """The consensus duty cycle: handle every decoded ingress and member message.
-
-        Runs in the task that decoded them (an ingress or member-link reader) or, when
-        that would re-enter, in the consensus agent's task."""
-        inbox = self.inbox
-        if self._in_duty_cycle:
-            inbox.wake.set()
-            return
-        self._in_duty_cycle = True
-        began = self.timings.clock()
-        try:
-            batch = inbox.take()
-            now = self.now_ns()
-            self.cm.on_batch(batch, now)
-            inbox.sequenced(self.cm.log.published_position)
-            if inbox.commands:
-                commands, inbox.commands = inbox.commands, []
-                for command in commands:
-                    command(now)
-            self.cm.consensus_work(now)
-            self._kick()
-        finally:
-            self._in_duty_cycle = False
-            self.timings.cycle(began)
-
-    def _on_role_change(self, role: Role) -> None:
-        self.role_changed.set()
-        self.role_changed = trio.Event()
-        self.timings.reset()
-        if self.config.archive_io == "auto":
-            self.archive_agent.inline = role is not Role.LEADER
-            self.archive_agent.inline_when_idle = role is Role.LEADER
-        if role is Role.LEADER:
-            if self._nursery is not None:
-                self._nursery.start_soon(self._leadership, name="leadership")
-        else:
-            if self._leadership_scope is not None:
-                self._leadership_scope.cancel()
-                self._leadership_scope = None
-            self.container.set_role(Role.FOLLOWER)
-            self.cm.session_manager.reset(self.container.session_records(), self.now_ns())
+    # ------------------------------------------------------------------ the log, for others
 
     async def read_log(self, start: int, stop: int) -> bytes:
         """Log bytes ``[start, stop)``: from memory if still there, else from the archive."""
@@ -505,51 +368,6 @@ class Node:
         """A record of this member's archive failed its check: it is never shipped."""
         self.archive_errors += 1
         log.error("archive corruption, not shipped to any member: %s", exc)
-
-    async def _leadership(self) -> None:
-        """The leader's replicators, in one scope that an election cancels."""
-        with trio.CancelScope() as scope:
-            if self._leadership_scope is not None:
-                self._leadership_scope.cancel()
-            self._leadership_scope = scope
-            interval = self.config.leader_heartbeat_interval / 1e9
-            replicators = self.catchup.replicators(
-                interval, self.read_log, self.wait_for_log, self._on_corrupt
-            )
-            self.replicators = replicators
-            try:
-                async with trio.open_nursery() as nursery:
-                    for member_id, replicator in replicators.items():
-                        nursery.start_soon(replicator.run, name=f"replicate-{member_id}")
-            finally:
-                if self.replicators is replicators:
-                    self.replicators = {}
-
-    # ------------------------------------------------------------------ agents
-
-    async def _consensus_agent(self) -> None:
-        inbox = self.inbox
-        while True:
-            await inbox.wake.wait()
-            inbox.wake = trio.Event()
-            self._process_inbox()
-            await trio.lowlevel.checkpoint()
-
-    async def _slow_tick_agent(self) -> None:
-        interval = self.config.slow_tick_interval / 1e9
-        deadline = trio.current_time()
-        while True:
-            deadline += interval
-            await trio.sleep_until(deadline)
-            now = self.now_ns()
-            late = int((trio.current_time() - deadline) * 1e9)
-            if late >= STALL_NS:  # this process did not run: not its clients' fault
-                self.cm.session_manager.forgive_stall(late)
-            self.cm.on_slow_tick(now)
-            self.timings.sample(self.cm.followers, now)  # a leader's (else none)
-            self._kick()
-            if trio.current_time() > deadline + interval:
-                deadline = trio.current_time()  # overran: don't try to catch up
 
     async def _signal_agent(self, signals: AsyncIterator[int]) -> None:
         async for signum in signals:
@@ -596,7 +414,7 @@ class Node:
                 log.info("authenticator %s", self.config.authenticator)
             recovered = self._recover()
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
+                self._nursery = self.duty.nursery = nursery
                 self.snapshots.start(nursery, recovered)
                 self.ingress_port = await nursery.start(self.ingress.run)
                 await nursery.start(self.egress.run)
@@ -607,10 +425,10 @@ class Node:
                     exporter = MetricsServer(self.member.host, port, self.status, quorum)
                     self.metrics_port = await nursery.start(exporter.run)
                 self.cm.enter_election(self.now_ns(), "start-up", is_startup=True)
-                nursery.start_soon(self._consensus_agent, name="consensus")
+                nursery.start_soon(self.duty.run_consensus, name="consensus")
                 nursery.start_soon(self.archive_agent.run, name="archive")
                 nursery.start_soon(self.log_agent.run, name="log")
-                nursery.start_soon(self._slow_tick_agent, name="slow_tick")
+                nursery.start_soon(self.duty.run_slow_tick, name="slow_tick")
                 applied = lambda: self.log_agent.applied_position  # noqa: E731
                 saver = partial(save_node_state, self.storage, applied, self.run_blocking)
                 nursery.start_soon(saver, name="state_save")
@@ -635,8 +453,8 @@ class Node:
                     nursery.start_soon(give_back_memory, trim, name="give_back_memory")
                 self._ready.set()
                 task_status.started(self)
-            if self.failure is not None:
-                raise self.failure
+            if self.duty.failure is not None:
+                raise self.duty.failure
         finally:
             self.stalls.stop()
             try:

@@ -141,6 +141,15 @@ class IngressInbox:
     that one of them had waiting, under half a quantum, in the last
     :data:`CONTENTION_WINDOW` seconds."""
 
+    def deliver(self, message: Inbound) -> None:
+        """A member link's message, for the next duty cycle."""
+        self.messages.append(message)
+
+    async def delivered(self) -> None:
+        """A member link's reader is done with what it read: have it handled."""
+        if self.messages:
+            await self.notify_soon()
+
     @property
     def contended(self) -> bool:
         """Whether several connections compete for the log now, a light one among them:

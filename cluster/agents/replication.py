@@ -210,3 +210,62 @@ class Replicator:
                     await trio.sleep(0.001)
                 else:
                     await self.wait_for_log()
+
+
+class Leadership:
+    """A leader's replicators, one per follower, in one cancel scope that an election
+    cancels (:meth:`run` while this member leads, :meth:`cancel` once it does not), and
+    the event that wakes those waiting for new log."""
+
+    def __init__(
+        self,
+        links: Callable[[], None],
+        replicators: Callable[[Callable[[], Awaitable[None]]], dict[int, Replicator]],
+    ) -> None:
+        """``links``: flushes the member links; ``replicators``: makes a term's
+        replicators, given how they wait for new log."""
+        self._flush_links = links
+        self._make = replicators
+        self.replicators: dict[int, Replicator] = {}
+        self._scope: trio.CancelScope | None = None
+        self._log_taken = trio.Event()
+
+    def on_log_taken(self) -> None:
+        """New bytes in the log buffer, about to be written: replicate them first."""
+        wake = False
+        for replicator in self.replicators.values():
+            if not replicator.pump():
+                wake = True
+        self._flush_links()
+        if wake:
+            self.wake()
+
+    def wake(self) -> None:
+        """Wake every replicator waiting for new log (or a truncated one)."""
+        self._log_taken.set()
+        self._log_taken = trio.Event()
+
+    async def wait_for_log(self) -> None:
+        await self._log_taken.wait()
+
+    async def run(self) -> None:
+        """This term's replicators, until an election cancels them (or a newer term's
+        leadership starts)."""
+        with trio.CancelScope() as scope:
+            if self._scope is not None:
+                self._scope.cancel()
+            self._scope = scope
+            replicators = self._make(self.wait_for_log)
+            self.replicators = replicators
+            try:
+                async with trio.open_nursery() as nursery:
+                    for member_id, replicator in replicators.items():
+                        nursery.start_soon(replicator.run, name=f"replicate-{member_id}")
+            finally:
+                if self.replicators is replicators:
+                    self.replicators = {}
+
+    def cancel(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+            self._scope = None
