@@ -1,6 +1,6 @@
 """``--log-format json`` and the warning for ``CLUSTER_*`` variables that are no setting
 (issue 35): a real single-member ``python -m cluster.node`` started, stopped with SIGTERM,
-and every line of its stderr parsed."""
+and every line of its stderr parsed; and a SIGTERM in the middle of its start-up."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -106,3 +108,52 @@ def test_unknown_variables_are_only_cluster_ones_that_name_no_setting() -> None:
         "MY_CLUSTER_X": "1",
     }
     assert unknown_variables(environ) == ["CLUSTER_MEMBER"]
+
+
+SLOW_START = """
+import os
+import time
+from pathlib import Path
+
+from cluster.examples.echo import EchoService
+
+
+class SlowStart(EchoService):
+    def on_start(self, cluster, snapshot):
+        Path(os.environ["SLOW_START_MARKER"]).touch()
+        time.sleep(2)  # the event loop held: the signal waits for it
+        super().on_start(cluster, snapshot)
+"""
+
+
+def test_sigterm_in_the_middle_of_start_up_stops_the_member_as_later(tmp_path: Path) -> None:
+    """A SIGTERM while the member recovers (its service's ``on_start`` running, before
+    any agent): it stops as a running one does, exit code 0 and the signal logged, not
+    killed by the signal's default action (-15, before the signal was the node's from
+    its first instant)."""
+    (tmp_path / "slow_start.py").write_text(textwrap.dedent(SLOW_START))
+    marker = tmp_path / "on_start"
+    ports = free_ports(3)
+    members = f"0=127.0.0.1:{ports[0]}:{ports[1]}:{ports[2]}"
+    command = [sys.executable, "-m", "cluster.node", "--member-id", "0", "--members", members]
+    command += ["--dir", str(tmp_path / "data"), "--service", "slow_start:SlowStart"]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTER_")}
+    environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(tmp_path), environ.get("PYTHONPATH")])
+    )
+    environ["SLOW_START_MARKER"] = str(marker)
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=environ)
+    try:
+        deadline = time.monotonic() + 30
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the service's on_start was never called"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "received SIGTERM: shutting down" in err
