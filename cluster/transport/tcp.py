@@ -263,12 +263,16 @@ class TcpNetwork:
             stream, tls.server_context, server_side=True, https_compatible=False
         )
         reason = f"no handshake within {self.handshake_timeout:g}s"
-        with trio.move_on_after(self.handshake_timeout):
-            try:
-                await tls_stream.do_handshake()
-                return tls_stream
-            except (trio.BrokenResourceError, OSError) as exc:
-                reason = failure_reason(exc)
+        try:
+            with trio.move_on_after(self.handshake_timeout):
+                try:
+                    await tls_stream.do_handshake()
+                    return tls_stream
+                except (trio.BrokenResourceError, OSError) as exc:
+                    reason = failure_reason(exc)
+        except BaseException:  # cancelled in the middle of it (the node stops)
+            await trio.aclose_forcefully(stream)
+            raise
         try:
             peer = "{}:{}".format(*stream.socket.getpeername()[:2])
         except OSError:
