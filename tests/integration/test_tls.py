@@ -29,6 +29,7 @@ from cluster.protocol.codec import INGRESS
 from cluster.protocol.framing import FrameDecoder
 from cluster.protocol.ingress import SessionMessageHeader
 from cluster.transport.framed import FrameWriter
+from cluster.transport.gate import ConnectionGate, gated
 from cluster.transport.tcp import TcpNetwork
 from cluster.transport.tls import PeerCert, TlsIdentity, TlsNowait, load_identity, peer_cert
 
@@ -265,10 +266,20 @@ async def test_a_handshake_cut_short_by_a_stop_closes_its_connection(pki: Path) 
     the connection is closed then, not left to the garbage collector (a ResourceWarning,
     an error here, once the collector finds it; a CI run saw one in a later test)."""
     network = TcpNetwork(tls=identity(pki, "member-0"), handshake_timeout=30)
+    gate = ConnectionGate("test", 8)  # counts the connection at accept
+
+    async def handler(stream: trio.abc.Stream) -> None:
+        await stream.aclose()
+
     with socket.socket() as dialler:
-        async with serving(network) as server:
-            await trio.to_thread.run_sync(dialler.connect, (HOST, server.port))
-            await trio.sleep(0.2)  # accepted, its handshake waiting for a ClientHello
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(network.serve, HOST, 0, gated(handler, gate))
+            await trio.to_thread.run_sync(dialler.connect, (HOST, port))
+            with trio.fail_after(10):
+                while gate.accepted < 1:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            await trio.sleep(0.05)  # its handshake waits for a ClientHello
+            nursery.cancel_scope.cancel()
         gc.collect()  # a socket left open would warn here
         dialler.settimeout(5)
         assert dialler.recv(1) == b""  # closed by the server, at the stop
