@@ -154,6 +154,7 @@ class Node:
         self.egress = EgressPublisher(
             self.network,
             max_backlog=cfg.max_egress_backlog,
+            # the duty cycle is made after the consensus module, which needs this
             on_connected=lambda egress_id: self.duty.on_egress_connected(egress_id),
             on_failed=lambda egress_id: self.duty.on_egress_failed(egress_id),
         )

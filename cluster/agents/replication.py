@@ -219,12 +219,12 @@ class Leadership:
 
     def __init__(
         self,
-        links: Callable[[], None],
+        flush_links: Callable[[], None],
         replicators: Callable[[Callable[[], Awaitable[None]]], dict[int, Replicator]],
     ) -> None:
-        """``links``: flushes the member links; ``replicators``: makes a term's
-        replicators, given how they wait for new log."""
-        self._flush_links = links
+        """``flush_links`` sends what the member links hold; ``replicators`` makes a
+        term's replicators, given how they wait for new log."""
+        self._flush_links = flush_links
         self._make = replicators
         self.replicators: dict[int, Replicator] = {}
         self._scope: trio.CancelScope | None = None
