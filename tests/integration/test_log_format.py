@@ -42,13 +42,14 @@ def run_node(
         env={**environ, **env},
     )
     try:
-        deadline = time.monotonic() + 20
         if started is None:
             assert wait_for_port("127.0.0.1", ports[0], 20)
-        while started is not None and not started():
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline, "the member did not get there"
-            time.sleep(0.01)
+        else:
+            deadline = time.monotonic() + 20
+            while not started():
+                assert proc.poll() is None, proc.communicate()[1]
+                assert time.monotonic() < deadline, "the member did not get there"
+                time.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     finally:
