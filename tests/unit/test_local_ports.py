@@ -38,3 +38,12 @@ def test_a_range_too_small_falls_back_to_ports_the_os_picks(
     ports = local.free_ports(2)
     assert len(set(ports)) == 2
     assert all(p >= local._ephemeral_start() for p in ports)
+
+
+def test_no_free_port_left_in_the_range_is_an_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(local.PORTS_VARIABLE, "21000-21099")
+    monkeypatch.setattr(local, "_bindable", lambda host, port: False)  # every one taken
+    with pytest.raises(OSError, match="fewer than 2 free ports in 21000-21099"):
+        local.free_ports(2)
