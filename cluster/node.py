@@ -273,6 +273,7 @@ class Node:
         self.watchdog = LeaderWatchdog(self.cm, self.now_ns, duty.kick)
         duty.attach(self.archive_agent, self.log_agent, self.catchup, self.watchdog)
 
+    @trio.lowlevel.enable_ki_protection  # the service's callbacks run: see DutyCycle.kick
     def _recover(self) -> int:
         position = recover(
             data_dir=self.data_dir,

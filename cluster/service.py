@@ -248,7 +248,7 @@ def take_service_snapshot(service: ClusteredService) -> bytes:
     name = type(service).__qualname__
     try:
         state = service.on_take_snapshot()
-    except Exception as exc:
+    except BaseException as exc:
         raise ServiceStateError(f"{name}.on_take_snapshot() raised {exc!r}") from exc
     if isinstance(state, bytes):
         return state

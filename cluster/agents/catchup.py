@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import trio
+import trio.lowlevel
 
 from ..archive.compaction import compact, install_snapshot
 from ..archive.errors import ArchiveCorruptionError, ArchiveError
@@ -454,6 +455,7 @@ class CatchUp:
         )
         self.kick()
 
+    @trio.lowlevel.enable_ki_protection  # the service's on_start runs: see DutyCycle.kick
     def _load(self, transfer: Transfer, snapshot: LoadedSnapshot) -> None:
         """The log and the state now begin at the snapshot (no await in between)."""
         node = self.node

@@ -101,6 +101,7 @@ class DutyCycle:
 
     # ------------------------------------------------------------------ the cycle
 
+    @trio.lowlevel.enable_ki_protection  # a callback's own KeyboardInterrupt is its error
     def kick(self) -> None:
         """After the consensus module changed: drive it (react to its events, write the
         new log, apply what is committed, send what is queued), right here in the

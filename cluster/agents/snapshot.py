@@ -13,8 +13,9 @@ AdminRequests that asked for it: OK once written and recorded, ERROR with the re
 node's :class:`~cluster.archive.disk.DiskHealth`; nothing of the snapshot is left (its
 temporary file, or its file if the recording log could not name it) and the node goes
 on: the log keeps everything.  A SNAPSHOT with the terminate flag (SHUTDOWN), or an
-ABORT, stops the node once it is done, unless it is replayed at start-up (it happened
-before the restart).
+ABORT, stops the node once it is done, if it acts on this member now
+(:meth:`~cluster.core.control.ClusterControl.terminates`: not replayed at start-up, and
+in the member's current term); met later, a SHUTDOWN still takes its snapshot.
 
 The consensus module's automatic snapshot rule (:mod:`cluster.core.autosnapshot`) hears
 of every snapshot here: each one begun (``auto.on_taking``), recorded or failed (through
@@ -79,6 +80,8 @@ class SnapshotAgent:
             log.warning("removed %s: a snapshot cut short before this start", stale)
         self.recovered_position = 0
         """Actions at or below this position were replayed at start-up: not acted on."""
+        self.stopped_by: tuple[int, ClusterActionRequest] | None = None
+        """The SHUTDOWN or ABORT (its log position, the entry) that stops this member."""
         self._taken_event = trio.Event()
         self._nursery: trio.Nursery | None = None
 
@@ -98,18 +101,36 @@ class SnapshotAgent:
             self.cm.control.auto.restore(latest.log_position, latest.timestamp, size)
 
     def on_cluster_action(self, position: int, action: ClusterActionRequest) -> None:
-        """Every member applies cluster actions at the same log position."""
-        live = position > self.recovered_position
+        """Every member applies cluster actions at the same log position.  A SHUTDOWN
+        or ABORT stops this member only where the consensus module says it acts now
+        (:meth:`~cluster.core.control.ClusterControl.terminates`); met later, a SHUTDOWN
+        still takes its snapshot, and the member goes on."""
         shutdown = bool(action.flags & CLUSTER_ACTION_FLAG_TERMINATE)
-        terminate = action.action is ClusterAction.ABORT or (
-            action.action is ClusterAction.SNAPSHOT and shutdown
-        )
-        if terminate and live:  # a leader tells every session's client why it ends
-            aborted = action.action is ClusterAction.ABORT
-            self.cm.control.leave(reason=CloseReason.ABORT if aborted else CloseReason.SHUTDOWN)
+        aborted = action.action is ClusterAction.ABORT
+        terminating = aborted or (action.action is ClusterAction.SNAPSHOT and shutdown)
+        stops = False
+        if terminating:
+            control = self.cm.control
+            # before start(): the start-up replay, which applies what happened before
+            replayed_to = position if self._nursery is None else self.recovered_position
+            why_not = control.terminates(action, position, replayed_to)
+            stops = not why_not
+            name = "ABORT" if aborted else "SHUTDOWN"
+            if stops:  # a leader tells every session's client why it ends
+                self.stopped_by = (position, action)
+                control.leave(reason=CloseReason.ABORT if aborted else CloseReason.SHUTDOWN)
+            elif position > replayed_to:  # met live, but not this cluster's
+                then = "it takes the snapshot and goes on" if not aborted else "it goes on"
+                log.info(
+                    "%s at log position %d does not stop this member: %s; %s",
+                    name,
+                    position,
+                    why_not,
+                    then,
+                )
         if action.action is ClusterAction.SNAPSHOT:
-            self._take(position, action, terminate=terminate and live)
-        elif terminate and live:
+            self._take(position, action, terminate=stops)
+        elif stops:
             log.info("ABORT at log position %d: stopping without a snapshot", position)
             if self._nursery is not None:
                 self._nursery.start_soon(self.shutdown)

@@ -6,6 +6,16 @@ it at the same position: SUSPEND holds ingress (sequenced on RESUME), SNAPSHOT t
 snapshot, a SNAPSHOT with the terminate flag shuts the cluster down.  A member that
 replays a SUSPEND or RESUME from the log follows the module state it records.
 
+A SHUTDOWN or an ABORT acts on the cluster it was given to, once
+(:meth:`ClusterControl.terminates`): it stops a member only when the member applies it
+live (past what its start-up replay covered) and in the term the leader put it on the log
+in.  A member that meets it later (it was down while the cluster stopped, its disk was
+replaced and it catches up over the whole log, the cluster was restarted after it and
+elected a new term) takes the snapshot a SHUTDOWN calls for and goes on: the cluster
+that entry stopped is gone, and stopping this member now would stop a cluster that
+nobody asked to stop (Aeron acts on a replayed cluster action only in the term it was
+appended in, for the same reason).
+
 A client's AdminRequest(SNAPSHOT) is answered when the snapshot is written and recorded
 (OK) or fails to be (ERROR, with the reason): the shell reports the outcome with
 :meth:`ClusterControl.on_snapshot`.  While the shell reports a disk problem
@@ -189,6 +199,23 @@ class ClusterControl:
             self.view.session_manager.end_all(reason)
         if state > self.module_state:
             self.module_state = state
+
+    def terminates(self, action: ClusterActionRequest, position: int, replayed_to: int) -> str:
+        """Whether the terminating ``action`` (a SHUTDOWN or an ABORT) applied at log
+        ``position`` stops this member: "" if it does, else why not (for the log).
+        ``replayed_to``: the position this member's start-up replay reached (an entry
+        at or below it happened before this start).  Every member makes the same
+        choice for the same entry in the same term; one that makes the other has only
+        a snapshot more or less, never a different state."""
+        if position <= replayed_to:
+            return f"it was applied before this start (replayed up to {replayed_to})"
+        term = self.view.leadership_term_id
+        if action.leadership_term_id != term:
+            return (
+                f"it was put on the log in term {action.leadership_term_id} and this member "
+                f"is in term {term}: the cluster it stopped has been restarted since"
+            )
+        return ""
 
     @property
     def active(self) -> bool:

@@ -12,6 +12,13 @@ says what else happens (log it and go on, or stop the member with
 :class:`~cluster.core.service_errors.ServiceFailure`); it is counted
 (``Counters.service_errors``) and, on the leader, a client whose message it was gets a
 ``ServiceErrorEvent``.  The ``try`` costs nothing on the hot path until something raises.
+
+Any ``BaseException`` counts: a ``SystemExit``, ``KeyboardInterrupt`` or
+``GeneratorExit`` that a callback raises comes from the service's code and is in the log
+for good (every member applies the entry, every restart replays it), so letting it
+through would stop every member at every start.  A signal to the process never arrives
+as one inside a callback: the node's SIGINT and SIGTERM go to its signal receiver, and
+the log agent applies with Trio's KeyboardInterrupt protection on.
 """
 
 from __future__ import annotations
@@ -161,7 +168,7 @@ class ServiceContainer:
         :class:`~cluster.core.service_errors.ServiceFailure` (logged), whatever the policy."""
         try:
             self.service.on_start(self, snapshot)
-        except Exception as exc:
+        except BaseException as exc:
             raise self.on_error.failed_to_start(exc, self.log_position) from exc
 
     def set_role(self, role: Role) -> None:
@@ -169,14 +176,14 @@ class ServiceContainer:
             self.role = role
             try:
                 self.service.on_role_change(role)
-            except Exception as exc:
+            except BaseException as exc:
                 self._service_error("on_role_change", exc)
 
     def terminate(self) -> None:
         """``on_terminate`` (the node is stopping): an exception is logged, not raised."""
         try:
             self.service.on_terminate(self)
-        except Exception as exc:
+        except BaseException as exc:
             self.cm.counters.service_errors += 1
             log.error("the service's on_terminate raised %r", exc, exc_info=exc)
 
@@ -232,7 +239,7 @@ class ServiceContainer:
                         self.applied_messages += 1
                         try:
                             service.on_session_message(session, timestamp, message.payload)
-                        except Exception as exc:
+                        except BaseException as exc:
                             self._message_failed(exc, session, message)
                         continue
                 elif mirror is not None:
@@ -254,7 +261,7 @@ class ServiceContainer:
                     self.applied_messages += 1
                     try:
                         service.on_session_message(session, message.timestamp, message.payload)
-                    except Exception as exc:
+                    except BaseException as exc:
                         self._message_failed(exc, session, message)
                     continue
             apply_message(message, end)
@@ -272,14 +279,14 @@ class ServiceContainer:
                 self.applied_messages += 1
                 try:
                     service.on_session_message(session, message.timestamp, message.payload)
-                except Exception as exc:
+                except BaseException as exc:
                     self._message_failed(exc, session, message)
             elif is_service_message(session_id):
                 self.cm.service_messages.sweep(-session_id)
                 self.applied_messages += 1
                 try:
                     service.on_session_message(None, message.timestamp, message.payload)
-                except Exception as exc:
+                except BaseException as exc:
                     self._service_error("on_session_message", exc, "a service message")
         elif isinstance(message, SessionOpenEvent):
             session = _ClientSession(self, message)
@@ -288,7 +295,7 @@ class ServiceContainer:
                 self.max_session_id = session.id
             try:
                 service.on_session_open(session, message.timestamp)
-            except Exception as exc:
+            except BaseException as exc:
                 self._service_error("on_session_open", exc, f"session {session.id}")
         elif isinstance(message, SessionCloseEvent):
             closed = self.sessions.pop(message.cluster_session_id, None)
@@ -298,33 +305,33 @@ class ServiceContainer:
                     service.on_session_close(
                         closed, message.timestamp, CloseReason(message.close_reason)
                     )
-                except Exception as exc:
+                except BaseException as exc:
                     self._service_error("on_session_close", exc, f"session {closed.id}")
         elif isinstance(message, TimerEvent):
             self.cm.timers.cancel(message.correlation_id)  # on every member, leader too
             try:
                 service.on_timer_event(message.correlation_id, message.timestamp)
-            except Exception as exc:
+            except BaseException as exc:
                 self._service_error("on_timer_event", exc, f"timer {message.correlation_id}")
         elif isinstance(message, NewLeadershipTermEvent):
             self.leadership_term_id = message.leadership_term_id
             try:
                 service.on_new_leadership_term_event(message)
-            except Exception as exc:
+            except BaseException as exc:
                 self._service_error("on_new_leadership_term_event", exc)
         elif isinstance(message, ClusterActionRequest) and self.on_cluster_action:
             self.on_cluster_action(position, message)
 
     # ---- service errors (never on the hot path) -----------------------------------
 
-    def _service_error(self, callback: str, exc: Exception, where: str = "") -> None:
+    def _service_error(self, callback: str, exc: BaseException, where: str = "") -> None:
         """A callback raised: counted, then the policy's (which may raise
         :class:`~cluster.core.service_errors.ServiceFailure` to stop the member)."""
         self.cm.counters.service_errors += 1
         self.on_error.on_error(callback, exc, self.log_position, where)
 
     def _message_failed(
-        self, exc: Exception, session: _ClientSession, message: SessionMessageHeader
+        self, exc: BaseException, session: _ClientSession, message: SessionMessageHeader
     ) -> None:
         """``on_session_message`` raised on a client's message: the policy's, then (the
         leader only: followers fake the egress) the client hears of it."""

@@ -2,10 +2,10 @@
 
 Every member applies the same committed entry to the same state, so a callback that
 raises on one member raises on every member, at the same log position.  The
-:class:`~cluster.core.service_container.ServiceContainer` catches the exception (an
-:class:`Exception`, never a ``BaseException`` such as a cancellation) around each
-callback, moves on past the entry as if it had returned, and hands the error to its
-:class:`ServiceErrorPolicy`:
+:class:`~cluster.core.service_container.ServiceContainer` catches the exception (any
+``BaseException``: a ``SystemExit`` raised by a callback is the service's error like any
+other) around each callback, moves on past the entry as if it had returned, and hands
+the error to its :class:`ServiceErrorPolicy`:
 
 - ``continue`` (``--on-service-error continue``, the default): the error is logged at
   ERROR, with its traceback the first time a *distinct* error is seen (the same
@@ -100,7 +100,9 @@ class ServiceErrorPolicy:
         self.clock_ns = clock_ns or (lambda: 0)
         self._seen: dict[tuple[str, str, str], _Seen] = {}
 
-    def on_error(self, callback: str, exc: Exception, log_position: int, where: str = "") -> None:
+    def on_error(
+        self, callback: str, exc: BaseException, log_position: int, where: str = ""
+    ) -> None:
         """Log ``exc`` (raised by ``callback`` on the entry ending at ``log_position``;
         ``where``: which session, say); raise :class:`ServiceFailure` to stop."""
         kind, text = error_type(exc), error_text(exc)
@@ -137,7 +139,7 @@ class ServiceErrorPolicy:
             seen.unlogged = 0
             seen.last_logged_ns = now
 
-    def failed_to_start(self, exc: Exception, log_position: int) -> ServiceFailure:
+    def failed_to_start(self, exc: BaseException, log_position: int) -> ServiceFailure:
         """``on_start`` raised (the service could not load its state): the member
         cannot start, whatever the policy.  Logged; the caller raises what it returns."""
         log.error(

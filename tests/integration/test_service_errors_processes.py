@@ -49,6 +49,10 @@ class Fragile(ClusteredService):
     def on_session_message(self, session, timestamp, payload):
         if payload == b"boom":
             raise ValueError(f"cannot count {payload!r}")
+        if payload == b"exit":
+            raise SystemExit(3)
+        if payload == b"interrupt":
+            raise KeyboardInterrupt
         self.count += 1
         if session is not None:
             session.offer(str(self.count).encode())
@@ -126,6 +130,15 @@ def test_every_member_survives_the_sender_hears_and_a_restart_replays_cleanly(
                     await c.receive()
                 assert again.value.log_position > error.log_position
                 assert await c.receive() == b"5"
+                # SystemExit and KeyboardInterrupt raised by the service's code are its
+                # errors too: in the log for good, they must not stop every member at
+                # every start (issue 41)
+                for payload, kind in ((b"exit", "SystemExit"), (b"interrupt", "KeyboardInterrupt")):
+                    await c.offer(payload)
+                    with pytest.raises(client.ServiceError) as base:
+                        await c.receive()
+                    assert base.value.error_type == kind
+                assert await ask(c, b"+") == b"6"
         assert sorted(alive(cluster)) == [0, 1, 2]
         # every member raised on both entries, alike
         await wait_for(
@@ -140,7 +153,9 @@ def test_every_member_survives_the_sender_hears_and_a_restart_replays_cleanly(
         for member_id in range(3):
             text = node_log(cluster, member_id)
             assert text.count(ERROR_LINE) == 1, text  # the same error again: not repeated
-            assert text.count("Traceback (most recent call last)") == 1, text
+            # one traceback for each distinct error: ValueError, SystemExit, KeyboardInterrupt
+            assert text.count("Traceback (most recent call last)") == 3, text
+            assert "raised SystemExit: 3 at log position" in text, text
             assert "ExceptionGroup" not in text
         # a restart of the whole cluster replays both entries and goes on
         assert [cluster.stop(m) for m in range(3)] == [0, 0, 0]
@@ -149,7 +164,7 @@ def test_every_member_survives_the_sender_hears_and_a_restart_replays_cleanly(
         async def after_restart() -> None:
             with trio.fail_after(60):
                 async with session(cluster.ingress_endpoints) as c:
-                    assert await ask(c, b"+") == b"6"
+                    assert await ask(c, b"+") == b"7"
 
         trio.run(after_restart)
         assert sorted(alive(cluster)) == [0, 1, 2]
@@ -182,6 +197,32 @@ def test_stop_ends_every_member_with_an_error_line_and_exit_code_1(
         assert codes == {0: 1, 1: 1, 2: 1}
         for member_id in range(3):
             check_stopped(node_log(cluster, member_id))
+
+        # The way past a poison entry (the operations guide's runbook): the same command
+        # line with --on-service-error continue, on every member; each replays the
+        # entry, logs it as an error, and the cluster serves again.  `cluster-tool
+        # errors` names the entry's log position.
+        cluster.processes.clear()
+        cluster.extra_args = [*NODE_ARGS, "--on-service-error", "continue"]
+        cluster.start_all(timeout=20)
+
+        async def past_it() -> None:
+            with trio.fail_after(60):
+                async with session(cluster.ingress_endpoints) as c:
+                    assert await ask(c, b"+") == b"2"  # the poison entry counted nothing
+
+        trio.run(past_it)
+        assert sorted(alive(cluster)) == [0, 1, 2]
+        errors = subprocess.run(
+            [sys.executable, "-m", "cluster.tool", "--members", cluster.members, "errors"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert "on_session_message raised ValueError: cannot count b'boom' at log position" in (
+            errors.stdout
+        ), errors
     finally:
         cluster.stop_all()
 

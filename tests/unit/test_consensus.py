@@ -1361,3 +1361,38 @@ def test_suspended_leader_appends_nothing_until_resumed() -> None:
     closes = {m.cluster_session_id: m.close_reason for m in reader.messages(SessionCloseEvent)}
     assert closes == {idle: CloseReason.TIMEOUT}
     assert newcomer in cm.sessions
+
+
+# ---------------------------------------------------------------------- SHUTDOWN, ABORT met later
+
+
+@pytest.mark.parametrize("terminating", ["shutdown", "abort"])
+def test_a_terminating_action_stops_a_member_only_live_and_in_its_own_term(
+    terminating: str,
+) -> None:
+    """An admin action acts on the cluster it was given to, once (issue 41): met again at
+    start-up, catching up in a later term, or after a restart elected a new term, it
+    does not stop the member."""
+    cm, _, reader = make()
+    if terminating == "shutdown":
+        ok, _ = cm.control.request(ClusterAction.SNAPSHOT, T0, terminate=True)
+    else:
+        ok, _ = cm.control.request(ClusterAction.ABORT, T0)
+    assert ok
+    commit_all(cm, reader)
+    (action,) = reader.messages(ClusterActionRequest)
+    position = cm.log.published_position
+    assert action.leadership_term_id == TERM
+    control = cm.control
+    # live, in the term it was appended in: it stops this member
+    assert control.terminates(action, position, replayed_to=0) == ""
+    # replayed at start-up: it happened before this start
+    assert "before this start" in control.terminates(action, position, replayed_to=position)
+    # a member in a later term (caught up after the cluster restarted, a replaced disk)
+    follower, _, _ = make(role=Role.FOLLOWER)
+    follower.leadership_term_id = TERM + 1
+    why = follower.control.terminates(action, position, replayed_to=0)
+    assert f"put on the log in term {TERM} and this member is in term {TERM + 1}" in why
+    # the same term on a follower that hears it live: it stops too
+    follower.leadership_term_id = TERM
+    assert follower.control.terminates(action, position, replayed_to=0) == ""

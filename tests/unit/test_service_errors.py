@@ -26,6 +26,7 @@ from cluster.core.service_container import ServiceContainer
 from cluster.core.service_errors import (
     MAX_ERROR_MESSAGE,
     REPEAT_LOG_INTERVAL_NS,
+    STOP,
     ServiceErrorPolicy,
     ServiceFailure,
     error_type,
@@ -42,7 +43,13 @@ from cluster.protocol.log import (
     SessionOpenEvent,
     TimerEvent,
 )
-from cluster.service import ClientSession, Cluster, ClusteredService
+from cluster.service import (
+    ClientSession,
+    Cluster,
+    ClusteredService,
+    ServiceStateError,
+    take_service_snapshot,
+)
 
 SECOND = 1_000_000_000
 TERM = 3
@@ -87,6 +94,12 @@ class Fragile(ClusteredService):
             raise MemoryError
         if payload == b"interrupt":
             raise KeyboardInterrupt
+        if payload == b"exit":
+            raise SystemExit(3)
+        if payload == b"genexit":
+            raise GeneratorExit
+        if payload == b"quit":
+            raise Quit("the service quits")
         if session is None:
             self._maybe_raise("service message")
         self.seen.append(payload)
@@ -333,11 +346,75 @@ def test_on_role_change_and_on_terminate_are_caught() -> None:
     member.container.terminate()  # logged, not raised
 
 
-def test_a_base_exception_is_not_caught() -> None:
+class Quit(BaseException):
+    """A service's own BaseException (not an Exception)."""
+
+
+@pytest.mark.parametrize("path", ["apply", "mirror", "records"])
+@pytest.mark.parametrize(
+    ("payload", "kind"),
+    [
+        (b"interrupt", "KeyboardInterrupt"),
+        (b"exit", "SystemExit"),
+        (b"genexit", "GeneratorExit"),
+        (b"quit", "test_service_errors.Quit"),
+    ],
+)
+def test_a_base_exception_a_callback_raises_is_a_service_error(
+    payload: bytes, kind: str, path: str
+) -> None:
+    """A SystemExit or KeyboardInterrupt raised by the service's own code is in the log
+    for good: let through, it would stop every member at every start (issue 41)."""
     member = Member()
-    data, _ = records(term(), opened(), message(b"interrupt"))
-    with pytest.raises(KeyboardInterrupt):
+    data, spans = records(term(), opened(), message(payload, at=1), message(b"b", at=2))
+    if path == "records":
+        assert member.container.apply_records(spans, 0) == len(data)
+    else:
+        assert member.container.apply(data, 0, mirror_into_consensus=path == "mirror") == len(data)
+    assert member.errors == 1
+    assert member.service.seen[-1] == b"b"  # the next entry was applied
+    (event,) = member.egress.errors()
+    assert event.error_type.endswith(kind)
+    assert event.request == payload
+
+
+def test_a_base_exception_in_any_callback_is_caught() -> None:
+    class Exits(Fragile):
+        def _maybe_raise(self, callback: str) -> None:
+            if callback in self.raise_in:
+                raise SystemExit(f"{callback} exits")
+
+    member = Member(service=Exits("on_session_open", "on_timer_event", "on_role_change"))
+    data, _ = records(term(), opened(), TimerEvent(TERM, 42, T + 5), message(b"a"))
+    assert member.container.apply(data, 0) == len(data)
+    assert member.service.seen[-1] == b"a"
+    member.container.set_role(Role.FOLLOWER)
+    assert member.container.role is Role.FOLLOWER
+    assert member.errors == 4  # the harness's LEADER role change, open, timer, FOLLOWER
+
+
+def test_a_base_exception_with_stop_stops_the_member_with_a_service_failure() -> None:
+    member = Member(policy=STOP)
+    data, _ = records(term(), opened(), message(b"exit"))
+    with pytest.raises(ServiceFailure) as info:
         member.container.apply(data, 0)
+    assert isinstance(info.value.error, SystemExit)
+
+
+def test_on_start_or_on_take_snapshot_exiting_is_the_service_s_failure() -> None:
+    class ExitsOnStart(Fragile):
+        def on_start(self, cluster: Cluster, snapshot: bytes | None) -> None:
+            raise SystemExit(0)
+
+    with pytest.raises(ServiceFailure):
+        Member(service=ExitsOnStart())
+
+    class ExitsOnSnapshot(Fragile):
+        def on_take_snapshot(self) -> bytes:
+            raise KeyboardInterrupt
+
+    with pytest.raises(ServiceStateError):
+        take_service_snapshot(ExitsOnSnapshot())
 
 
 def test_the_same_error_is_logged_with_its_traceback_once(
