@@ -14,7 +14,7 @@ replays exactly::
 
 A run is a **safety phase** (faults from the seed: delays, resets, partitions, the leader
 cut off from the majority, one-way links, crash/restart with torn writes, pauses,
-snapshot requests) followed by a
+snapshot requests, an operator's SHUTDOWN or ABORT) followed by a
 **liveness phase** (heal, restart everyone, require a leader and an acknowledged write
 within a bound, then all members converged).  :class:`Checker` tests the invariants every
 10 ms of virtual time and at the end:
@@ -27,7 +27,11 @@ within a bound, then all members converged).  :class:`Checker` tests the invaria
    incarnation, and each member's store equals the committed log applied;
 4. every acknowledged write is in every member's store after the run; no request is in
    the committed log (or applied) more often than the client sent it;
-5. a cluster session id is opened once in the committed log, never reused.
+5. a cluster session id is opened once in the committed log, never reused;
+6. a member stops by itself only for a SHUTDOWN or ABORT that it applied live (not in
+   its start-up replay) and in its own term, once: an admin action acts on the cluster
+   it was given to, never on one restarted after it (a stopped member is started again
+   a little later, as an operator would).
 
 A task that keeps running while virtual time stands still (a spin on a deadline) fails
 the run as a livelock instead of hanging it.
@@ -66,7 +70,7 @@ from cluster.examples.auth import SharedSecretAuthenticator, SharedSecretCredent
 from cluster.examples.kv import DEDUPE_WINDOW, KeyValueService, Put, Request, Response
 from cluster.node import Node
 from cluster.protocol import LOG
-from cluster.protocol.enums import Role
+from cluster.protocol.enums import ClusterAction, Role
 from cluster.protocol.ingress import SessionMessageHeader
 from cluster.protocol.log import SessionCloseEvent, SessionOpenEvent
 from cluster.service import ClientSession, Cluster
@@ -133,6 +137,10 @@ FAULTS = (
     "snapshot",
     "wipe",
 )
+STOP_CLUSTER = "stop-cluster"
+"""An operator's SHUTDOWN or ABORT through the leader (drawn for about a third of the
+seeds, from an RNG of its own so that the other seeds' runs stay as they were): every
+member that applies it live stops by itself and is started again a little later."""
 
 
 @dataclass
@@ -194,6 +202,8 @@ class SimConfig:
             },
             adversary=rng.random() < 0.35,
         )
+        if random.Random(f"stop-cluster-{seed}").random() < 0.3:
+            config.faults += (STOP_CLUSTER,)
         node_fields = {f.name for f in fields(NodeConfig)}
         for key, value in overrides.items():
             if hasattr(config, key):  # the simulator's (segment_size: both)
@@ -682,7 +692,11 @@ class SimCluster:
             "compactions": 0,
             "snapshots_installed": 0,
             "wipes": 0,
+            "cluster_stops": 0,
+            "stopped_by_action": 0,
         }
+        self.stops_seen: set[tuple[int, int]] = set()
+        """(member, log position) of every SHUTDOWN or ABORT that stopped a member."""
         self.adversary: Adversary | None = None
         self.members = members_string(nodes)
         self.endpoints = ingress_endpoints(nodes)
@@ -760,7 +774,7 @@ class SimCluster:
                 started = True
                 await node.run(handle_signals=False)
             if not scope.cancelled_caught:
-                self._fail(f"n{sn.index} stopped by itself")
+                self._stopped_by_itself(sn, node)
         except Exception as exc:
             self.log_lines.append("".join(traceback.format_exception(exc)))
             self._fail(f"n{sn.index} raised {_leaf(exc)}")
@@ -773,6 +787,46 @@ class SimCluster:
                 self.stats["compactions"] += catchup.compactions
                 self.stats["snapshots_installed"] += catchup.installs
             sn.done.set()
+
+    def _stopped_by_itself(self, sn: SimNode, node: Node) -> None:
+        """A member may stop by itself only for a SHUTDOWN or ABORT that it applied live,
+        in its own term, once (issue 41: an admin action acts on the cluster it was given
+        to, and never again); it is started again a little later, as an operator would."""
+        i = sn.index
+        stopped_by = node.snapshots.stopped_by
+        if stopped_by is None:
+            self._fail(f"n{i} stopped by itself")
+            return
+        position, action = stopped_by
+        if position <= node.snapshots.recovered_position:
+            self._fail(f"n{i} stopped for the action at {position}, replayed at start-up")
+        if action.leadership_term_id != node.cm.leadership_term_id:
+            self._fail(
+                f"n{i} in term {node.cm.leadership_term_id} stopped for the action at "
+                f"{position} of term {action.leadership_term_id}"
+            )
+        if (i, position) in self.stops_seen:
+            self._fail(f"n{i} stopped twice for the action at log position {position}")
+        self.stops_seen.add((i, position))
+        self.stats["stopped_by_action"] += 1
+        self.event(sn.host, "stopped", action.action.name, position)
+        if self._nursery is not None:
+            delay = self.nemesis_rng.uniform(0.2, 2.0)
+            self._nursery.start_soon(self._restart_later, i, delay)
+
+    async def stop_cluster(self, abort: bool) -> bool:
+        """An operator's ABORT (or SHUTDOWN) through the leader; whether it was taken."""
+        leader = self.leader()
+        node = self.nodes[leader].node if leader is not None else None
+        if node is None or not node.cm.is_ready_leader:
+            return False
+        action = ClusterAction.ABORT if abort else ClusterAction.SNAPSHOT
+        ok, message = False, "the leader stopped before it answered"
+        with trio.move_on_after(1.0):
+            ok, message = await node.request_action(action, terminate=not abort)
+        self.event(f"n{leader}", "abort" if abort else "shutdown", ok, message)
+        self.stats["cluster_stops"] += ok
+        return ok
 
     async def start(self, i: int) -> None:
         assert self._nursery is not None
@@ -1009,6 +1063,8 @@ class SimCluster:
                 victim = rng.randrange(n)
                 self.event("net", "reset", victim)
                 self.net.reset(self.nodes[victim].host)
+            elif kind == STOP_CLUSTER:
+                await self.stop_cluster(abort=rng.random() < 0.5)
             elif kind == "snapshot" and self.clients:
                 self.stats["snapshot_requests"] += 1
                 rng.choice(self.clients).request_snapshot()
