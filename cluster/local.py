@@ -331,7 +331,8 @@ class Supervisor:
         return 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """``cluster-local``'s own options; whatever else it is given goes to every node."""
     parser = argparse.ArgumentParser(
         prog="python -m cluster.local",
         description=__doc__,
@@ -346,7 +347,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="start a member that failed again (else: stop the others and exit 1)",
     )
-    args, extra = parser.parse_known_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, extra = build_parser().parse_known_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # stop the members as on Ctrl-C
     cluster = LocalCluster(args.nodes, args.service, args.dir, extra_args=extra)
     try:  # from here on a signal stops whatever members have started
