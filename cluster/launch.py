@@ -45,6 +45,7 @@ log = logging.getLogger("cluster.node")
 OTHER_VARIABLES = frozenset(
     {
         "CLUSTER_CONFIG",  # --config
+        "CLUSTER_CLIENT_CERTS_DIR",  # the tools' --certs-dir
         "CLUSTER_SECRETS_FILE",  # cluster.examples.auth
         "CLUSTER_CREDENTIALS",  # cluster-tui
         "CLUSTER_TUI_SCREENSHOT_DIR",
@@ -111,6 +112,19 @@ def warn_unknown_variables(names: Iterable[str]) -> None:
         )
 
 
+def import_from_current_folder() -> None:
+    """Put the current folder first on ``sys.path``, as ``python -m cluster.node`` does,
+    so that ``--service mod:Class`` finds ``mod.py`` where the operator stands with
+    ``cluster-node`` too (a console script's ``sys.path`` starts with the folder of the
+    script instead).  ``python -P`` (``PYTHONSAFEPATH``) asks for no such entry, and
+    gets none."""
+    if sys.flags.safe_path:
+        return
+    here = os.getcwd()
+    if all(os.path.abspath(p or os.curdir) != here for p in sys.path):
+        sys.path.insert(0, here)
+
+
 def _error(config: NodeConfig, message: str) -> None:
     """A start-up error of one line: ``error: ...`` in the text log, a record in json."""
     if config.log_format == "json":
@@ -130,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     setup_logging(config)
     warn_unknown_variables(unknown_variables(os.environ))
+    import_from_current_folder()
     try:
         service_cls = load_object(config.service, "service")
         authenticator = (
