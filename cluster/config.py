@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import os
-import sys
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -672,41 +670,3 @@ def describe(config: NodeConfig) -> str:
 
 def data_path(config: NodeConfig) -> Path:
     return Path(config.dir)
-
-
-def load_object(spec: str, what: str) -> Any:
-    """Import ``module:Name`` and return the object, with a clear error if it fails."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"bad {what} {spec!r}: expected MODULE:CLASS")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(import_error(module_name, what, exc)) from None
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ConfigError(f"{what} {spec!r}: module has no attribute {attr!r}") from None
-
-
-def import_error(module_name: str, what: str, exc: ImportError) -> str:
-    """Why ``module_name`` did not import, for an operator: either it is nowhere on
-    ``sys.path`` (the folders searched named, and ``PYTHONPATH``, the way to add one),
-    or it was found and something it imports is missing."""
-    missing = exc.name or module_name
-    if missing != module_name and not module_name.startswith(missing + "."):
-        return (
-            f"{what} module {module_name!r} was found but does not import: {exc} "
-            f"(is {missing!r} installed for {sys.executable}?)"
-        )
-    folders = [os.path.abspath(p or os.curdir) for p in sys.path]
-    searched = [f for f in dict.fromkeys(folders) if os.path.isdir(f)]
-    pythonpath = os.environ.get("PYTHONPATH")
-    top = module_name.partition(".")[0]
-    return (
-        f"cannot import {what} module {module_name!r}: {exc}. Searched the folders "
-        f"{', '.join(searched)} (the current folder first; "
-        f"{'PYTHONPATH=' + pythonpath if pythonpath else 'PYTHONPATH is not set'}; then the "
-        f"installed packages). Put the folder that holds {top}.py (or the package "
-        f"{top}/) in PYTHONPATH, or start the node in it"
-    )
