@@ -4,7 +4,8 @@
 each build their own parser; these are the conventions they have in common: ``--version``
 (:func:`add_version`), usage errors that print the usage line and exit with code 2
 (:class:`UsageParser`, which also parses ``--members`` for the tools), and durations
-given as ``2s`` or ``250ms`` (:func:`duration_seconds`).  The node's own settings, each
+given as ``2s`` or ``250ms`` (:func:`duration_seconds`), and the variable of a client's
+certificate folder (:data:`CLIENT_CERTS_VARIABLE`).  The node's own settings, each
 a flag, a ``CLUSTER_*`` variable and a TOML key, are :mod:`cluster.config`'s.
 """
 
@@ -18,7 +19,12 @@ from typing import Any, NoReturn
 from .members import MemberEndpoints, check_members, parse_members
 from .units import parse_duration_ns
 
-__all__ = ["UsageParser", "add_version", "duration_seconds"]
+__all__ = ["CLIENT_CERTS_VARIABLE", "UsageParser", "add_version", "duration_seconds"]
+
+CLIENT_CERTS_VARIABLE = "CLUSTER_CLIENT_CERTS_DIR"
+"""The variable the tools take their ``--certs-dir`` (a ``client-NAME`` folder) from.  Not
+``CLUSTER_CERTS_DIR``: that is the member's setting (a ``member-<id>`` folder), and one
+exported for a tool would be read by the next member started in that shell."""
 
 
 def add_version(parser: argparse.ArgumentParser) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import os
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -532,6 +531,20 @@ class NodeConfig:
     """Nanoseconds (0: off), as every duration here."""
     log_level: str = "INFO"
     log_format: str = "text"
+    sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    """Where each setting given came from, by attribute: ``"command line"``,
+    ``"environment"`` or the TOML file's name (see :meth:`named`)."""
+
+    def named(self, name: str) -> str:
+        """Setting ``name`` (``certs-dir``) as the operator gave it, for an error about
+        its value: ``--certs-dir``, ``$CLUSTER_CERTS_DIR`` or ``certs-dir in FILE``
+        (the flag when it was not given)."""
+        source = self.sources.get(_attr(name))
+        if source == "environment":
+            return "$CLUSTER_" + _attr(name).upper()
+        if source is None or source == "command line":
+            return f"--{name}"
+        return f"{name} in {source}"
 
     @property
     def member_list(self) -> list[MemberEndpoints]:
@@ -573,7 +586,9 @@ def _attr(name: str) -> str:
     return name.replace("-", "_")
 
 
-def _apply(values: dict[str, Any], source: str, raw: Mapping[str, Any]) -> None:
+def _apply(
+    values: dict[str, Any], source: str, raw: Mapping[str, Any], sources: dict[str, str]
+) -> None:
     by_key = {s.name: s for s in SETTINGS} | {_attr(s.name): s for s in SETTINGS}
     for key, text in raw.items():
         setting = by_key.get(key)
@@ -581,6 +596,7 @@ def _apply(values: dict[str, Any], source: str, raw: Mapping[str, Any]) -> None:
             raise ConfigError(f"unknown setting {key!r} in {source}")
         try:
             values[_attr(setting.name)] = setting.parse(text)
+            sources[_attr(setting.name)] = source
         except (ValueError, TypeError, OverflowError) as exc:  # TOML gives any type
             raise ConfigError(f"bad value for {setting.name} in {source}: {exc}") from None
 
@@ -616,6 +632,7 @@ def load_config(
     args = parser.parse_args(argv)
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     config_file = args.config or environ.get("CLUSTER_CONFIG")
     if config_file:
         try:
@@ -625,16 +642,16 @@ def load_config(
             raise ConfigError(f"cannot read config file {config_file}: {exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"bad TOML in {config_file}: {exc}") from None
-        _apply(values, config_file, data.get("node", data))
+        _apply(values, config_file, data.get("node", data), sources)
     env = {
         _attr(s.name): environ["CLUSTER_" + _attr(s.name).upper()]
         for s in SETTINGS
         if "CLUSTER_" + _attr(s.name).upper() in environ
     }
-    _apply(values, "environment", env)
+    _apply(values, "environment", env, sources)
     flags = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
-    _apply(values, "command line", flags)
-    config = NodeConfig(**values)
+    _apply(values, "command line", flags, sources)
+    config = NodeConfig(**values, sources=sources)
     try:
         config.member_list  # noqa: B018  (validate)
     except ValueError as exc:
@@ -653,18 +670,3 @@ def describe(config: NodeConfig) -> str:
 
 def data_path(config: NodeConfig) -> Path:
     return Path(config.dir)
-
-
-def load_object(spec: str, what: str) -> Any:
-    """Import ``module:Name`` and return the object, with a clear error if it fails."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"bad {what} {spec!r}: expected MODULE:CLASS")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import {what} module {module_name!r}: {exc}") from None
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ConfigError(f"{what} {spec!r}: module has no attribute {attr!r}") from None

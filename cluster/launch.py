@@ -19,6 +19,7 @@ setting gets one WARNING line at start-up (a misspelt one would be ignored other
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -26,12 +27,13 @@ import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
+from typing import Any
 
 import trio
 
 from .archive.errors import ArchiveError
 from .archive.identity import DataDirError
-from .config import SETTINGS, ConfigError, NodeConfig, describe, load_config, load_object
+from .config import SETTINGS, ConfigError, NodeConfig, describe, load_config
 from .core.service_errors import ServiceFailure
 from .descriptors import fit_descriptors
 from .memory import tune_allocator
@@ -45,6 +47,7 @@ log = logging.getLogger("cluster.node")
 OTHER_VARIABLES = frozenset(
     {
         "CLUSTER_CONFIG",  # --config
+        "CLUSTER_CLIENT_CERTS_DIR",  # the tools' --certs-dir
         "CLUSTER_SECRETS_FILE",  # cluster.examples.auth
         "CLUSTER_CREDENTIALS",  # cluster-tui
         "CLUSTER_TUI_SCREENSHOT_DIR",
@@ -111,6 +114,57 @@ def warn_unknown_variables(names: Iterable[str]) -> None:
         )
 
 
+def load_object(spec: str, what: str) -> Any:
+    """Import ``module:Name`` and return the object, with a clear error if it fails."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"bad {what} {spec!r}: expected MODULE:CLASS")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(import_error(module_name, what, exc)) from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"{what} {spec!r}: module has no attribute {attr!r}") from None
+
+
+def import_error(module_name: str, what: str, exc: ImportError) -> str:
+    """Why ``module_name`` did not import, for an operator: either it is nowhere on
+    ``sys.path`` (the folders searched named, and ``PYTHONPATH``, the way to add one),
+    or it was found and something it imports is missing."""
+    missing = exc.name or module_name
+    if missing != module_name and not module_name.startswith(missing + "."):
+        return (
+            f"{what} module {module_name!r} was found but does not import: {exc} "
+            f"(is {missing!r} installed for {sys.executable}?)"
+        )
+    folders = [os.path.abspath(p or os.curdir) for p in sys.path]
+    searched = [f for f in dict.fromkeys(folders) if os.path.isdir(f)]
+    pythonpath = os.environ.get("PYTHONPATH")
+    top = module_name.partition(".")[0]
+    return (
+        f"cannot import {what} module {module_name!r}: {exc}. Searched the folders "
+        f"{', '.join(searched)} (the current folder first; "
+        f"{'PYTHONPATH=' + pythonpath if pythonpath else 'PYTHONPATH is not set'}; then the "
+        f"installed packages). Put the folder that holds {top}.py (or the package "
+        f"{top}/) in PYTHONPATH, or start the node in it"
+    )
+
+
+def import_from_current_folder() -> None:
+    """Put the current folder first on ``sys.path``, as ``python -m cluster.node`` does,
+    so that ``--service mod:Class`` finds ``mod.py`` where the operator stands with
+    ``cluster-node`` too (a console script's ``sys.path`` starts with the folder of the
+    script instead).  ``python -P`` (``PYTHONSAFEPATH``) asks for no such entry, and
+    gets none."""
+    if sys.flags.safe_path:
+        return
+    here = os.getcwd()
+    if all(os.path.abspath(p or os.curdir) != here for p in sys.path):
+        sys.path.insert(0, here)
+
+
 def _error(config: NodeConfig, message: str) -> None:
     """A start-up error of one line: ``error: ...`` in the text log, a record in json."""
     if config.log_format == "json":
@@ -130,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     setup_logging(config)
     warn_unknown_variables(unknown_variables(os.environ))
+    import_from_current_folder()
     try:
         service_cls = load_object(config.service, "service")
         authenticator = (

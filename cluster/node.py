@@ -411,7 +411,7 @@ class Node:
         self.stalls.start()
         try:
             self._build()
-            authenticator = self.cm.session_manager.authenticator
+            authenticator = self.cm.session_manager.admission.authenticator
             if authenticator.enforces_identity is False and self.config.authenticator:
                 log.info("authenticator %s", self.config.authenticator)
             recovered = self._recover()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import trio
 
+from .cli import CLIENT_CERTS_VARIABLE
 from .config import ConfigError, NodeConfig
 from .core.auth import AdminPrincipals, Authenticator, AuthorisationService
 from .transport.tcp import TcpNetwork
@@ -53,15 +54,23 @@ def network_for(config: NodeConfig) -> TcpNetwork:
     """The node's network: mutual TLS with ``--certs-dir``, else plain TCP."""
     if not config.certs_dir:
         return TcpNetwork()
+    given = config.named("certs-dir")  # $CLUSTER_CERTS_DIR may have been exported for a tool
     try:
         identity = load_identity(Path(config.certs_dir))
     except TlsError as exc:
-        raise ConfigError(f"--certs-dir: {exc}") from None
+        raise ConfigError(f"{given}: {exc}") from None
     expected = f"member-{config.member_id}"
     if identity.role != "member" or identity.name != expected:
+        hint = ""
+        if given.startswith("$") and identity.role != "member":
+            hint = (
+                f" ({given[1:]} is the member's setting: `cluster-tool` and `cluster-tui` "
+                f"read {CLIENT_CERTS_VARIABLE}; unset {given[1:]} where the member starts, "
+                "or pass --certs-dir)"
+            )
         raise ConfigError(
-            f"--certs-dir {config.certs_dir} holds the certificate of {identity.name!r} "
-            f"({identity.role}), not of {expected!r}"
+            f"{given} {config.certs_dir} holds the certificate of {identity.name!r} "
+            f"({identity.role}), not of {expected!r}{hint}"
         )
     return TcpNetwork(tls=identity, handshake_timeout=config.handshake_timeout / 1e9)
 

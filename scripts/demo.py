@@ -9,9 +9,9 @@
    the client follows it on its own, and the failover time is printed;
 4. restarts the killed member (it catches up from the leader), then restarts the whole
    cluster and reads every key back again (each member replays its archive);
-5. prints throughput and what it checked, then stops the cluster.
-
-The live console (``cluster-tui``) joins this job when issue #7 lands.
+5. prints throughput and what it checked;
+6. run in a terminal, opens the live console (``cluster-tui``) on the cluster under a
+   light load until you press ``q`` (``--no-console`` skips it); then stops the cluster.
 """
 
 from __future__ import annotations

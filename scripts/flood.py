@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Overload probe: one flooding client beside a well-behaved one (issue #19).
+"""Overload probe: one flooding client beside a well-behaved one.
 
 Starts a local cluster running the echo service (or uses ``--endpoints``), measures a
 well-behaved client's echo rate alone (``--window`` messages in flight, ``--payload``

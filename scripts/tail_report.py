@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Issue #22's figures in one run: Triarch's tail under a paced load against the floor of
-the same machine under the same load, and the one-in-flight ratios.
+"""The tail-latency figures in one run: Triarch's tail under a paced load against the
+floor of the same machine under the same load, and the one-in-flight ratios.
 
 For each ``--rates`` rate: ``scripts/probe.py`` on a fresh 3-node cluster (every reply
 timed from its real send; afterwards each member's stall finder is asked what stalled),

@@ -52,7 +52,13 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, RichLog, Static
 
 from cluster.admin_client import use_certs
-from cluster.cli import UsageParser, add_members, add_version, duration_seconds
+from cluster.cli import (
+    CLIENT_CERTS_VARIABLE,
+    UsageParser,
+    add_members,
+    add_version,
+    duration_seconds,
+)
 from cluster.transport.tls import TlsError
 
 from .events import FILTERS, Event, Severity
@@ -519,9 +525,9 @@ def build_parser() -> UsageParser:
     )
     parser.add_argument(
         "--certs-dir",
-        default=os.environ.get("CLUSTER_CERTS_DIR"),
+        default=os.environ.get(CLIENT_CERTS_VARIABLE),
         help="a client-<NAME> folder from `cluster-tool certs`, for a cluster with TLS "
-        "(default: $CLUSTER_CERTS_DIR)",
+        f"(default: ${CLIENT_CERTS_VARIABLE})",
     )
     parser.add_argument(
         "--screenshot-dir",

@@ -25,8 +25,9 @@ Misconfiguration is loud.  The hello carries a digest of the caller's ``--member
 (another cluster id, an incompatible protocol version, a member list naming other member
 ids) is answered with this member's own hello before the link closes: both ends log an
 ERROR saying why (the caller reads its outbound link for that answer).  Lists that name
-the same member ids at other addresses are an ERROR on both ends too, but the link goes on
-(a rolling ``--members`` change of one member's address must not cost the quorum).  And
+the same member ids at other addresses are logged on both ends at INFO
+(:data:`ADDRESSES_DIFFER`), and the link goes on: that is a rolling ``--members`` change
+of one member's address, which must not cost the quorum.  And
 every ``unreachable_warning_interval`` (10 s) a member WARNs naming each peer its link to
 is not up, with that link's last failure (connection refused, a TLS handshake's reason,
 timed out, hello refused).
@@ -65,6 +66,13 @@ next dial backs off instead of coming straight back."""
 REFUSAL_LINGER = 0.1
 """After answering a refused hello, how long to wait for the caller to read the answer
 and close first (so that no reset can overtake the answer)."""
+ADDRESSES_DIFFER = logging.INFO
+"""How loud a peer's member list that differs from ours in addresses only is: that is
+what a documented ``--members`` change (a member moved to a new address) looks like
+while it rolls out, member by member, and the link goes on.  A list left stale is
+still seen: a member that cannot reach another at the address it has gets the periodic
+"cannot reach" WARNING.  Other member ids are an ERROR (the link is refused)."""
+
 REPORT_AGAIN = 60.0
 """One misconfiguration (the same peer, the same cause) is logged again at most this
 often (the periodic WARNING repeats it meanwhile)."""
@@ -360,9 +368,9 @@ class PeerLinks:
                     return refusal, True
 
     def _hello_answered(self, link: PeerLink, answer: MemberHello) -> str:
-        """What a peer's answering hello says about our configuration and its: logged as
-        an ERROR; returns why the link cannot go on ("" when it can: only addresses
-        differ in the member lists)."""
+        """What a peer's answering hello says about our configuration and its: logged (an
+        ERROR, or :data:`ADDRESSES_DIFFER`); returns why the link cannot go on ("" when
+        it can: only addresses differ in the member lists)."""
         member = link.member
         peer = member.member_id
         where = f"{member.host}:{member.consensus_port}"
@@ -409,12 +417,13 @@ class PeerLinks:
             return ""  # it refused for a reason of its own: its log says which
         same_ids, words = difference
         self._report(
-            logging.ERROR,
+            ADDRESSES_DIFFER if same_ids else logging.ERROR,
             ("members", peer, answer.members_digest),
             "member %d's --members differs from ours: %s; %s",
             peer,
             words,
-            "the link goes on (only addresses differ), but every member needs the same list"
+            "the link goes on (only addresses differ: a --members change rolling out?), but "
+            "every member needs the same list once it is done"
             if same_ids
             else "it refuses the link (every member needs the same list)",
         )
@@ -434,7 +443,7 @@ class PeerLinks:
     ) -> tuple[int, bool]:
         """Check a link's first frame; return the member it names, and whether to answer
         it with our own hello (its member list differs from ours only in addresses: both
-        ends log an ERROR, the link goes on).  A hello refused for its sender's
+        ends log it, the link goes on).  A hello refused for its sender's
         configuration raises :class:`_Refused` (answered, then closed); any other refusal
         :class:`ProtocolError` (closed)."""
         peer = hello.member_id
@@ -467,10 +476,11 @@ class PeerLinks:
             raise ProtocolError(f"second link for member {peer}, whose link is open")
         if difference is not None:
             self._report(
-                logging.ERROR,
+                ADDRESSES_DIFFER,
                 ("members", peer, hello.members_digest),
                 "member %d's --members differs from ours: %s; the link goes on (only "
-                "addresses differ), but every member needs the same list",
+                "addresses differ: a --members change rolling out?), but every member needs "
+                "the same list once it is done",
                 peer,
                 difference[1],
             )

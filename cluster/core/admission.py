@@ -1,12 +1,13 @@
 """Admission: a client's connect request until its session opens or is turned away.
 
-:class:`SessionAdmission` is the half of :class:`~cluster.core.sessions.SessionManager`
-that handles sessions before they open (Aeron's pending, redirect and rejected
-sessions): limits on sessions connecting (in all, and per client address, apart from
-open ones), the response channel check, authentication (challenge and response), the
-REDIRECT of a member that does not lead, and rejections.  Every answer goes back on the
-connection the request came on.  The manager holds the state; this class only groups
-the code that works on it.
+:class:`SessionAdmission`, held by :class:`~cluster.core.sessions.SessionManager`, keeps
+the sessions that are not open yet (Aeron's pending, redirect and rejected sessions):
+limits on sessions connecting (in all, and per client address, apart from open ones),
+the response channel check, authentication (challenge and response), the REDIRECT of a
+member that does not lead, and rejections.  Every answer goes back on the connection the
+request came on.  What it needs of the open sessions is :class:`OpenSlots`: a session id,
+whether an authenticated session would find a slot, and its opening, all of which the
+manager does.
 
 **Fair shares of the pending slots.**  A connect request that nobody answers (a
 stranger that never answers its challenge) holds a pending slot until the session
@@ -27,32 +28,24 @@ addresses than there are pending slots can still crowd them: raise
 ``--max-pending-sessions``, or require client certificates, which strangers cannot
 pass.)
 
-**Open slots given back.**  An open session whose connection dropped keeps its slot
-for a resume, for a whole session timeout while slots are free.  When every open slot
-(``max_concurrent_sessions``) is taken and an authenticated session needs one, the
-session that has been without a connection longest, for at least
-``resume_grace_ns``, is closed (TIMEOUT, through the log like any timeout, so every
-member agrees) and its slot goes to the newcomer (:meth:`SessionAdmission._give_back_slot`).
-A session whose client is connected is never closed for another; nor one that this
-member did not see drop (after a leader change every session gets a whole session
-timeout to come back).
+**Open slots given back.**  When every open slot is taken, a request is still
+admitted if an open session may give its slot up (:meth:`OpenSlots.has_room`; the
+manager's rule: :meth:`~cluster.core.sessions.SessionManager.admit`).
 """
 
 from __future__ import annotations
 
 import logging
-import random
-from collections.abc import Callable
+from typing import Protocol
 
 from ..protocol import version as protocol_version
-from ..protocol.enums import CloseReason, EventCode
+from ..protocol.enums import EventCode
 from ..protocol.ingress import ChallengeResponse, SessionConnectRequest
-from ..protocol.log import LogMessage
 from .auth import Authenticator
 from .base import ConsensusConfig, Counters, EgressPort, IngressSource, TermView
 from .log import ReplicatedLog
+from .notify import SessionNotifier
 from .session import (
-    DROPPED,
     ClusterSession,
     PendingSessionProxy,
     State,
@@ -63,36 +56,82 @@ from .session import (
 log = logging.getLogger("cluster.consensus")
 
 
+class OpenSlots(Protocol):
+    """What admission needs of the open sessions (the session manager's part)."""
+
+    def new_session_id(self) -> int:
+        """The next session id (a ready leader's only)."""
+        ...
+
+    def has_room(self, now_ns: int) -> bool:
+        """Whether an authenticated session would find an open slot now (a free one,
+        or one a session without a connection may give back)."""
+        ...
+
+    def admit(self, session: ClusterSession, now_ns: int) -> bool:
+        """Open an authenticated session; False when no slot is free or given back."""
+        ...
+
+
 class SessionAdmission:
-    """Connect requests, authentication, redirects and rejections (see the module)."""
+    """Connect requests, authentication, redirects and rejections (see the module):
+    the pending, redirect and rejected sessions of one member."""
 
-    # the state, owned by SessionManager
-    config: ConsensusConfig
-    egress: EgressPort
-    authenticator: Authenticator
-    log: ReplicatedLog
-    append: Callable[[LogMessage], int]
-    view: TermView
-    counters: Counters
-    rng: random.Random
-    sessions: dict[int, ClusterSession]
-    pending_sessions: list[ClusterSession]
-    rejected_sessions: list[ClusterSession]
-    redirect_sessions: list[ClusterSession]
-    next_session_id: int
-    _next_local_egress_id: int
-    earliest_detached_ns: int | None
+    def __init__(
+        self,
+        config: ConsensusConfig,
+        egress: EgressPort,
+        authenticator: Authenticator,
+        log: ReplicatedLog,
+        view: TermView,
+        counters: Counters,
+        notify: SessionNotifier,
+        slots: OpenSlots,
+    ) -> None:
+        self.config = config
+        self.egress = egress
+        self.authenticator = authenticator
+        self.log = log
+        self.view = view
+        self.counters = counters
+        self.notify = notify
+        self.slots = slots
+        self.pending_sessions: list[ClusterSession] = []
+        self.rejected_sessions: list[ClusterSession] = []
+        self.redirect_sessions: list[ClusterSession] = []
+        self._next_local_egress_id = -1
 
-    def _open(self, session: ClusterSession, now_ns: int) -> None:
-        raise NotImplementedError
+    def holds(self, source: IngressSource) -> bool:
+        """Whether a session not yet open came on the connection ``source``."""
+        groups = (self.pending_sessions, self.redirect_sessions, self.rejected_sessions)
+        return any(s.source is source for group in groups for s in group)
 
-    def _close(self, session: ClusterSession, reason: CloseReason, now_ns: int) -> None:
-        raise NotImplementedError
+    def find(self, egress_id: int) -> ClusterSession | None:
+        """The session not yet open whose egress is ``egress_id``."""
+        for group in (self.pending_sessions, self.redirect_sessions, self.rejected_sessions):
+            for candidate in group:
+                if candidate.egress_id == egress_id:
+                    return candidate
+        return None
 
-    def send_event(
-        self, session: ClusterSession, code: EventCode, detail: str, secret: bytes = b""
-    ) -> bool:
-        raise NotImplementedError
+    def on_source_closed(self, source: IngressSource) -> None:
+        """A client's connection closed: the sessions not yet open that came on it are
+        dropped."""
+        for group in (self.pending_sessions, self.redirect_sessions, self.rejected_sessions):
+            for session in [s for s in group if s.source is source]:
+                group.remove(session)
+                if group is self.pending_sessions:
+                    self._leave_pending(session)
+                self.egress.close(session.egress_id)  # detaches it, if it was attached
+                session.state = State.CLOSED
+
+    def step_down(self) -> None:
+        """This leader steps down: its pending sessions are redirected to whoever leads
+        next, not left waiting."""
+        for session in self.pending_sessions:
+            self._leave_pending(session)
+        self.redirect_sessions.extend(self.pending_sessions)
+        self.pending_sessions.clear()
 
     def on_connect(
         self, request: SessionConnectRequest, source: IngressSource, now_ns: int
@@ -102,8 +141,7 @@ class SessionAdmission:
         # once ready).
         ready = self.view.is_ready_leader
         if ready:
-            session_id = self.next_session_id
-            self.next_session_id += 1
+            session_id = self.slots.new_session_id()
             egress_id = session_id
         else:
             session_id = -1
@@ -140,9 +178,7 @@ class SessionAdmission:
                 f"cluster is {protocol_version.to_string(protocol_version.PROTOCOL_VERSION)}",
             )
             self.rejected_sessions.append(session)
-        elif len(self.sessions) >= self.config.max_concurrent_sessions and not self._may_give_back(
-            now_ns
-        ):
+        elif not self.slots.has_room(now_ns):
             session.rejection = (EventCode.ERROR, "concurrent session limit")
             self.rejected_sessions.append(session)
         elif self._pending_from(address_key(source.address)) >= (
@@ -207,48 +243,6 @@ class SessionAdmission:
         )
         return True
 
-    def _may_give_back(self, now_ns: int) -> bool:
-        """Whether an open session may give its slot up for a newcomer (as of the last
-        slow tick: a connect request that finds every slot taken is answered without a
-        look at every session; the look is made when the newcomer is to open)."""
-        earliest = self.earliest_detached_ns
-        return earliest is not None and now_ns - earliest >= self.config.resume_grace_ns
-
-    def _slot_to_give_back(self, now_ns: int) -> ClusterSession | None:
-        """The open session that would give its slot up for a newcomer: the one whose
-        connection dropped here longest ago, at least ``resume_grace_ns`` ago, and
-        that no connection has resumed since (None: none may)."""
-        grace = self.config.resume_grace_ns
-        chosen: ClusterSession | None = None
-        for session in self.sessions.values():
-            since = session.detached_since_ns
-            if since is None or since == DROPPED or now_ns - since < grace:
-                continue
-            source = session.source
-            if session.state is not State.OPEN or (source is not None and not source.closed):
-                continue
-            if chosen is None or since < (chosen.detached_since_ns or 0):
-                chosen = session
-        return chosen
-
-    def _give_back_slot(self, now_ns: int) -> bool:
-        """Close (TIMEOUT) the session :meth:`_slot_to_give_back` names, so that an
-        authenticated session can open in its slot.  Whether one was closed."""
-        session = self._slot_to_give_back(now_ns)
-        if session is None:
-            return False
-        since = session.detached_since_ns or 0
-        log.info(
-            "session %d, without a connection for %.2f s, gives its slot to a new one"
-            " (every one of %d is taken)",
-            session.cluster_session_id,
-            (now_ns - since) / 1e9,
-            self.config.max_concurrent_sessions,
-        )
-        self.counters.sessions_given_back += 1
-        self._close(session, CloseReason.TIMEOUT, now_ns)
-        return True
-
     def on_challenge_response(
         self, msg: ChallengeResponse, source: IngressSource, now_ns: int
     ) -> None:
@@ -282,7 +276,7 @@ class SessionAdmission:
                     else:
                         remaining.append(session)  # redirect once a leader is known
                     continue
-                self.send_event(session, EventCode.REDIRECT, self.config.ingress_endpoints)
+                self.notify.event(session, EventCode.REDIRECT, self.config.ingress_endpoints)
                 self.egress.close(session.egress_id)
                 session.state = State.CLOSED
                 self.counters.redirected_sessions += 1
@@ -298,7 +292,7 @@ class SessionAdmission:
 
     def _reject(self, session: ClusterSession) -> None:
         code, detail = session.rejection or (EventCode.ERROR, "rejected")
-        self.send_event(session, EventCode(code), detail)
+        self.notify.event(session, EventCode(code), detail)
         self.egress.close(session.egress_id)
         session.state = State.CLOSED
         self.counters.rejected_sessions += 1
@@ -322,12 +316,9 @@ class SessionAdmission:
                 )
             if session.state is State.AUTHENTICATED:
                 self._leave_pending(session)
-                full = len(self.sessions) >= self.config.max_concurrent_sessions
-                if full and not self._give_back_slot(now_ns):
+                if not self.slots.admit(session, now_ns):
                     session.rejection = (EventCode.ERROR, "concurrent session limit")
                     self._reject(session)
-                else:
-                    self._open(session, now_ns)
                 work += 1
                 continue
             if session.state is State.REJECTED:

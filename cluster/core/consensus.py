@@ -635,8 +635,7 @@ class ConsensusModule:
     def on_slow_tick(self, now_ns: int) -> int:
         """Housekeeping every slow tick (10 ms by default); returns work done."""
         sessions = self.session_manager
-        work = sessions.send_redirects_and_rejections(now_ns)
-        work += sessions.answer_held_resumes(now_ns)
+        work = sessions.answer_waiting(now_ns)
         if self.role is Role.LEADER:
             if self.is_ready_leader:
                 work += sessions.tick(now_ns, active=self.control.active)

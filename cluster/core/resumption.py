@@ -1,8 +1,8 @@
 """Resumption: an open session's client on a new connection, and what it is told.
 
-:class:`SessionResumption` is the half of :class:`~cluster.core.sessions.SessionManager`
-that handles a connection proving it holds an open session (a SessionResumeRequest with
-the secret that OK carried), after a broken connection, a pause or a leader change:
+:class:`SessionResumption`, held by :class:`~cluster.core.sessions.SessionManager`,
+handles a connection proving it holds an open session (a SessionResumeRequest with the
+secret that OK carried), after a broken connection, a pause or a leader change:
 
 * at a ready leader the session moves to the new connection; the old one, if still
   open, hears CLOSED (:data:`MOVED`) so that whoever holds it learns at once;
@@ -12,11 +12,11 @@ the secret that OK carried), after a broken connection, a pause or a leader chan
 * a resume of a session that was closed meanwhile hears why (its CloseReason's name:
   TIMEOUT, SERVICE_ACTION...), if it proves it held the session; the last
   :data:`MAX_CLOSED_REMEMBERED` closes are remembered, on every member (leaders when
-  they close, followers from the log);
-* SHUTDOWN and ABORT tell every open session CLOSED with their reason before the
-  cluster stops (:meth:`SessionResumption.end_all`).
+  they close, followers from the log, and SHUTDOWN and ABORT:
+  :meth:`~cluster.core.sessions.SessionManager.end_all`).
 
-The manager holds the state; this class only groups the code that works on it.
+It keeps the resumes held and the reasons remembered.  The open sessions are the
+manager's: this reads them, and moves a resumed one to its new connection.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from ..protocol.egress import SessionEvent
 from ..protocol.enums import CloseReason, EventCode
 from ..protocol.ingress import SessionResumeRequest
 from .base import ConsensusConfig, Counters, EgressPort, IngressSource, TermView
+from .notify import SessionNotifier
 from .session import EGRESS_HEARTBEAT_NS, ClusterSession, State, secret_hash
 
 MAX_CLOSED_REMEMBERED = 4096
@@ -43,22 +44,32 @@ MOVED = "resumed on another connection"
 class SessionResumption:
     """Resumes, held resumes, and the reasons of closes (see the module)."""
 
-    # the state, owned by SessionManager
-    config: ConsensusConfig
-    egress: EgressPort
-    view: TermView
-    counters: Counters
-    sessions: dict[int, ClusterSession]
-    closed_reasons: OrderedDict[int, tuple[CloseReason, bytes]]
-    held_resumes: list[tuple[IngressSource, SessionResumeRequest, int, int, int]]
+    def __init__(
+        self,
+        config: ConsensusConfig,
+        egress: EgressPort,
+        view: TermView,
+        counters: Counters,
+        notify: SessionNotifier,
+        sessions: dict[int, ClusterSession],
+    ) -> None:
+        self.config = config
+        self.egress = egress
+        self.view = view
+        self.counters = counters
+        self.notify = notify
+        self.sessions = sessions
+        """The manager's open sessions by id (the same dict: it is never replaced)."""
+        #: why recently closed sessions were closed, and their secret's hash (to tell
+        #: only their holder): a resume after the fact hears the reason
+        self.closed_reasons: OrderedDict[int, tuple[CloseReason, bytes]] = OrderedDict()
+        #: resumes that came to this member while it was not the ready leader:
+        #: (connection, request, since, when last told, the leader it was told of)
+        self.held_resumes: list[tuple[IngressSource, SessionResumeRequest, int, int, int]] = []
 
-    def send_event(
-        self, session: ClusterSession, code: EventCode, detail: str, secret: bytes = b""
-    ) -> bool:
-        raise NotImplementedError
-
-    def _send_new_leader_event(self, session: ClusterSession) -> bool:
-        raise NotImplementedError
+    def holds(self, source: IngressSource) -> bool:
+        """Whether a resume that came on the connection ``source`` is held here."""
+        return any(held[0] is source for held in self.held_resumes)
 
     def on_resume(self, request: SessionResumeRequest, source: IngressSource, now_ns: int) -> None:
         """A connection proves it holds an open session (see the module docstring)."""
@@ -88,7 +99,7 @@ class SessionResumption:
         old = session.source
         if old is not None and old is not source:
             if not old.closed:  # its holder there hears it at once, not by a timeout
-                self.send_event(session, EventCode.CLOSED, MOVED)
+                self.notify.event(session, EventCode.CLOSED, MOVED)
             if session.own_connection:
                 self.egress.close(session.egress_id)  # detach from the old connection
         session.source = source
@@ -98,7 +109,7 @@ class SessionResumption:
             self.egress.attach(session.egress_id, source)
             session.egress_connected = True
             session.has_new_leader_event_pending = True
-        self._send_new_leader_event(session)
+        self.notify.new_leader(session)
 
     def _why_closed(self, request: SessionResumeRequest) -> str:
         """The reason a session that is not open was closed, for the client that holds
@@ -110,21 +121,17 @@ class SessionResumption:
             return closed[0].name
         return "no such open session"
 
-    def _remember_closed(self, session_id: int, reason: CloseReason, hashed: bytes) -> None:
+    def remember_closed(self, session_id: int, reason: CloseReason, hashed: bytes) -> None:
+        """A session closed (here, or by an entry of the log): a late resume by the
+        holder of the secret whose hash is ``hashed`` hears ``reason``."""
         closed = self.closed_reasons
         closed[session_id] = (reason, hashed)
         while len(closed) > MAX_CLOSED_REMEMBERED:
             closed.popitem(last=False)
 
-    def end_all(self, reason: CloseReason) -> None:
-        """The cluster stops (SHUTDOWN, ABORT: ``reason``): every open session's client
-        is told CLOSED with the reason now, while this leader can still say it.  Nothing
-        goes on the log (it ends at the action); a restarted cluster times them out."""
-        if not self.view.is_ready_leader:
-            return
-        for session in self.sessions.values():
-            self._remember_closed(session.cluster_session_id, reason, session.secret_hash)
-            self.send_event(session, EventCode.CLOSED, reason.name)
+    def forget_closed(self, session_id: int) -> None:
+        """The close of ``session_id`` never committed: it is open after all."""
+        self.closed_reasons.pop(session_id, None)
 
     def answer_held_resumes(self, now_ns: int) -> int:
         """Resumes that came while no leader was known (every slow tick): answered

@@ -26,12 +26,30 @@ clients still connected to it where to go (REDIRECT); a new leader re-dials ever
 session that named a response channel and sends it a NewLeaderEvent.  Sessions whose
 egress rides their ingress connection get a NewLeaderEvent every
 :data:`~cluster.core.session.EGRESS_HEARTBEAT_NS`: silence tells their client to look for
-the leader.  Connect requests until the session opens are
-:class:`~cluster.core.admission.SessionAdmission`'s part; resumes on a new connection,
-and close reasons told after the fact, are
-:class:`~cluster.core.resumption.SessionResumption`'s.  A member that did not run for a
-second or more (paused) does not count that time against its sessions' timeouts
-(:meth:`SessionManager.forgive_stall`: the shell sees its own slow tick come late).
+the leader.  A member that did not run for a second or more (paused) does not count
+that time against its sessions' timeouts (:meth:`SessionManager.forgive_stall`: the
+shell sees its own slow tick come late).
+
+The manager keeps the open sessions and holds three parts, each with its own state:
+
+* :class:`~cluster.core.admission.SessionAdmission`: connect requests until the session
+  opens (pending, redirect, rejected), asking the manager for an id and a slot
+  (:class:`~cluster.core.admission.OpenSlots`) and to open it;
+* :class:`~cluster.core.resumption.SessionResumption`: resumes on a new connection,
+  resumes held while no leader is ready, and close reasons told after the fact;
+* :class:`~cluster.core.notify.SessionNotifier`: the events a client hears, which all
+  three send.
+
+**Open slots given back.**  An open session whose connection dropped keeps its slot
+for a resume, for a whole session timeout while slots are free.  When every open slot
+(``max_concurrent_sessions``) is taken and an authenticated session needs one, the
+session that has been without a connection longest, for at least
+``resume_grace_ns``, is closed (TIMEOUT, through the log like any timeout, so every
+member agrees) and its slot goes to the newcomer (:meth:`SessionManager.admit`).
+A session whose client is connected is never closed for another; nor one that this
+member did not see drop (after a leader change every session gets a whole session
+timeout to come back).
+
 Only the consensus module calls this manager; log entries go out through the
 ``append`` callable it is given.
 """
@@ -41,11 +59,8 @@ from __future__ import annotations
 import logging
 import random
 import secrets
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from ..protocol import version as protocol_version
-from ..protocol.egress import NewLeaderEvent, RepliesDropped, SessionEvent
 from ..protocol.enums import CloseReason, EventCode
 from ..protocol.ingress import (
     ChallengeResponse,
@@ -59,6 +74,7 @@ from .admission import SessionAdmission
 from .auth import Authenticator
 from .base import ConsensusConfig, Counters, EgressPort, IngressSource, TermView
 from .log import ReplicatedLog
+from .notify import SessionNotifier
 from .resumption import SessionResumption
 from .session import (
     DROPPED,
@@ -91,8 +107,9 @@ steal, SIGSTOP): its clients could not reach it, so the shell has the time forgi
 (:meth:`SessionManager.forgive_stall`), not counted against their session timeouts."""
 
 
-class SessionManager(SessionAdmission, SessionResumption):
-    """Pending, redirected, rejected and open sessions of one member."""
+class SessionManager:
+    """The sessions of one member: the open ones, and the parts that admit and resume
+    them (see the module)."""
 
     def __init__(
         self,
@@ -108,7 +125,6 @@ class SessionManager(SessionAdmission, SessionResumption):
     ) -> None:
         self.config = config
         self.egress = egress
-        self.authenticator = authenticator
         self.log = log
         self.append = append
         self.view = view
@@ -117,37 +133,30 @@ class SessionManager(SessionAdmission, SessionResumption):
         self.token = token
         self.sessions: dict[int, ClusterSession] = {}
         """Open sessions by id (never replaced: cleared and refilled)."""
-        self.pending_sessions: list[ClusterSession] = []
-        self.rejected_sessions: list[ClusterSession] = []
-        self.redirect_sessions: list[ClusterSession] = []
         self.next_session_id = 1
-        self._next_local_egress_id = -1
         self._awaiting_ok: list[ClusterSession] = []
         #: when the open session longest without a connection lost it (as of the last
         #: slow tick; None: none has), so a connect request that finds every slot taken
         #: knows at once whether one may be given back
         self.earliest_detached_ns: int | None = None
-        #: why recently closed sessions were closed, and their secret's hash (to tell
-        #: only their holder): a resume after the fact hears the reason
-        self.closed_reasons: OrderedDict[int, tuple[CloseReason, bytes]] = OrderedDict()
-        #: resumes that came to this member while it was not the ready leader:
-        #: (connection, request, since, when last told, the leader it was told of)
-        self.held_resumes: list[tuple[IngressSource, SessionResumeRequest, int, int, int]] = []
+        self.notify = SessionNotifier(config, egress, view, counters)
+        self.admission = SessionAdmission(
+            config, egress, authenticator, log, view, counters, self.notify, self
+        )
+        self.resumption = SessionResumption(
+            config, egress, view, counters, self.notify, self.sessions
+        )
 
     # ------------------------------------------------------------------ requests
 
     def holds_session(self, source: IngressSource) -> bool:
         """Whether a connection has a session here: connecting, waiting for a
-        redirect or a rejection to go out, or open."""
-        if any(held[0] is source for held in self.held_resumes):
-            return True
-        groups = (
-            self.sessions.values(),
-            self.pending_sessions,
-            self.redirect_sessions,
-            self.rejected_sessions,
+        redirect or a rejection to go out, resuming, or open."""
+        return (
+            self.resumption.holds(source)
+            or any(s.source is source for s in self.sessions.values())
+            or self.admission.holds(source)
         )
-        return any(s.source is source for group in groups for s in group)
 
     def holds(self, session: ClusterSession, source: IngressSource | None) -> bool:
         """Whether ``source`` may act for ``session`` (counted when not)."""
@@ -160,15 +169,9 @@ class SessionManager(SessionAdmission, SessionResumption):
         """A client's ingress connection closed: sessions not yet open that came on it
         are dropped; open ones it held wait for a resume (or time out; or, once every
         slot is taken and another session needs one, give theirs up after
-        ``resume_grace_ns``: see :mod:`~cluster.core.admission`)."""
+        ``resume_grace_ns``: see the module)."""
         source.closed = True
-        for group in (self.pending_sessions, self.redirect_sessions, self.rejected_sessions):
-            for session in [s for s in group if s.source is source]:
-                group.remove(session)
-                if group is self.pending_sessions:
-                    self._leave_pending(session)
-                self.egress.close(session.egress_id)  # detaches it, if it was attached
-                session.state = State.CLOSED
+        self.admission.on_source_closed(source)
         for session in self.sessions.values():
             if session.source is source:
                 session.source = None
@@ -205,13 +208,13 @@ class SessionManager(SessionAdmission, SessionResumption):
         if isinstance(msg, SessionKeepAlive):
             self.on_keepalive(msg, source, now_ns)
         elif isinstance(msg, SessionConnectRequest):
-            self.on_connect(msg, source, now_ns)
+            self.admission.on_connect(msg, source, now_ns)
         elif isinstance(msg, SessionCloseRequest):
             self.on_close_request(msg, source, now_ns)
         elif isinstance(msg, ChallengeResponse):
-            self.on_challenge_response(msg, source, now_ns)
+            self.admission.on_challenge_response(msg, source, now_ns)
         else:
-            self.on_resume(msg, source, now_ns)
+            self.resumption.on_resume(msg, source, now_ns)
 
     def on_keepalive(self, msg: SessionKeepAlive, source: IngressSource, now_ns: int) -> None:
         if not self.view.is_ready_leader:
@@ -266,11 +269,7 @@ class SessionManager(SessionAdmission, SessionResumption):
         session = self.sessions.get(egress_id) if egress_id > 0 else None
         if session is not None:
             return session
-        for group in (self.pending_sessions, self.redirect_sessions, self.rejected_sessions):
-            for candidate in group:
-                if candidate.egress_id == egress_id:
-                    return candidate
-        return None
+        return self.admission.find(egress_id)
 
     # ------------------------------------------------------------------ leadership
 
@@ -290,10 +289,7 @@ class SessionManager(SessionAdmission, SessionResumption):
         """This leader steps down: connecting clients are redirected to whoever leads
         next, not left waiting; open sessions' egress is closed (the next leader
         re-dials it)."""
-        for session in self.pending_sessions:
-            self._leave_pending(session)
-        self.redirect_sessions.extend(self.pending_sessions)
-        self.pending_sessions.clear()
+        self.admission.step_down()
         for session in self.sessions.values():
             self.egress.close(session.egress_id)
             session.egress_connected = False
@@ -307,7 +303,7 @@ class SessionManager(SessionAdmission, SessionResumption):
         for session in self.sessions.values():
             source = session.source
             if source is not None and not source.closed:
-                self.send_event(session, EventCode.REDIRECT, self.config.ingress_endpoints)
+                self.notify.event(session, EventCode.REDIRECT, self.config.ingress_endpoints)
             session.source = None
 
     def lead(self, now_ns: int) -> None:
@@ -338,7 +334,7 @@ class SessionManager(SessionAdmission, SessionResumption):
         held = {s.cluster_session_id: s.source for s in self.sessions.values()}
         self.sessions.clear()
         for session_id, stream_id, channel, principal, hashed in sessions:
-            self.closed_reasons.pop(session_id, None)  # its close never committed
+            self.resumption.forget_closed(session_id)  # its close never committed
             session = ClusterSession(session_id, session_id, 0, stream_id, channel, now_ns)
             session.state = State.OPEN
             session.encoded_principal = principal
@@ -376,7 +372,7 @@ class SessionManager(SessionAdmission, SessionResumption):
             # forget its count (counted here: its client will not be told)
             self.counters.replies_dropped += self.egress.take_dropped(message.cluster_session_id)
             if closed is not None:
-                self._remember_closed(
+                self.resumption.remember_closed(
                     closed.cluster_session_id, message.close_reason, closed.secret_hash
                 )
             return
@@ -396,28 +392,71 @@ class SessionManager(SessionAdmission, SessionResumption):
         if message.cluster_session_id >= self.next_session_id:
             self.next_session_id = message.cluster_session_id + 1
 
-    # ------------------------------------------------------------------ slow tick
+    # ------------------------------------------------------------------ open slots
 
-    def send_event(
-        self, session: ClusterSession, code: EventCode, detail: str, secret: bytes = b""
-    ) -> bool:
-        """Tell the client of its session: on its connection here while it has one
-        (answers before OK always do), else on its dialled egress."""
-        view = self.view
-        event = SessionEvent(
-            cluster_session_id=session.cluster_session_id,
-            correlation_id=session.correlation_id,
-            leadership_term_id=view.leadership_term_id,
-            leader_member_id=view.leader_member_id,
-            code=code,
-            version=protocol_version.PROTOCOL_VERSION,
-            detail=detail,
-            session_secret=secret,
+    def new_session_id(self) -> int:
+        """The next session id, for a connect request at a ready leader."""
+        session_id = self.next_session_id
+        self.next_session_id += 1
+        return session_id
+
+    def has_room(self, now_ns: int) -> bool:
+        """Whether an authenticated session would find a slot now: a free one, or one
+        a session without a connection may give back (see the module)."""
+        return len(self.sessions) < self.config.max_concurrent_sessions or self._may_give_back(
+            now_ns
         )
-        source = session.source
-        if source is not None and not source.closed:
-            return self.egress.reply(source, event)
-        return self.egress.send(session.egress_id, event)
+
+    def admit(self, session: ClusterSession, now_ns: int) -> bool:
+        """Open an authenticated session, in a free slot or in one given back (see the
+        module); False when every slot is taken and none may be given back."""
+        full = len(self.sessions) >= self.config.max_concurrent_sessions
+        if full and not self._give_back_slot(now_ns):
+            return False
+        self._open(session, now_ns)
+        return True
+
+    def _may_give_back(self, now_ns: int) -> bool:
+        """Whether an open session may give its slot up for a newcomer (as of the last
+        slow tick: a connect request that finds every slot taken is answered without a
+        look at every session; the look is made when the newcomer is to open)."""
+        earliest = self.earliest_detached_ns
+        return earliest is not None and now_ns - earliest >= self.config.resume_grace_ns
+
+    def _slot_to_give_back(self, now_ns: int) -> ClusterSession | None:
+        """The open session that would give its slot up for a newcomer: the one whose
+        connection dropped here longest ago, at least ``resume_grace_ns`` ago, and
+        that no connection has resumed since (None: none may)."""
+        grace = self.config.resume_grace_ns
+        chosen: ClusterSession | None = None
+        for session in self.sessions.values():
+            since = session.detached_since_ns
+            if since is None or since == DROPPED or now_ns - since < grace:
+                continue
+            source = session.source
+            if session.state is not State.OPEN or (source is not None and not source.closed):
+                continue
+            if chosen is None or since < (chosen.detached_since_ns or 0):
+                chosen = session
+        return chosen
+
+    def _give_back_slot(self, now_ns: int) -> bool:
+        """Close (TIMEOUT) the session :meth:`_slot_to_give_back` names, so that an
+        authenticated session can open in its slot.  Whether one was closed."""
+        session = self._slot_to_give_back(now_ns)
+        if session is None:
+            return False
+        since = session.detached_since_ns or 0
+        log.info(
+            "session %d, without a connection for %.2f s, gives its slot to a new one"
+            " (every one of %d is taken)",
+            session.cluster_session_id,
+            (now_ns - since) / 1e9,
+            self.config.max_concurrent_sessions,
+        )
+        self.counters.sessions_given_back += 1
+        self._close(session, CloseReason.TIMEOUT, now_ns)
+        return True
 
     def _open(self, session: ClusterSession, now_ns: int) -> None:
         if session.source is not None:
@@ -448,6 +487,15 @@ class SessionManager(SessionAdmission, SessionResumption):
         session.has_open_event_pending = True
         self._awaiting_ok.append(session)
 
+    # ------------------------------------------------------------------ slow tick
+
+    def answer_waiting(self, now_ns: int) -> int:
+        """Connections waiting here for an answer (every member, every slow tick):
+        redirects and rejections of connect requests, and resumes held while no leader
+        was ready."""
+        work = self.admission.send_redirects_and_rejections(now_ns)
+        return work + self.resumption.answer_held_resumes(now_ns)
+
     def _send_open_event(self, session: ClusterSession) -> None:
         if session.state is not State.OPEN:
             return
@@ -455,7 +503,7 @@ class SessionManager(SessionAdmission, SessionResumption):
             session.has_open_event_pending = False  # gone: it resumes, or times out
             session.secret = b""
             return
-        if self.send_event(session, EventCode.OK, "", session.secret):
+        if self.notify.event(session, EventCode.OK, "", session.secret):
             session.has_open_event_pending = False
             session.secret = b""
 
@@ -463,7 +511,7 @@ class SessionManager(SessionAdmission, SessionResumption):
         """A ready leader's slow tick: pending sessions move on and open ones are
         checked; while the module is not ACTIVE (SUSPENDED) nothing that appends an
         entry happens (opens, closes, timeouts wait for RESUME, as Aeron gates them)."""
-        work = self.process_pending(now_ns) if active else 0
+        work = self.admission.process_pending(now_ns) if active else 0
         return work + self.check(now_ns, quiesced=not active)
 
     def check(self, now_ns: int, *, quiesced: bool = False) -> int:
@@ -515,7 +563,7 @@ class SessionManager(SessionAdmission, SessionResumption):
                 if session.opened_log_position <= commit:
                     self._send_open_event(session)
             elif session.has_new_leader_event_pending and session.egress_connected:
-                if self._send_new_leader_event(session):
+                if self.notify.new_leader(session):
                     work += 1
             elif (
                 session.own_connection
@@ -523,7 +571,7 @@ class SessionManager(SessionAdmission, SessionResumption):
                 and now_ns >= session.heartbeat_ns
             ):  # the client's sign that we still lead
                 session.heartbeat_ns = now_ns + EGRESS_HEARTBEAT_NS
-                self._send_new_leader_event(session)
+                self.notify.new_leader(session)
         self.earliest_detached_ns = earliest
         return work
 
@@ -546,39 +594,6 @@ class SessionManager(SessionAdmission, SessionResumption):
         if self.earliest_detached_ns is not None:
             self.earliest_detached_ns += gap_ns
 
-    def _send_new_leader_event(self, session: ClusterSession) -> bool:
-        """Tell the session who leads (at a resume, a new leader, and every second as
-        the sign that this leader lives); then how many replies to it were dropped
-        since it was last told (:class:`RepliesDropped`)."""
-        if not session.egress_connected:
-            return False
-        view = self.view
-        egress, egress_id = self.egress, session.egress_id
-        if egress.send(
-            egress_id,
-            NewLeaderEvent(
-                leadership_term_id=view.leadership_term_id,
-                cluster_session_id=session.cluster_session_id,
-                leader_member_id=view.leader_member_id,
-                ingress_endpoints=self.config.ingress_endpoints,
-            ),
-        ):
-            session.has_new_leader_event_pending = False
-            dropped = egress.take_dropped(egress_id)
-            self.counters.replies_dropped += dropped
-            if dropped and not egress.send(
-                egress_id,
-                RepliesDropped(
-                    cluster_session_id=session.cluster_session_id,
-                    leadership_term_id=view.leadership_term_id,
-                    count=dropped,
-                ),
-            ):
-                egress.put_back_dropped(egress_id, dropped)
-                self.counters.replies_dropped -= dropped  # counted when told
-            return True
-        return False
-
     def _back_off(self, session: ClusterSession, now_ns: int) -> None:
         backoff = min(
             max(2 * session.egress_backoff_ns, EGRESS_BACKOFF_MIN_NS), EGRESS_BACKOFF_MAX_NS
@@ -586,6 +601,18 @@ class SessionManager(SessionAdmission, SessionResumption):
         session.egress_backoff_ns = backoff
         half = backoff // 2
         session.egress_retry_ns = now_ns + half + self.rng.randrange(half + 1)
+
+    # ------------------------------------------------------------------ closes
+
+    def end_all(self, reason: CloseReason) -> None:
+        """The cluster stops (SHUTDOWN, ABORT: ``reason``): every open session's client
+        is told CLOSED with the reason now, while this leader can still say it.  Nothing
+        goes on the log (it ends at the action); a restarted cluster times them out."""
+        if not self.view.is_ready_leader:
+            return
+        for session in self.sessions.values():
+            self.resumption.remember_closed(session.cluster_session_id, reason, session.secret_hash)
+            self.notify.event(session, EventCode.CLOSED, reason.name)
 
     def _close(self, session: ClusterSession, reason: CloseReason, now_ns: int) -> None:
         timestamp = self.log.stamp(now_ns)
@@ -600,8 +627,8 @@ class SessionManager(SessionAdmission, SessionResumption):
         session.close_reason = reason
         session.state = State.CLOSED
         del self.sessions[session.cluster_session_id]
-        self._remember_closed(session.cluster_session_id, reason, session.secret_hash)
-        self.send_event(session, EventCode.CLOSED, reason.name)
+        self.resumption.remember_closed(session.cluster_session_id, reason, session.secret_hash)
+        self.notify.event(session, EventCode.CLOSED, reason.name)
         self.egress.close(session.egress_id)
         # forget its count (counted here: its client will not be told)
         self.counters.replies_dropped += self.egress.take_dropped(session.egress_id)

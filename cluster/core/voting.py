@@ -47,7 +47,7 @@ class VotingRights:
         except StorageError:
             return False
         self.catching_up = False
-        log.warning(
+        log.info(  # routine (every new member's): nothing for the operator to do
             "member %d is a voting member again (%s) at log position %d",
             self.member_id,
             reason,

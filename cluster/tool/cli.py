@@ -12,7 +12,13 @@ from typing import Any
 import trio
 
 from ..certs import DEFAULT_DAYS, make_certs, planned_folders
-from ..cli import UsageParser, add_members, add_version, duration_seconds
+from ..cli import (
+    CLIENT_CERTS_VARIABLE,
+    UsageParser,
+    add_members,
+    add_version,
+    duration_seconds,
+)
 from ..config import MemberEndpoints
 from ..transport.tls import TlsError
 from . import offline, render
@@ -114,9 +120,9 @@ def _common(parser: argparse.ArgumentParser, *, top: bool, network: bool = True)
     )
     parser.add_argument(
         "--certs-dir",
-        default=default(os.environ.get("CLUSTER_CERTS_DIR")),
+        default=default(os.environ.get(CLIENT_CERTS_VARIABLE)),
         help="a client-<NAME> folder from `cluster-tool certs`, for a cluster with TLS; "
-        "control commands need an admin principal (default: $CLUSTER_CERTS_DIR)",
+        f"control commands need an admin principal (default: ${CLIENT_CERTS_VARIABLE})",
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -211,6 +212,52 @@ async def lease_failover(cluster: LocalCluster) -> None:
         await trio.to_thread.run_sync(lambda: cluster.wait_ready(member_ids=[leader]))
         assert (await alice.release("db-primary")).granted
         assert (await bob.acquire("db-primary", ttl=60)).granted
+
+
+def test_the_guides_failover_runs_under_a_supervisor_that_restarts_the_killed_leader() -> None:
+    """Step 8 kills the leader: ``cluster.local`` without ``--restart`` would then stop
+    the whole cluster (its supervision: ``tests/integration/test_local.py``)."""
+    guide = GUIDE.read_text()
+    (command,) = [
+        block
+        for block in re.findall(r"```sh\n(.*?)```", guide, re.DOTALL)
+        if "-m cluster.local" in block
+    ]
+    argv = shlex.split(command.replace("\\\n", " "))
+    assert "--restart" in argv[argv.index("cluster.local") + 1 :], command
+    failover = guide[guide.index("## Step 8: failover") :]
+    assert "restarting it in 0.5 s" in failover
+
+
+def test_the_tour_writes_nothing_into_the_checkout() -> None:
+    """The tour's node keeps its data outside the checkout, and the folders a node and
+    ``cluster.local`` write by default (``--dir`` left out) are ignored by git."""
+    readme = (ROOT / "README.md").read_text()
+    tour = readme[readme.index("## A five-minute tour") :]
+    command = re.search(r"```sh\n(.*?)```", tour, re.DOTALL)
+    assert command is not None
+    argv = shlex.split(command[1].replace("\\\n", " "))
+    assert "cluster.node" in argv, argv
+    data = Path(argv[argv.index("--dir") + 1])
+    assert data.is_absolute(), data
+    assert ROOT not in data.parents, data
+    for default in ("cluster-data", "cluster-local"):  # cluster.node's, cluster.local's
+        ignored = subprocess.run(["git", "check-ignore", "-q", f"{default}/"], cwd=ROOT)
+        assert ignored.returncode == 0, f"{default}/ is not git-ignored"
+
+
+@pytest.mark.parametrize("script", ["demo.py", "flood.py", "tail_report.py", "bench.py"])
+def test_a_scripts_help_speaks_of_what_it_does_not_of_an_issue_number(script: str) -> None:
+    """A reader of ``--help`` has no issue tracker at hand: "when issue #7 lands" told
+    nothing (and was stale: the console had landed)."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert re.search(r"issue\s*#?\d", out, re.IGNORECASE) is None, out
 
 
 @pytest.mark.slow

@@ -144,7 +144,7 @@ async def flood_beside_a_client(tmp_path: Path, attempts: int = 14) -> tuple[int
             for address in FLOODERS:
                 nursery.start_soon(flood, port, address, stats, stop)
             # the flood holds every pending slot before the client comes
-            await wait_for(lambda: len(n.cm.session_manager.pending_sessions) == 16)
+            await wait_for(lambda: len(n.cm.session_manager.admission.pending_sessions) == 16)
             for _ in range(attempts):
                 try:
                     async with client.connect(

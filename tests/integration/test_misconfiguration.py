@@ -1,7 +1,9 @@
 """Misconfiguration is loud (issue 31): member links between members whose ``--members``
-or ``--cluster-id`` differ log an ERROR on both ends; a member that cannot reach its peers
-WARNs every interval naming each one and why; a port already in use is one line naming
-it.  Real sockets on loopback, member links (:class:`PeerLinks`) in this process."""
+(other member ids) or ``--cluster-id`` differ log an ERROR on both ends (lists whose
+addresses alone differ, a ``--members`` change rolling out, only an INFO: issue 41); a
+member that cannot reach its peers WARNs every interval naming each one and why; a port
+already in use is one line naming it.  Real sockets on loopback, member links
+(:class:`PeerLinks`) in this process."""
 
 from __future__ import annotations
 
@@ -127,10 +129,11 @@ async def wait_for(predicate: Callable[[], bool]) -> None:
 # ---------------------------------------------------------------------- member lists
 
 
-async def test_lists_with_another_address_are_an_error_on_both_ends_and_the_link_goes_on() -> None:
+async def test_lists_with_another_address_are_noted_on_both_ends_and_the_link_goes_on() -> None:
     """A rolling ``--members`` change of member 1's address: member 0 has the new list,
-    member 1 the old one.  Both log an ERROR naming the other and the entry that
-    differs; the links stay up (the quorum is not lost half-way through the change)."""
+    member 1 the old one.  Both log it at INFO naming the other and the entry that
+    differs (a documented change is routine: nothing in ``cluster-tool errors``); the
+    links stay up (the quorum is not lost half-way through the change)."""
     ports = free_ports(7)
     ours = members_text(ports, 2)
     theirs = ours.replace(f":{ports[5]}", f":{ports[6]}")  # member 1's admin port
@@ -138,14 +141,14 @@ async def test_lists_with_another_address_are_an_error_on_both_ends_and_the_link
     with logged() as (records, errors):
         async with running(zero, one):
             at_zero = await records.wait(
-                logging.ERROR,
+                logging.INFO,
                 "member 1's --members differs from ours: the same member ids, but its "
                 f"entries for member 1 differ from ours (1={HOST}:{ports[3]}:{ports[4]}:"
                 f"{ports[5]})",
                 "the link goes on",
             )
             at_one = await records.wait(
-                logging.ERROR,
+                logging.INFO,
                 "member 0's --members differs from ours: the same member ids, but its "
                 f"entries for member 1 differ from ours (1={HOST}:{ports[3]}:{ports[4]}:"
                 f"{ports[6]})",
@@ -163,12 +166,9 @@ async def test_lists_with_another_address_are_an_error_on_both_ends_and_the_link
             one.links.flush()
             await wait_for(lambda: bool(zero.delivered and one.delivered))
             assert zero.links.links[1].connects == 1 == one.links.links[0].connects
-    # what `cluster-tool errors` shows (one process here, so both ends' ERRORs are one
-    # entry: the same text but for the numbers, counted twice)
-    [entry] = [e for e in errors.entries() if e.level == "ERROR"]
-    assert entry.logger == "cluster.consensus.links"
-    assert entry.count == 2
-    assert entry.message in (at_zero, at_one)
+    # `cluster-tool errors` shows nothing of it: WARNING and ERROR are for what an
+    # operator must act on, and this is a change under way
+    assert [e.message for e in errors.entries() if "--members" in e.message] == []
 
 
 async def test_lists_naming_other_members_refuse_the_link_with_an_error_on_both_ends() -> None:

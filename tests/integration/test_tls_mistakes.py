@@ -184,6 +184,23 @@ def test_the_tool_with_the_right_folder_sees_every_member(
     assert all(m["reachable"] and m["error"] is None for m in json.loads(out)["members"])
 
 
+def test_the_tool_reads_its_own_variable_not_the_members(
+    tls_cluster: LocalCluster,
+    pki: Pki,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``CLUSTER_CLIENT_CERTS_DIR`` is the tool's; ``CLUSTER_CERTS_DIR`` (here a member's
+    folder, which the tool would refuse) is the member's and left alone."""
+    monkeypatch.setenv("CLUSTER_CLIENT_CERTS_DIR", str(pki.ours / "client-admin"))
+    monkeypatch.setenv("CLUSTER_CERTS_DIR", str(pki.ours / "member-0"))
+    code, out, _ = run_tool(
+        capsys, "--members", tls_cluster.members, "--timeout", "20s", "describe", "--json"
+    )
+    assert code == 0, out
+    assert all(m["reachable"] and m["error"] is None for m in json.loads(out)["members"])
+
+
 async def test_the_tool_with_certificates_against_a_member_without_tls(pki: Pki) -> None:
     """A member without ``--certs-dir`` closes our TLS hello as a bad frame; it is said to
     speak no TLS, not to be down."""

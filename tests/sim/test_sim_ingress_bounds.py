@@ -76,7 +76,7 @@ class Bounds:
                 self.most_partial = max(self.most_partial, ingress.partial_bytes)
                 self.most_open = max(self.most_open, ingress.gate.open)
                 sessions = node.cm.session_manager
-                assert len(sessions.pending_sessions) <= BOUNDS["max_pending_sessions"]
+                assert len(sessions.admission.pending_sessions) <= BOUNDS["max_pending_sessions"]
             await trio.sleep(0.005)
 
 

@@ -70,7 +70,7 @@ def events(egress: RecordingEgress, source: IngressSource) -> list[SessionEvent]
 
 
 def pending_ids(cm: ConsensusModule) -> set[int]:
-    return {s.cluster_session_id for s in cm.session_manager.pending_sessions}
+    return {s.cluster_session_id for s in cm.session_manager.admission.pending_sessions}
 
 
 # ---------------------------------------------------------------------- pending slots
@@ -87,7 +87,7 @@ def test_a_flood_from_four_addresses_cannot_keep_out_a_client_from_a_fifth() -> 
     for _ in range(4):
         for address in flooders:
             request(cm, Conn.make(address), now)
-    assert len(cm.session_manager.pending_sessions) == 16
+    assert len(cm.session_manager.admission.pending_sessions) == 16
     cm.on_slow_tick(now)  # all challenged; none will answer
     admitted = 0
     for attempt in range(14):
@@ -112,14 +112,14 @@ def test_a_flood_from_four_addresses_cannot_keep_out_a_client_from_a_fifth() -> 
         commit_all(cm, reader)
         assert [e.code for e in events(egress, client)] == [EventCode.OK]
         admitted += 1
-        assert len(cm.session_manager.pending_sessions) <= 16
+        assert len(cm.session_manager.admission.pending_sessions) <= 16
         assert cm.session_manager.on_service_close(sid, now + 6 * MS)  # room for the next
     assert admitted == 14
     counters = cm.counters
     assert counters.evicted_pending_sessions >= 14
     # no flooder address ever held more than its share
     held: dict[str, int] = {}
-    for s in cm.session_manager.pending_sessions:
+    for s in cm.session_manager.admission.pending_sessions:
         assert s.source is not None
         held[s.source.address] = held.get(s.source.address, 0) + 1
     assert max(held.values()) <= 4
@@ -157,7 +157,7 @@ def test_equal_shares_are_kept() -> None:
         (event,) = events(egress, late)
         assert event.detail == "too many sessions connecting, try again"
     assert cm.counters.evicted_pending_sessions == 2
-    by = [s.source.address for s in cm.session_manager.pending_sessions if s.source]
+    by = [s.source.address for s in cm.session_manager.admission.pending_sessions if s.source]
     assert sorted(by) == ["127.0.0.2"] * 2 + ["127.0.0.3"] * 2
 
 
@@ -212,7 +212,7 @@ def test_a_client_is_never_evicted_by_fewer_addresses_than_slots(
         if tick:
             cm.on_slow_tick(now)
         assert sid in pending_ids(cm)
-        assert len(cm.session_manager.pending_sessions) <= 16
+        assert len(cm.session_manager.admission.pending_sessions) <= 16
 
 
 # ---------------------------------------------------------------------- open slots

@@ -136,7 +136,10 @@ def test_a_voting_members_acknowledgement_commits() -> None:
     assert leader.commit_position == end
 
 
-def test_a_wiped_member_votes_again_once_the_leader_has_caught_it_up() -> None:
+def test_a_wiped_member_votes_again_once_the_leader_has_caught_it_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, "cluster")
     c = Cluster(3, seed=5)
     leader = c.leader_with_a_committed_entry()
     wiped = next(i for i in range(3) if i != leader.config.member_id)
@@ -147,6 +150,9 @@ def test_a_wiped_member_votes_again_once_the_leader_has_caught_it_up() -> None:
     c.run_until(lambda: not member.voting.catching_up)
     assert member.commit_position >= end
     assert bytes(c.disk[wiped][:end]) == bytes(c.disk[leader.config.member_id][:end])
+    # routine (every new member does it): INFO, not a WARNING for `cluster-tool errors`
+    (again,) = [r for r in caplog.records if "is a voting member again" in r.getMessage()]
+    assert again.levelno == logging.INFO
     # and the leader counts it again: with the third member down, it still commits
     third = next(i for i in range(3) if i not in (wiped, leader.config.member_id))
     c.down.add(third)

@@ -222,8 +222,8 @@ def test_aeron_defaults() -> None:
 
 
 def test_settings_and_node_config_agree() -> None:
-    fields = {f.name: f.default for f in dataclasses.fields(NodeConfig)}
-    assert set(fields) == {_attr(s.name) for s in SETTINGS}
+    fields = {f.name: f.default for f in dataclasses.fields(NodeConfig) if f.name != "sources"}
+    assert set(fields) == {_attr(s.name) for s in SETTINGS}  # (sources: where each came from)
     for s in SETTINGS:
         assert fields[_attr(s.name)] == s.default, s.name
         # every default survives a trip through its own parser via its displayed form
@@ -276,6 +276,20 @@ max-frame-size = "64KiB"
     assert load_config(["--config", path], {}).session_timeout == 20 * SECOND
     assert load_config([], env).session_timeout == 30 * SECOND
     assert load_config(["--session-timeout", "1ms"], {}).session_timeout == MS
+
+
+def test_a_setting_is_named_as_the_operator_gave_it(tmp_path: Path) -> None:
+    """An error about a value names where it came from: a variable exported for another
+    command (``CLUSTER_CERTS_DIR``) is not mistaken for a flag nobody passed."""
+    path = write_toml(tmp_path, 'certs-dir = "a"\nsession-timeout = "20s"\n')
+    env = {"CLUSTER_CERTS_DIR": "b", "CLUSTER_MAX_FRAME_SIZE": "128KiB"}
+    config = load_config(["--config", path, "--max-frame-size", "64KiB"], env)
+    assert config.certs_dir == "b"
+    assert config.named("certs-dir") == "$CLUSTER_CERTS_DIR"  # env beats toml
+    assert config.named("session-timeout") == f"session-timeout in {path}"
+    assert config.named("max-frame-size") == "--max-frame-size"  # the flag beats env
+    assert config.named("log-level") == "--log-level"  # not given: the flag
+    assert config == load_config(["--config", path, "--max-frame-size", "64KiB"], env)
 
 
 def test_config_file_from_environment_and_node_table(tmp_path: Path) -> None:

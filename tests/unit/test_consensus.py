@@ -215,7 +215,7 @@ class RecordingAuthenticator(Authenticator):
         (cm,) = self.cm_ref
         session = next(
             s
-            for s in cm.session_manager.pending_sessions
+            for s in cm.session_manager.admission.pending_sessions
             if s.cluster_session_id == proxy.session_id
         )
         self.seen.append(("before", session.state))
@@ -290,7 +290,7 @@ def connect(
     assert len(egress.connects()) == before  # nobody dialled for a stranger
     if manager.next_session_id == next_id + 1:
         return next_id
-    return manager.redirect_sessions[-1].egress_id
+    return manager.admission.redirect_sessions[-1].egress_id
 
 
 def commit_all(cm: ConsensusModule, reader: LogReader) -> None:
@@ -325,7 +325,7 @@ def test_connect_flow_step_by_step() -> None:
 
     sid = connect(cm, T0, correlation_id=42)
     assert sid == 1
-    (pending,) = cm.session_manager.pending_sessions
+    (pending,) = cm.session_manager.admission.pending_sessions
     assert pending.cluster_session_id == sid
     assert pending.state is State.CONNECTED  # on the connection it came on
     assert pending.source is CLIENT
@@ -338,7 +338,7 @@ def test_connect_flow_step_by_step() -> None:
     cm.on_slow_tick(T0 + 20 * MS)  # only the slow tick moves it on
     assert auth.seen == [("before", State.CONNECTED), ("after", State.AUTHENTICATED)]
     assert pending.state is State.OPEN
-    assert cm.session_manager.pending_sessions == []
+    assert cm.session_manager.admission.pending_sessions == []
     assert cm.sessions[sid] is pending
 
     new = reader.pull()
@@ -412,14 +412,14 @@ def test_version_mismatch_is_rejected_with_error() -> None:
     cm, egress, reader = make()
     major = pv.major(pv.PROTOCOL_VERSION)
     sid = connect(cm, T0, version=pv.compose((major + 1) % 256, 0, 0))
-    assert cm.session_manager.pending_sessions == []
-    assert len(cm.session_manager.rejected_sessions) == 1
+    assert cm.session_manager.admission.pending_sessions == []
+    assert len(cm.session_manager.admission.rejected_sessions) == 1
     cm.on_slow_tick(T0 + 10 * MS)
     (event,) = egress.events(sid)  # on the connection: nobody dialled
     assert event.code is EventCode.ERROR
     assert "invalid client version" in event.detail
     assert egress.closes() == [sid]
-    assert cm.session_manager.rejected_sessions == []
+    assert cm.session_manager.admission.rejected_sessions == []
     assert cm.sessions == {}
     assert cm.counters.rejected_sessions == 1
     assert [type(m) for m in reader.messages()] == [NewLeadershipTermEvent]
@@ -441,8 +441,8 @@ def test_concurrent_session_limit() -> None:
     # the open-session limit is checked as each one opens
     b = connect(cm, T0, correlation_id=2)
     c = connect(cm, T0, correlation_id=3)
-    assert cm.session_manager.rejected_sessions == []
-    assert len(cm.session_manager.pending_sessions) == 2
+    assert cm.session_manager.admission.rejected_sessions == []
+    assert len(cm.session_manager.admission.pending_sessions) == 2
     for egress_id in (b, c):
         cm.session_manager.on_egress_connected(egress_id)
     cm.on_slow_tick(T0 + 10 * MS)
@@ -455,7 +455,7 @@ def test_concurrent_session_limit() -> None:
     # closing one makes room again
     cm.session_manager.on_close_request(SessionCloseRequest(TERM, a), CLIENT, T0 + 20 * MS)
     d = connect(cm, T0 + 20 * MS, correlation_id=4, source=IngressSource(3, "127.0.0.1"))
-    assert cm.session_manager.rejected_sessions == []
+    assert cm.session_manager.admission.rejected_sessions == []
     cm.session_manager.on_egress_connected(d)
     cm.on_slow_tick(T0 + 30 * MS)
     assert set(cm.sessions) == {b, d}
@@ -475,17 +475,17 @@ def _challenged(
     cm.on_slow_tick(T0 + 10 * MS)
     (challenge,) = egress.messages(sid, Challenge)
     assert challenge == Challenge(55, sid, b"nonce-%d" % sid)
-    assert cm.session_manager.pending_sessions[0].state is State.CHALLENGED
+    assert cm.session_manager.admission.pending_sessions[0].state is State.CHALLENGED
     # no answer yet: stays challenged, nothing on the log
     cm.on_slow_tick(T0 + 20 * MS)
-    assert cm.session_manager.pending_sessions[0].state is State.CHALLENGED
+    assert cm.session_manager.admission.pending_sessions[0].state is State.CHALLENGED
     assert [type(m) for m in reader.messages()] == [NewLeadershipTermEvent]
     return cm, egress, reader, auth, sid
 
 
 def test_challenge_right_response_opens_session() -> None:
     cm, egress, reader, auth, sid = _challenged()
-    cm.session_manager.on_challenge_response(
+    cm.session_manager.admission.on_challenge_response(
         ChallengeResponse(55, sid, b"answer:nonce-%d" % sid), CLIENT, T0 + 30 * MS
     )
     assert "challenge_response" in auth.calls
@@ -499,12 +499,12 @@ def test_challenge_right_response_opens_session() -> None:
 
 def test_challenge_wrong_response_rejects() -> None:
     cm, egress, reader, _auth, sid = _challenged()
-    cm.session_manager.on_challenge_response(
+    cm.session_manager.admission.on_challenge_response(
         ChallengeResponse(55, sid, b"wrong"), CLIENT, T0 + 30 * MS
     )
     cm.on_slow_tick(T0 + 40 * MS)
     assert sid not in cm.sessions
-    assert cm.session_manager.pending_sessions == []
+    assert cm.session_manager.admission.pending_sessions == []
     (event,) = egress.events(sid)
     assert event.code is EventCode.AUTHENTICATION_REJECTED
     assert egress.closes() == [sid]
@@ -514,25 +514,25 @@ def test_challenge_wrong_response_rejects() -> None:
 
 def test_challenge_response_with_wrong_ids_is_ignored_and_counted() -> None:
     cm, _egress, _reader, auth, sid = _challenged()
-    cm.session_manager.on_challenge_response(
+    cm.session_manager.admission.on_challenge_response(
         ChallengeResponse(56, sid, b"answer:nonce-%d" % sid), CLIENT, T0
     )
-    cm.session_manager.on_challenge_response(
+    cm.session_manager.admission.on_challenge_response(
         ChallengeResponse(55, sid + 1, b"answer:nonce-%d" % sid), CLIENT, T0
     )
     assert cm.counters.unknown_session_messages == 2
     assert "challenge_response" not in auth.calls
     cm.on_slow_tick(T0 + 40 * MS)
-    assert cm.session_manager.pending_sessions[0].state is State.CHALLENGED
+    assert cm.session_manager.admission.pending_sessions[0].state is State.CHALLENGED
 
 
 def test_challenged_session_without_answer_times_out() -> None:
     cm, egress, reader, _auth, sid = _challenged()
     timeout = cm.config.session_timeout_ns
     cm.on_slow_tick(T0 + timeout)
-    assert cm.session_manager.pending_sessions != []
+    assert cm.session_manager.admission.pending_sessions != []
     cm.on_slow_tick(T0 + timeout + 1)
-    assert cm.session_manager.pending_sessions == []
+    assert cm.session_manager.admission.pending_sessions == []
     assert sid in egress.closes()
     assert reader.messages(SessionOpenEvent) == []
 
@@ -775,7 +775,7 @@ def test_follower_redirects_on_the_connection_without_dialling() -> None:
     )  # learn the leader
     egress_id = connect(cm, T0, correlation_id=77)
     assert egress_id < 0  # a local id, not a cluster session id
-    assert cm.session_manager.pending_sessions == []
+    assert cm.session_manager.admission.pending_sessions == []
     cm.on_slow_tick(T0 + 10 * MS)
     assert egress.connects() == []
     (event,) = egress.events(egress_id)
@@ -786,7 +786,7 @@ def test_follower_redirects_on_the_connection_without_dialling() -> None:
     assert event.leadership_term_id == TERM
     assert egress.closes() == [egress_id]
     assert cm.sessions == {}
-    assert cm.session_manager.redirect_sessions == []
+    assert cm.session_manager.admission.redirect_sessions == []
     assert cm.counters.redirected_sessions == 1
     assert reader.pull() == []
     # two redirects get distinct egress ids
@@ -807,13 +807,13 @@ def test_a_closed_connection_drops_its_pending_session() -> None:
     source = IngressSource(7, "127.0.0.1")
     connect(cm, T0, source=source)
     cm.session_manager.on_source_closed(source)
-    assert cm.session_manager.pending_sessions == []
+    assert cm.session_manager.admission.pending_sessions == []
     cm.on_slow_tick(T0 + 10 * MS)
     assert cm.sessions == {}
     assert reader.messages(SessionOpenEvent) == []
     assert egress.sent == []
     # and the freed slot counts towards the limit again
-    assert len(cm.sessions) + len(cm.session_manager.pending_sessions) == 0
+    assert len(cm.sessions) + len(cm.session_manager.admission.pending_sessions) == 0
 
 
 def test_a_closed_connection_drops_its_redirect_and_rejected_sessions() -> None:
@@ -821,7 +821,7 @@ def test_a_closed_connection_drops_its_redirect_and_rejected_sessions() -> None:
     source = IngressSource(7, "127.0.0.1")
     connect(follower, T0, source=source)
     follower.session_manager.on_source_closed(source)
-    assert follower.session_manager.redirect_sessions == []
+    assert follower.session_manager.admission.redirect_sessions == []
     follower.on_slow_tick(T0)
     assert f_egress.sent == []
 
@@ -830,7 +830,7 @@ def test_a_closed_connection_drops_its_redirect_and_rejected_sessions() -> None:
     version = pv.compose((pv.major(pv.PROTOCOL_VERSION) + 1) % 256, 0, 0)
     connect(cm, T0, version=version, source=other)
     cm.session_manager.on_source_closed(other)
-    assert cm.session_manager.rejected_sessions == []
+    assert cm.session_manager.admission.rejected_sessions == []
 
 
 def test_egress_failure_of_open_session_keeps_it_until_timeout() -> None:
@@ -1045,8 +1045,8 @@ class SessionMachine(RuleBasedStateMachine):
     def egress_connected(self, data: st.DataObject) -> None:
         waiting = [
             s.egress_id
-            for s in self.cm.session_manager.pending_sessions
-            + self.cm.session_manager.rejected_sessions
+            for s in self.cm.session_manager.admission.pending_sessions
+            + self.cm.session_manager.admission.rejected_sessions
         ] or self.egress_ids
         egress_id = data.draw(st.sampled_from(waiting))
         self.connected.add(egress_id)
@@ -1150,7 +1150,9 @@ class SessionMachine(RuleBasedStateMachine):
         assert set(self.cm.sessions) == set(self.opened) - self.closed
         config = self.cm.config
         assert len(self.cm.sessions) <= self.max_sessions
-        assert len(self.cm.session_manager.pending_sessions) <= config.max_pending_sessions
+        assert (
+            len(self.cm.session_manager.admission.pending_sessions) <= config.max_pending_sessions
+        )
         assert (
             self.cm.commit_position
             <= self.cm.log.archive_position
@@ -1250,7 +1252,7 @@ def test_the_authenticator_forgets_a_pending_session_however_it_ends() -> None:
     cm.on_slow_tick(T0 + MS)
     assert auth.pending_state == 1
     cm.on_slow_tick(T0 + cm.config.session_timeout_ns + 2 * MS)  # it timed out
-    assert cm.session_manager.pending_sessions == []
+    assert cm.session_manager.admission.pending_sessions == []
     assert auth.pending_state == 0
 
 

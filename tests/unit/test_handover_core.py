@@ -5,6 +5,8 @@ own log cannot be made durable; nothing committed is lost (the harness checks ev
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from core_harness import MS, Cluster
 
@@ -39,6 +41,32 @@ def test_a_hand_over_elects_the_target_within_a_few_round_trips(n: int) -> None:
     assert leader.role is Role.FOLLOWER
     end = new.log.published_position
     c.run_until(lambda: all(cm.commit_position >= end for cm in c.members.values()))
+
+
+def test_a_requested_hand_over_is_info_and_a_failing_disks_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """WARNING is for what an operator must act on: a hand-over asked for (a stop,
+    ``transfer-leadership``) is routine; one forced by a log that does not become
+    durable is not."""
+    caplog.set_level(logging.DEBUG, "cluster")
+    c = Cluster(3, seed=12)
+    leader = c.leader_with_a_committed_entry()
+    assert leader.handover.start(c.now, None, "this member is stopping") == ""
+    steps_until(c, lambda: c.leader() is not None and c.leader() is not leader)
+    (asked,) = [r for r in caplog.records if "hands leadership of" in r.getMessage()]
+    assert asked.levelno == logging.INFO
+    assert "this member is stopping" in asked.getMessage()
+
+    caplog.clear()
+    new = c.leader()
+    assert new is not None
+    c.stuck.add(new.config.member_id)
+    c.append(b"never durable here")
+    steps_until(c, lambda: c.leader() is not None and c.leader() is not new)
+    forced = [r for r in caplog.records if "hands leadership of" in r.getMessage()]
+    assert forced
+    assert all(r.levelno == logging.WARNING for r in forced)
 
 
 def test_a_hand_over_to_a_named_member() -> None:

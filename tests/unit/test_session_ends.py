@@ -96,14 +96,14 @@ def test_a_resume_after_the_session_was_closed_hears_the_reason() -> None:
 def test_a_follower_remembers_close_reasons_from_the_log_for_when_it_leads() -> None:
     cm, _egress, reader = make()
     sid, _secret = own_session(cm, reader, T0)
-    manager = cm.session_manager
-    manager.mirror(SessionCloseEvent(TERM, sid, T0, CloseReason.SERVICE_ACTION), 0, T0)
-    assert manager.closed_reasons[sid][0] is CloseReason.SERVICE_ACTION
+    cm.session_manager.mirror(SessionCloseEvent(TERM, sid, T0, CloseReason.SERVICE_ACTION), 0, T0)
+    resumption = cm.session_manager.resumption
+    assert resumption.closed_reasons[sid][0] is CloseReason.SERVICE_ACTION
     # and forgets the oldest beyond the bound
     for other in range(MAX_CLOSED_REMEMBERED):
-        manager._remember_closed(10_000 + other, CloseReason.TIMEOUT, b"")
-    assert sid not in manager.closed_reasons
-    assert len(manager.closed_reasons) == MAX_CLOSED_REMEMBERED
+        resumption.remember_closed(10_000 + other, CloseReason.TIMEOUT, b"")
+    assert sid not in resumption.closed_reasons
+    assert len(resumption.closed_reasons) == MAX_CLOSED_REMEMBERED
 
 
 def test_a_client_close_is_remembered_too() -> None:
@@ -111,7 +111,7 @@ def test_a_client_close_is_remembered_too() -> None:
     sid, _secret = own_session(cm, reader, T0)
     cm.on_message(CLIENT, T0 + SECOND)
     cm.on_message(SessionCloseRequest(TERM, sid), T0 + SECOND)
-    assert cm.session_manager.closed_reasons[sid][0] is CloseReason.CLIENT_ACTION
+    assert cm.session_manager.resumption.closed_reasons[sid][0] is CloseReason.CLIENT_ACTION
 
 
 def test_shutdown_and_abort_tell_every_session_before_the_cluster_stops() -> None:
@@ -124,7 +124,7 @@ def test_shutdown_and_abort_tell_every_session_before_the_cluster_stops() -> Non
         cm.control.leave(reason=reason)  # told once
         assert len([e for e in egress.events(sid) if e.code is EventCode.CLOSED]) == 1
         # and a resume after the restart's timeout would hear it too
-        assert cm.session_manager.closed_reasons[sid][0] is reason
+        assert cm.session_manager.resumption.closed_reasons[sid][0] is reason
 
 
 def test_a_follower_tells_nobody_when_the_cluster_stops() -> None:

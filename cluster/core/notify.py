@@ -1,0 +1,84 @@
+"""What a session's client is told, and which way it reaches it.
+
+:class:`SessionNotifier` is the one place the session manager, admission and resumption
+send a client events about its session: a :class:`~cluster.protocol.egress.SessionEvent`
+(OK, REDIRECT, ERROR, CLOSED) goes on the session's connection here while it has one
+(every answer before OK does: a member dials nobody for a stranger), else on its dialled
+egress; a :class:`~cluster.protocol.egress.NewLeaderEvent` (who leads, and the sign that
+the leader lives) is followed by how many replies to the session were dropped since it
+was last told (:class:`~cluster.protocol.egress.RepliesDropped`).  It keeps no state.
+"""
+
+from __future__ import annotations
+
+from ..protocol import version as protocol_version
+from ..protocol.egress import NewLeaderEvent, RepliesDropped, SessionEvent
+from ..protocol.enums import EventCode
+from .base import ConsensusConfig, Counters, EgressPort, TermView
+from .session import ClusterSession
+
+
+class SessionNotifier:
+    """Sends a session's client its events (see the module)."""
+
+    def __init__(
+        self, config: ConsensusConfig, egress: EgressPort, view: TermView, counters: Counters
+    ) -> None:
+        self.config = config
+        self.egress = egress
+        self.view = view
+        self.counters = counters
+
+    def event(
+        self, session: ClusterSession, code: EventCode, detail: str, secret: bytes = b""
+    ) -> bool:
+        """Tell the client of its session: on its connection here while it has one
+        (answers before OK always do), else on its dialled egress."""
+        view = self.view
+        event = SessionEvent(
+            cluster_session_id=session.cluster_session_id,
+            correlation_id=session.correlation_id,
+            leadership_term_id=view.leadership_term_id,
+            leader_member_id=view.leader_member_id,
+            code=code,
+            version=protocol_version.PROTOCOL_VERSION,
+            detail=detail,
+            session_secret=secret,
+        )
+        source = session.source
+        if source is not None and not source.closed:
+            return self.egress.reply(source, event)
+        return self.egress.send(session.egress_id, event)
+
+    def new_leader(self, session: ClusterSession) -> bool:
+        """Tell the session who leads (at a resume, a new leader, and every second as
+        the sign that this leader lives); then how many replies to it were dropped
+        since it was last told (:class:`RepliesDropped`)."""
+        if not session.egress_connected:
+            return False
+        view = self.view
+        egress, egress_id = self.egress, session.egress_id
+        if egress.send(
+            egress_id,
+            NewLeaderEvent(
+                leadership_term_id=view.leadership_term_id,
+                cluster_session_id=session.cluster_session_id,
+                leader_member_id=view.leader_member_id,
+                ingress_endpoints=self.config.ingress_endpoints,
+            ),
+        ):
+            session.has_new_leader_event_pending = False
+            dropped = egress.take_dropped(egress_id)
+            self.counters.replies_dropped += dropped
+            if dropped and not egress.send(
+                egress_id,
+                RepliesDropped(
+                    cluster_session_id=session.cluster_session_id,
+                    leadership_term_id=view.leadership_term_id,
+                    count=dropped,
+                ),
+            ):
+                egress.put_back_dropped(egress_id, dropped)
+                self.counters.replies_dropped -= dropped  # counted when told
+            return True
+        return False
