@@ -184,7 +184,11 @@ class AdminServer:
         process_log = installed()
         self._own_log = process_log is None
         """No process-wide log (an in-process node): one of its own while it runs."""
-        self.errors: DistinctErrorLog = process_log or DistinctErrorLog()
+        # `is None`, not `or`: a log with no entry yet is empty, so false (it has a
+        # length); `or` made a member that had logged nothing before this point (one
+        # with certificates: no "no authenticator" warning) keep a second, unattached
+        # log, and `errors` said "0 distinct errors" for ever
+        self.errors: DistinctErrorLog = DistinctErrorLog() if process_log is None else process_log
         self.connections = 0
         self.open_connections = 0
         self.gate: ConnectionGate | None = None
