@@ -193,7 +193,8 @@ class AdminServer:
         self.open_connections = 0
         self.gate: ConnectionGate | None = None
         """``--max-admin-connections``, counted at accept (before a TLS handshake), half
-        of it (at least 4) per source address."""
+        of it (at least 4) per source address; an admin principal's connection (TLS) is
+        proven (:meth:`~cluster.transport.gate.ConnectionGate.prove`)."""
         self.commands = 0
         self._handlers: dict[str, Handler] = {
             "describe": self._describe,
@@ -246,6 +247,8 @@ class AdminServer:
             return
         # control: from a loopback address without TLS; with TLS, an admin principal
         local = peer_is_local(stream) if cert is None else self._is_admin(cert.name)
+        if cert is not None and local and self.gate is not None:
+            self.gate.prove(stream)  # an admin principal: a flood cannot push it out
         decoder = FrameDecoder(64 * 1024)  # commands are small
         try:
             while True:

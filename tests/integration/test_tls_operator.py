@@ -5,26 +5,47 @@ cluster.node`` process with ``--certs-dir`` and a metrics port, certificates fro
 - ``cluster-tool errors`` lists what the member logged at WARNING after it started (it
   said "0 distinct errors" with certificates: the admin server kept a second, unattached
   log whenever nothing had been logged before it was built);
+- a flood of idle connections from five loopback addresses (127.0.0.2-6), each holding
+  its share of every port and dialling again whatever is closed, fills the ingress,
+  admin and metrics ports; meanwhile a client with a certificate connects and writes,
+  ``/health`` answers, and ``cluster-tool describe`` works (before, each was refused at
+  accept, and describe said the member "does not speak TLS");
+- an admin port full of proven connections (admin principals) resets a newcomer, and
+  describe says so: it refuses new connections, never "does not speak TLS".
 """
 
 from __future__ import annotations
 
 import json
+import random
 import socket
 import ssl
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
+import trio
 
+import client
 from cluster import tool
 from cluster.certs import make_certs
 from cluster.config import MemberEndpoints, parse_members
+from cluster.examples.kv import KeyValueClient
 from cluster.local import LocalCluster, free_ports
+from cluster.protocol.admin import AdminCommand
+from cluster.protocol.framing import FrameDecoder, encode_frame
+from cluster.transport.tls import load_client_identity
 
 HOST = "127.0.0.1"
 KV = "cluster.examples.kv:KeyValueService"
+MAX_CONNECTIONS = 64  # ingress: a share of 16 per address
+MAX_ADMIN = 8  # a share of 4
+METRICS_CAP = 32  # the metrics port's own cap (cluster.agents.exporter), a share of 8
+FLOOD_ADDRESSES = [f"127.0.0.{i}" for i in range(2, 7)]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +65,11 @@ def member(
     tmp_path_factory: pytest.TempPathFactory, pki: Path, metrics_port: int
 ) -> Iterator[LocalCluster]:
     directory = tmp_path_factory.mktemp("tls-operator")
-    args = ["--metrics-port", str(metrics_port)]
+    args = [
+        *("--metrics-port", str(metrics_port)),
+        *("--max-connections", str(MAX_CONNECTIONS), "--max-admin-connections", str(MAX_ADMIN)),
+        *("--handshake-timeout", "10s"),  # strangers hold their slots a while
+    ]
     with LocalCluster(1, KV, directory, certs=pki, extra_args=args) as running:
         running.wait_ready(60)
         yield running
@@ -109,3 +134,159 @@ def test_errors_lists_the_warnings_a_member_with_tls_logged(
     assert code == 0
     assert "0 distinct errors" not in out, out
     assert "closing admin connection: PeerCert(name='member-0', role='member')" in out, out
+
+
+# ---------------------------------------------------------------------- a flood
+
+
+class Flood:
+    """Idle strangers' connections from :data:`FLOOD_ADDRESSES`, one more per address
+    than its share of each port: each one the member closes (a handshake deadline, room
+    made for a newcomer) or refuses is dialled again."""
+
+    def __init__(self, ports: dict[str, tuple[int, int]]) -> None:
+        self.ports = ports  # name: (port, share)
+        self.open = dict.fromkeys(ports, 0)
+        self.dials = 0
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            for name, (port, share) in self.ports.items():
+                for address in FLOOD_ADDRESSES:
+                    for _ in range(share + 1):
+                        nursery.start_soon(self._keep, name, port, address)
+
+    async def _keep(self, name: str, port: int, address: str) -> None:
+        while True:
+            self.dials += 1
+            sock = trio.socket.socket()
+            try:
+                await sock.bind((address, 0))
+                await sock.connect((HOST, port))
+            except OSError:  # reset at accept
+                sock.close()
+                await trio.sleep(0.2 + random.random() * 0.3)
+                continue
+            stream = trio.SocketStream(sock)
+            self.open[name] += 1
+            try:
+                with suppress(trio.BrokenResourceError, OSError):
+                    while await stream.receive_some(4096):
+                        pass
+            finally:
+                self.open[name] -= 1
+                with trio.CancelScope(shield=True):
+                    await trio.aclose_forcefully(stream)
+            await trio.sleep(0.1 + random.random() * 0.2)
+
+
+async def wait_until(predicate: Callable[[], bool], what: str, limit: float = 60) -> None:
+    with trio.move_on_after(limit):
+        while not predicate():  # noqa: ASYNC110 - counters, nothing to wait on
+            await trio.sleep(0.05)
+        return
+    raise AssertionError(f"timed out after {limit}s waiting for {what}")
+
+
+async def health(port: int) -> tuple[int, dict[str, object]]:
+    """``GET /health`` on the metrics port: the status and the JSON body."""
+    stream = await trio.open_tcp_stream(HOST, port)
+    async with stream:
+        await stream.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        with trio.fail_after(10):
+            while chunk := await stream.receive_some(65536):
+                data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def describe(member: LocalCluster, pki: Path) -> subprocess.CompletedProcess[str]:
+    """``cluster-tool describe`` as an operator runs it, with the admin's folder."""
+    return subprocess.run(
+        [sys.executable, "-m", "cluster.tool", "--members", member.members,
+         "--certs-dir", str(pki / "client-admin"), "--timeout", "20s", "describe"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+async def admin_principal(pki: Path, port: int) -> trio.SSLStream[trio.SocketStream]:
+    """An admin principal's connection to the admin port, its first command answered
+    (so the member has proven it)."""
+    context = load_client_identity(pki / "client-admin").client_context
+    stream = trio.SSLStream(await trio.open_tcp_stream(HOST, port), context,
+                            server_side=False, https_compatible=False)  # fmt: skip
+    await stream.send_all(encode_frame(AdminCommand(1, "describe", {})))
+    decoder = FrameDecoder(1 << 20)
+    with trio.fail_after(20):
+        while not decoder.feed(await stream.receive_some(65536)):
+            pass
+    return stream
+
+
+async def test_a_flood_from_many_addresses_keeps_no_one_out(
+    member: LocalCluster, pki: Path, metrics_port: int
+) -> None:
+    ports = endpoints(member)
+    flood = Flood(
+        {
+            "ingress": (ports.ingress_port, MAX_CONNECTIONS // 4),
+            "admin": (ports.admin_port, MAX_ADMIN // 2),
+            "metrics": (metrics_port, METRICS_CAP // 4),
+        }
+    )
+    with trio.fail_after(240):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(flood.run)
+            await wait_until(
+                lambda: (
+                    flood.open["ingress"] >= MAX_CONNECTIONS
+                    and flood.open["admin"] >= MAX_ADMIN
+                    and flood.open["metrics"] >= METRICS_CAP
+                ),
+                "the flood to fill every port",
+            )
+            # a client with a certificate connects and writes
+            async with (
+                client.connect(
+                    member.ingress_endpoints, certs_dir=pki / "client-app", connect_timeout=20
+                ) as c,
+                KeyValueClient(c, retry_interval=1.0) as kv,
+            ):
+                for i in range(20):
+                    await kv.put(f"flood-{i}", b"x")
+                assert await kv.get("flood-0") == b"x"
+            # an orchestrator's health check answers
+            for _ in range(5):
+                status, body = await health(metrics_port)
+                assert status == 200, body
+                assert body["health"] is True, body
+            # and the operator's tool sees the member as it is
+            done = await trio.to_thread.run_sync(describe, member, pki)
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert "LEADER" in done.stdout, done.stdout
+            assert flood.open["ingress"] >= MAX_CONNECTIONS - 8  # the flood still on
+            nursery.cancel_scope.cancel()
+    log = (member.log_dir / "node-0.log").read_text()
+    assert "closing its oldest for each newcomer from another address" in log
+
+
+async def test_a_port_full_of_proven_connections_is_said_to_refuse_not_to_lack_tls(
+    member: LocalCluster, pki: Path
+) -> None:
+    port = endpoints(member).admin_port
+    with trio.fail_after(120):
+        held = [await admin_principal(pki, port) for _ in range(MAX_ADMIN)]
+        try:
+            done = await trio.to_thread.run_sync(describe, member, pki)
+            assert done.returncode == 1, done.stdout + done.stderr
+            assert "does not speak TLS" not in done.stdout, done.stdout
+            assert (
+                "member 0 reset the connection before the TLS handshake: it refuses new "
+                "connections (at its connection cap" in done.stdout
+            ), done.stdout
+        finally:
+            for stream in held:
+                await trio.aclose_forcefully(stream)
+        while (await trio.to_thread.run_sync(describe, member, pki)).returncode != 0:  # noqa: ASYNC110
+            await trio.sleep(0.2)  # the held connections' slots given back
