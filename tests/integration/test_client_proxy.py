@@ -61,6 +61,9 @@ class Forwarder:
             sock.close()
             await downstream.aclose()
             return
+        except BaseException:  # cancelled in the middle of the dial
+            sock.close()
+            raise
         upstream = trio.SocketStream(sock)
         async with downstream, upstream, trio.open_nursery() as nursery:
             nursery.start_soon(self._pump, downstream, upstream, nursery.cancel_scope, True)

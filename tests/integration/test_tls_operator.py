@@ -167,6 +167,9 @@ class Flood:
                 sock.close()
                 await trio.sleep(0.2 + random.random() * 0.3)
                 continue
+            except BaseException:  # the flood stops (cancelled) in the middle of a dial
+                sock.close()
+                raise
             stream = trio.SocketStream(sock)
             self.open[name] += 1
             try:
