@@ -69,7 +69,7 @@ from cluster.protocol.ingress import ChallengeResponse, SessionConnectRequest
 from cluster.protocol.version import PROTOCOL_VERSION
 
 from ._credentials import CredentialsSupplier
-from ._endpoints import Endpoint, parse_endpoints
+from ._endpoints import Endpoint, merge_endpoints, parse_endpoints
 from .errors import (
     AuthenticationRejectedError,
     ClusterClientError,
@@ -228,6 +228,8 @@ class AsyncConnect:
             raise ValueError("at least one ingress endpoint is needed")
         if answer_timeout <= 0:
             raise ValueError(f"answer_timeout must be positive, got {answer_timeout!r}")
+        self._given: dict[int, Endpoint] = dict(endpoints)
+        """What the application gave: those win over what members advertise."""
         self._endpoints: dict[int, Endpoint] = dict(endpoints)
         self._targets: dict[int, Endpoint] = dict(endpoints)
         self._credentials = credentials
@@ -500,7 +502,7 @@ class AsyncConnect:
     def _on_redirect(self, attempt: _Pending, event: SessionEvent) -> list[Action]:
         if event.detail:
             with suppress(ValueError):  # keep what we knew; the leader may be in it
-                self._endpoints = parse_endpoints(event.detail)
+                self._endpoints = merge_endpoints(self._given, parse_endpoints(event.detail))
         del self._attempts[attempt.member_id]
         leader_id = event.leader_member_id
         leader = self._endpoints.get(leader_id)

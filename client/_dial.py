@@ -14,7 +14,15 @@ import anyio
 import anyio.abc
 from anyio.streams.tls import TLSAttribute, TLSStream
 
-from cluster.transport.tls import closed_in_handshake, handshake_failure, speaks_tls
+from cluster.transport.tls import (
+    NOT_TLS,
+    REFUSED,
+    closed_in_handshake,
+    handshake_failure,
+    refused_reason,
+    reset_by_peer,
+    why_hello_closed,
+)
 
 from ._endpoints import Endpoint
 
@@ -74,6 +82,8 @@ async def try_connect(
     except (ssl.SSLError, anyio.EndOfStream) as exc:
         return await _tls_failure(endpoint, exc)
     except (OSError, anyio.BrokenResourceError) as exc:
+        if tls is None and reset_by_peer(exc):  # accepted and reset: at its cap
+            return refused_reason(tls=False)
         if tls is not None and closed_in_handshake(exc):
             return await _tls_failure(endpoint, exc)
         return _describe_error(exc)
@@ -85,8 +95,12 @@ async def try_connect(
 
 async def _tls_failure(endpoint: Endpoint, exc: BaseException) -> str:
     """Our TLS handshake with ``endpoint`` failed: why (a member that closed the
-    connection at our hello and does not answer one speaks no TLS)."""
-    if closed_in_handshake(exc) and not await speaks_tls(endpoint.host, endpoint.port):
+    connection in order at our hello and takes a hello for something else speaks no
+    TLS; one that reset it refuses connections: at its cap, under a flood)."""
+    verdict = await why_hello_closed(exc, endpoint.host, endpoint.port)
+    if verdict == REFUSED:
+        return refused_reason()
+    if verdict == NOT_TLS:
         return (
             "does not speak TLS (it closed the connection at our TLS hello): leave out "
             "certs_dir, or start the members with --certs-dir"

@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-__all__ = ["Endpoint", "format_endpoints", "parse_endpoints", "parse_host_port"]
+__all__ = [
+    "Endpoint",
+    "format_endpoints",
+    "merge_endpoints",
+    "parse_endpoints",
+    "parse_host_port",
+]
 
 
 class Endpoint(NamedTuple):
@@ -103,3 +109,21 @@ def parse_endpoints(text: str) -> dict[int, Endpoint]:
 def format_endpoints(endpoints: Mapping[int, Endpoint]) -> str:
     """Format ``{member_id: Endpoint}`` as ``"0=host:port,1=host:port"``."""
     return ",".join(f"{member_id}={endpoint}" for member_id, endpoint in endpoints.items())
+
+
+def merge_endpoints(
+    given: Mapping[int, Endpoint], advertised: Mapping[int, Endpoint]
+) -> dict[int, Endpoint]:
+    """The endpoints to dial: each member the application gave keeps its endpoint, and
+    the members' advertised ones (a REDIRECT's, a NewLeaderEvent's) fill in the members
+    it did not give.
+
+    What the application gave is how *it* reaches a member: a TCP proxy, a NAT's or a
+    port-forward's address, a load balancer.  A member advertises the address it binds
+    (``--members``), which the client may not reach at all; moving there would strand a
+    session behind a proxy at its first leader change.  Given members first, in their
+    order, then the others in the order advertised."""
+    merged = dict(given)
+    for member_id, endpoint in advertised.items():
+        merged.setdefault(member_id, endpoint)
+    return merged

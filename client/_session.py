@@ -47,7 +47,7 @@ from cluster.protocol.ingress import SessionMessageHeader, SessionResumeRequest
 from cluster.protocol.version import PROTOCOL_VERSION
 
 from ._connect import ConnectResult
-from ._endpoints import Endpoint, parse_endpoints
+from ._endpoints import Endpoint, merge_endpoints, parse_endpoints
 from .errors import (
     EgressBacklogExceededError,
     NotConnectedError,
@@ -110,8 +110,10 @@ class AdminWaiter:
 class Session:
     """One client session's state, from connecting to closed.
 
-    ``endpoints`` are the ingress endpoints the client was given (the handshake and
-    NewLeaderEvents replace them).  ``wake_writer`` is called whenever a frame is
+    ``endpoints`` are the ingress endpoints the client was given (``given``, kept); the
+    handshake, REDIRECTs and NewLeaderEvents add the members it was not given, from
+    what the members advertise (:func:`~client._endpoints.merge_endpoints`: a given
+    endpoint, a proxy's say, always wins).  ``wake_writer`` is called whenever a frame is
     queued in ``pending``, ``wake_receivers`` whenever the backlog changes.
 
     The shell reads and sets the plain attributes directly (``open``, ``closing`` and
@@ -130,6 +132,7 @@ class Session:
         "cluster_session_id",
         "endpoints",
         "errors_waiting",
+        "given",
         "leader_endpoint",
         "leader_member_id",
         "leadership_term_id",
@@ -151,6 +154,7 @@ class Session:
         wake_writer: Callable[[], None],
         wake_receivers: Callable[[], None],
     ) -> None:
+        self.given: dict[int, Endpoint] = dict(endpoints)
         self.endpoints: dict[int, Endpoint] = dict(endpoints)
         self.max_frame_size = max_frame_size
         self.max_egress_backlog = max_egress_backlog
@@ -187,7 +191,7 @@ class Session:
         self.cluster_session_id = result.cluster_session_id
         self.leadership_term_id = result.leadership_term_id
         self.leader_member_id = result.leader_member_id
-        self.endpoints = dict(result.endpoints)
+        self.endpoints = merge_endpoints(self.given, result.endpoints)
         self.leader_endpoint = leader_endpoint
         self.session_secret = result.session_secret
         self.open = True
@@ -390,7 +394,7 @@ class Session:
             return Redial(self.leader_member_id, self.leader_endpoint)
         if event.detail:
             with suppress(ValueError):
-                self.endpoints = parse_endpoints(event.detail)
+                self.endpoints = merge_endpoints(self.given, parse_endpoints(event.detail))
         endpoint = self.endpoints.get(event.leader_member_id)
         if endpoint is None:
             return None
@@ -407,7 +411,8 @@ class Session:
             return None  # stale
         if event.ingress_endpoints:
             with suppress(ValueError):  # keep the endpoints we know
-                self.endpoints = parse_endpoints(event.ingress_endpoints)
+                advertised = parse_endpoints(event.ingress_endpoints)
+                self.endpoints = merge_endpoints(self.given, advertised)
         term_changed = event.leadership_term_id != self.leadership_term_id
         endpoint = self.endpoints.get(event.leader_member_id) or self.leader_endpoint
         if (

@@ -33,12 +33,16 @@ from .protocol.codec import ADMIN
 from .protocol.errors import ProtocolError
 from .protocol.framing import FrameDecoder, encode_frame
 from .transport.tls import (
-    closed_in_handshake,
+    NOT_TLS,
+    REFUSED,
     handshake_failure,
     load_client_identity,
+    refused_words,
+    reset_by_peer,
     sent_alert,
     speaks_tls,
     tls_required,
+    why_hello_closed,
 )
 
 __all__ = ["MAX_REPLY_SIZE", "AdminConnection", "AdminUnreachable", "request"]
@@ -73,7 +77,13 @@ def use_certs(folder: str | os.PathLike[str] | None, *, user: str = "cluster-tui
 async def _connect(member: MemberEndpoints) -> anyio.abc.ByteStream:
     """A connection to ``member``'s admin port, after the TLS handshake with
     certificates (:class:`AdminUnreachable` with its reason when that fails)."""
-    stream = await anyio.connect_tcp(member.host, member.admin_port)
+    try:
+        stream = await anyio.connect_tcp(member.host, member.admin_port)
+    except OSError as exc:
+        if reset_by_peer(exc):  # accepted and reset at once: at its connection cap
+            who = f"member {member.member_id}"
+            raise AdminUnreachable(refused_words(who, tls=_tls is not None)) from None
+        raise
     if _tls is None:
         return stream
     try:
@@ -86,7 +96,10 @@ async def _connect(member: MemberEndpoints) -> anyio.abc.ByteStream:
         )
     except _FAILURES as exc:
         await _aclose_quietly(stream)
-        if closed_in_handshake(exc) and not await speaks_tls(member.host, member.admin_port):
+        verdict = await why_hello_closed(exc, member.host, member.admin_port)
+        if verdict == REFUSED:
+            raise AdminUnreachable(refused_words(f"member {member.member_id}")) from None
+        if verdict == NOT_TLS:
             raise AdminUnreachable(
                 f"member {member.member_id} does not speak TLS (it closed the connection at "
                 "our TLS hello): leave out --certs-dir, or start it with --certs-dir"
@@ -115,6 +128,8 @@ async def _why_closed(member: MemberEndpoints, exc: BaseException) -> str:
         if await speaks_tls(member.host, member.admin_port):
             return tls_required([member.member_id])
         return _reason(exc)
+    if reset_by_peer(exc):  # evicted at its cap before its handshake ended
+        return refused_words(f"member {member.member_id}")
     alert = sent_alert(exc)
     sent = f" (it sent the alert {alert!r})" if alert else ""
     return (

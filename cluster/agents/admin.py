@@ -184,12 +184,17 @@ class AdminServer:
         process_log = installed()
         self._own_log = process_log is None
         """No process-wide log (an in-process node): one of its own while it runs."""
-        self.errors: DistinctErrorLog = process_log or DistinctErrorLog()
+        # `is None`, not `or`: a log with no entry yet is empty, so false (it has a
+        # length); `or` made a member that had logged nothing before this point (one
+        # with certificates: no "no authenticator" warning) keep a second, unattached
+        # log, and `errors` said "0 distinct errors" for ever
+        self.errors: DistinctErrorLog = DistinctErrorLog() if process_log is None else process_log
         self.connections = 0
         self.open_connections = 0
         self.gate: ConnectionGate | None = None
         """``--max-admin-connections``, counted at accept (before a TLS handshake), half
-        of it (at least 4) per source address."""
+        of it (at least 4) per source address; an admin principal's connection (TLS) is
+        proven (:meth:`~cluster.transport.gate.ConnectionGate.prove`)."""
         self.commands = 0
         self._handlers: dict[str, Handler] = {
             "describe": self._describe,
@@ -242,6 +247,8 @@ class AdminServer:
             return
         # control: from a loopback address without TLS; with TLS, an admin principal
         local = peer_is_local(stream) if cert is None else self._is_admin(cert.name)
+        if cert is not None and local and self.gate is not None:
+            self.gate.prove(stream)  # an admin principal: a flood cannot push it out
         decoder = FrameDecoder(64 * 1024)  # commands are small
         try:
             while True:

@@ -350,6 +350,7 @@ class MetricsHttp:
             with trio.move_on_after(REQUEST_TIMEOUT):
                 request = await self._read_request(stream)
                 if request is not None:
+                    self.gate.prove(stream)  # a whole request: a flood cannot push it out
                     await stream.send_all(self._answer(request))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass

@@ -77,7 +77,9 @@ class IngressAgent:
     ) -> None:
         """``max_connections`` and ``max_per_address`` (0: a quarter, see
         :func:`~cluster.transport.gate.default_share`) are counted at accept, before a
-        TLS handshake (:class:`~cluster.transport.gate.ConnectionGate`)."""
+        TLS handshake (:class:`~cluster.transport.gate.ConnectionGate`).  A connection
+        is proven once past its TLS handshake with a client certificate, or, without
+        TLS, once a session opens on it: a flood of strangers cannot push it out."""
         self.max_connections = max_connections
         self.gate = ConnectionGate("ingress", max_connections, max_per_address)
         self.handshake_timeout = handshake_timeout
@@ -136,6 +138,8 @@ class IngressAgent:
             log.warning("closing ingress connection: %s is not a client certificate", cert)
             await trio.aclose_forcefully(stream)
             return
+        if cert is not None:  # past the TLS handshake with a client certificate of our CA
+            self.gate.prove(stream)
         self._next_conn_id += 1
         writer = FrameWriter(self.max_backlog, flushed_by_owner=True)
         source = IngressSource(
@@ -199,8 +203,9 @@ class IngressAgent:
                 data = await receiver.receive()
                 if not data:
                     return
-                if stranger and source.trusted:
+                if stranger and source.trusted:  # a session opened (or resumed) on it
                     stranger = False
+                    self.gate.prove(stream)
                     decoder.max_frame_size = full_size
                     receiver.grow(RECEIVE_SIZE)
                     self.partial_bytes -= held

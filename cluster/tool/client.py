@@ -17,13 +17,17 @@ from ..protocol.codec import ADMIN
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import FrameDecoder, encode_frame
 from ..transport.tls import (
+    NOT_TLS,
+    REFUSED,
     TlsIdentity,
-    closed_in_handshake,
     handshake_failure,
     load_client_identity,
+    refused_words,
+    reset_by_peer,
     sent_alert,
     speaks_tls,
     tls_required,
+    why_hello_closed,
 )
 
 MAX_REPLY_SIZE = 64 << 20
@@ -90,6 +94,10 @@ def use_certs(folder: str | None) -> None:
     )
 
 
+def _reset_words(member: MemberEndpoints) -> str:
+    return refused_words(f"member {member.member_id}", tls=_identity is not None)
+
+
 class _Closed(Exception):
     """The member closed (or reset) the connection before it replied."""
 
@@ -97,7 +105,12 @@ class _Closed(Exception):
 async def _open(member: MemberEndpoints) -> trio.abc.Stream:
     """A connection to ``member``'s admin port (with ``--certs-dir``: after the TLS
     handshake); :class:`Unreachable` naming the handshake's reason when that fails."""
-    stream = await trio.open_tcp_stream(member.host, member.admin_port)
+    try:
+        stream = await trio.open_tcp_stream(member.host, member.admin_port)
+    except OSError as exc:
+        if reset_by_peer(exc):  # accepted and reset at once: at its connection cap
+            raise Unreachable(_reset_words(member)) from None
+        raise
     if _identity is None:
         return stream
     tls = trio.SSLStream(stream, _identity.client_context, server_side=False,
@@ -106,7 +119,10 @@ async def _open(member: MemberEndpoints) -> trio.abc.Stream:
         try:
             await tls.do_handshake()
         except (trio.BrokenResourceError, OSError) as exc:
-            if closed_in_handshake(exc) and not await speaks_tls(member.host, member.admin_port):
+            verdict = await why_hello_closed(exc, member.host, member.admin_port)
+            if verdict == REFUSED:
+                raise Unreachable(_reset_words(member)) from None
+            if verdict == NOT_TLS:
                 raise Unreachable(
                     f"member {member.member_id} does not speak TLS (it closed the connection "
                     "at our TLS hello): leave out --certs-dir, or start it with --certs-dir"
@@ -147,6 +163,8 @@ async def _why_closed(member: MemberEndpoints, closed: _Closed) -> str:
         if await speaks_tls(member.host, member.admin_port):
             return tls_required([member.member_id])
         return str(closed)
+    if reset_by_peer(closed.__cause__):  # evicted at its cap before its handshake ended
+        return _reset_words(member)
     alert = sent_alert(closed.__cause__)
     sent = f" (it sent the alert {alert!r})" if alert else ""
     return (

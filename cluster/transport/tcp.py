@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from .base import StreamHandler, listen_error
-from .gate import ConnectionGate, stream_address
+from .gate import ConnectionGate, reset_on_close, stream_address
 from .tls import TlsIdentity
 
 log = logging.getLogger("cluster.transport")
@@ -226,7 +226,8 @@ class TcpNetwork:
         error: one WARNING, then accepts pause (doubling to 1 s) until one succeeds;
         the connections already open carry on.  With a ``gate``, each connection is
         counted here, before any byte is read or a handshake begins; one over the cap or
-        its address's share is closed at once (no task, no handshake)."""
+        its address's share, when it could not make room, is reset at once (no task, no
+        handshake)."""
         pause = 0.0
         async with listener:
             while True:
@@ -250,6 +251,7 @@ class TcpNetwork:
                     log.warning("port %d: accepting connections again", port)
                     pause = 0.0
                 if gate is not None and not gate.hold(stream, stream_address(stream)):
+                    reset_on_close(stream)  # an RST: "refused", not "does not speak TLS"
                     stream.socket.close()
                     continue
                 nursery.start_soon(handle, stream)

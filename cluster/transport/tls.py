@@ -10,13 +10,16 @@ The clients of the members (the client library, ``cluster-tool``, ``cluster-tui`
 their folder with :func:`load_client_identity` (a member's folder or an expired
 certificate is refused there, with what to use instead) and say what went wrong when
 TLS is the trouble: :func:`speaks_tls` (does a port that closed our plaintext request
-answer a TLS hello?), :func:`tls_required`, :func:`handshake_failure` and
-:func:`is_tls_problem`.  The node never calls them.
+answer a TLS hello?), :func:`why_hello_closed` (a handshake closed under us: a member at
+its connection cap, which resets, or one without TLS, which closes in order?),
+:func:`tls_required`, :func:`handshake_failure` and :func:`is_tls_problem`.  The node
+never calls them.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import functools
 import os
 import re
@@ -239,25 +242,105 @@ _TLS_RECORDS = (0x15, 0x16)  # an alert, a handshake message
 PROBE_TIMEOUT = 1.0
 
 
-async def speaks_tls(host: str, port: int, timeout: float = PROBE_TIMEOUT) -> bool:  # noqa: ASYNC109
-    """Whether ``host:port`` answers a TLS ClientHello with a TLS record (an alert or its
-    ServerHello), within ``timeout``: one connection, closed at once, so a client that
-    was turned away in plaintext can say that the member wants TLS.  False when it
-    cannot tell (refused, closed, silent, anything else).  Runs under Trio and asyncio."""
+async def probe_hello(host: str, port: int, timeout: float = PROBE_TIMEOUT) -> str:  # noqa: ASYNC109
+    """What ``host:port`` does with a TLS ClientHello, within ``timeout`` (one
+    connection, closed at once): ``"tls"`` (it answers with a TLS record: an alert or
+    its ServerHello), ``"not-tls"`` (it answers with other bytes, or reads the hello and
+    closes the connection in order: a member without TLS takes a hello for a bad
+    frame), ``"refused"`` (the connection is refused or reset: a member at its
+    connection cap resets new ones at accept, :mod:`cluster.transport.gate`) or
+    ``"unknown"`` (nothing within ``timeout``, another error).  Runs under Trio and asyncio."""
     head = b""
+    ended = False
     with anyio.move_on_after(timeout):
         try:
             stream = await anyio.connect_tcp(host, port)
         except OSError:
-            return False
+            return "refused"
         async with stream:
             try:
                 await stream.send(_client_hello())
                 while len(head) < 2:
                     head += await stream.receive(16 * 1024)
-            except (OSError, anyio.EndOfStream, anyio.BrokenResourceError):
-                pass
-    return len(head) >= 2 and head[0] in _TLS_RECORDS and head[1] == 3
+            except anyio.EndOfStream:
+                ended = True
+            except (OSError, anyio.BrokenResourceError) as exc:
+                return "refused" if reset_by_peer(exc) else "unknown"
+    if len(head) >= 2 and head[0] in _TLS_RECORDS and head[1] == 3:
+        return "tls"
+    if head or ended:
+        return "not-tls"
+    return "unknown"
+
+
+async def speaks_tls(host: str, port: int, timeout: float = PROBE_TIMEOUT) -> bool:  # noqa: ASYNC109
+    """Whether ``host:port`` answers a TLS ClientHello with a TLS record (an alert or its
+    ServerHello), within ``timeout`` (:func:`probe_hello`), so a client that was turned
+    away in plaintext can say that the member wants TLS.  False when it cannot tell
+    (refused, closed, silent, anything else)."""
+    return await probe_hello(host, port, timeout) == "tls"
+
+
+_RESETS = frozenset({errno.ECONNRESET, errno.EPIPE})
+
+
+def reset_by_peer(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what caused it) is the other end resetting the connection
+    (ECONNRESET, EPIPE), at the connect (it may come before the connect is seen to
+    finish) or after: what a member does to a connection it refuses at accept or evicts
+    (:mod:`cluster.transport.gate`), where one without TLS closes our hello in order."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, ConnectionResetError | BrokenPipeError):
+            return True
+        if isinstance(exc, OSError) and exc.errno in _RESETS:
+            return True
+        if isinstance(exc, BaseExceptionGroup):  # a connect's attempts (trio's)
+            return any(reset_by_peer(e) for e in exc.exceptions)
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+REFUSED = "refused"
+""":func:`why_hello_closed`: the member reset the connection (at its connection cap)."""
+NOT_TLS = "not-tls"
+""":func:`why_hello_closed`: the member speaks no TLS."""
+
+
+async def why_hello_closed(exc: BaseException, host: str, port: int) -> str | None:
+    """Why our TLS handshake with ``host:port`` ended with the connection closed under
+    it: :data:`REFUSED` when the member reset it, or resets a second hello too (it
+    refuses new connections: at its connection cap, under a flood); :data:`NOT_TLS`
+    when it closed it in order and takes a second hello for something else (a member
+    without TLS); None when the handshake failed otherwise, or nothing tells
+    (:func:`handshake_failure` then says what happened).  A refused connection is never
+    taken for a member without TLS: a reset is not what one does."""
+    if reset_by_peer(exc):
+        return REFUSED
+    if not closed_in_handshake(exc):
+        return None
+    answer = await probe_hello(host, port)
+    if answer == "not-tls":
+        return NOT_TLS
+    if answer == "refused":
+        return REFUSED
+    return None
+
+
+def refused_reason(tls: bool = True) -> str:
+    """What a member that reset our connection before any answer did, in words (``tls``:
+    we were to shake hands): the client's failure for a member."""
+    when = "before the TLS handshake" if tls else "at once"
+    return (
+        f"reset the connection {when}: it refuses new connections (at its connection "
+        "cap: overloaded, or under a flood of connections?)"
+    )
+
+
+def refused_words(who: str, tls: bool = True) -> str:
+    """:func:`refused_reason` of ``who`` (``"member 1"``): what the tools say."""
+    return f"{who} {refused_reason(tls)}"
 
 
 _FOREIGN_CA = frozenset({2, 7, 18, 19, 20, 21})

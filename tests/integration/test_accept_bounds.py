@@ -91,8 +91,10 @@ def test_the_default_share_is_a_quarter_at_least_four() -> None:
 
 async def test_a_flood_of_bare_connects_to_a_tls_port_is_refused_at_accept(pki: Path) -> None:
     """The slots are counted before the handshake: a flood holds its address's share and
-    no more, none of the refused costs a handshake, and a real client still gets in;
-    beyond the cap (several addresses) new connections are refused until slots free."""
+    no more, none of the refused costs a handshake, and a real client still gets in.
+    A flood from four addresses fills the cap and still keeps no one out (issue 41): a
+    newcomer from another address takes the place of the oldest stranger of an address
+    holding the most, while the flooding addresses' new connections are refused."""
     gate = ConnectionGate("ingress", 32, 8)
     with trio.fail_after(60):
         async with tls_server(pki, gate) as (network, port):
@@ -103,13 +105,19 @@ async def test_a_flood_of_bare_connects_to_a_tls_port_is_refused_at_accept(pki: 
             assert gate.refused_per_address == 292
             assert network.tls_failures == 0  # no refused connection began a handshake
             assert await tls_client_echoes(pki, port)  # another address: room for it
-            # four more addresses fill the cap: now everyone is refused at accept
+            # four addresses fill the cap: a client from a fifth still gets in
             for address in ("127.0.0.3", "127.0.0.4", "127.0.0.5"):
                 flood += [await dial(port, address) for _ in range(8)]
             await wait_for(lambda: gate.open == 32)
+            assert await tls_client_echoes(pki, port)
+            assert gate.evicted == 1
+            assert await closed_within(flood[0], 5)  # 127.0.0.2's oldest made room
+            await wait_for(lambda: gate.open == 31)  # the client's slot given back
+            # a flooding address holding its share is refused, full port or not
             before = gate.refused
-            assert not await tls_client_echoes(pki, port)
-            assert gate.refused == before + 1
+            flood.append(await dial(port, "127.0.0.3"))
+            await wait_for(lambda: gate.refused == before + 1)
+            assert gate.open == 31
             for s in flood:
                 await s.aclose()
             await wait_for(lambda: gate.open == 0)
@@ -441,3 +449,26 @@ def test_an_ipv6_host_counts_by_its_64() -> None:
         gate.release(s)
     assert gate.open == 0
     assert gate.by_address == {}
+
+
+async def test_a_session_proves_its_plaintext_connection(tmp_path: Path) -> None:
+    """Without TLS a connection is proven once a session opens on it (issue 41): it no
+    longer counts against its address's share, and a flood cannot push it out."""
+    with trio.fail_after(30):
+        async with node(tmp_path, max_connections=8) as n:
+            gate = n.ingress.gate
+            async with client.connect(f"0={HOST}:{n.ingress_port}", connect_timeout=5) as c:
+                await c.offer(b"hello")
+                assert await c.receive() == b"hello"
+                await wait_for(lambda: gate.proven == 1)
+                assert gate.by_address == {}
+                # two addresses' shares fill the port: the session's connection stays
+                flood = [await dial(n.ingress_port, a) for a in ("127.0.0.2", "127.0.0.3")
+                         for _ in range(4)]  # fmt: skip
+                await wait_for(lambda: gate.accepted + gate.refused >= 9)
+                assert gate.open == 8
+                assert gate.evicted == 1  # one stranger made room for another
+                await c.offer(b"still here")
+                assert await c.receive() == b"still here"
+                for s in flood:
+                    await s.aclose()

@@ -213,14 +213,16 @@ def test_challenge_with_foreign_correlation_id_is_ignored() -> None:
 
 
 def test_redirect_to_leader() -> None:
+    """The REDIRECT names the leader; the client dials it where the application said it
+    is (a proxy's port, say), not where the members advertise it (issue 41)."""
     m = machine()
     first = sent_request(m, member_id=0)
     detail = "0=10.0.0.1:9010,1=10.0.0.2:9011,2=h3:9"
     actions = m.on_egress_message(event(first.correlation_id, EventCode.REDIRECT, detail=detail))
-    assert actions == [ConnectIngress({1: Endpoint("10.0.0.2", 9011)})]
+    assert actions == [ConnectIngress({1: Endpoint("10.0.0.2", 9010)})]
     assert m.state is ConnectState.AWAIT_PUBLICATION_CONNECTED
-    assert m.endpoints == parse_endpoints(detail)
-    assert m.targets == {1: Endpoint("10.0.0.2", 9011)}
+    assert m.endpoints == ENDPOINTS
+    assert m.targets == {1: Endpoint("10.0.0.2", 9010)}
     assert m.on_ingress_connected(0) == []  # a late connection to a follower
 
     second = sent_request(m, member_id=1)
@@ -231,7 +233,16 @@ def test_redirect_to_leader() -> None:
     (done,) = m.on_egress_message(event(second.correlation_id, EventCode.OK, leader=1))
     assert isinstance(done, Done)
     assert done.result.member_id == 1
-    assert done.result.endpoints[1] == Endpoint("10.0.0.2", 9011)
+    assert done.result.endpoints[1] == Endpoint("10.0.0.2", 9010)
+
+
+def test_a_redirect_fills_in_the_members_the_application_did_not_give() -> None:
+    m = AsyncConnect({0: Endpoint("proxy", 7000)}, Supplier(), itertools.count(100).__next__)
+    first = sent_request(m, member_id=0)
+    detail = "0=10.0.0.1:9010,1=10.0.0.2:9011"
+    actions = m.on_egress_message(event(first.correlation_id, EventCode.REDIRECT, detail=detail))
+    assert actions == [ConnectIngress({1: Endpoint("10.0.0.2", 9011)})]
+    assert m.endpoints == {0: Endpoint("proxy", 7000), 1: Endpoint("10.0.0.2", 9011)}
 
 
 @pytest.mark.parametrize("detail", ["", "garbage", "0=nohost"])

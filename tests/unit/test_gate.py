@@ -1,5 +1,7 @@
-"""The connection gate's eviction (issue 33): a gate made with ``evict_oldest`` closes
-its oldest connection for a new one rather than refusing the new one."""
+"""The connection gate's eviction (issues 33 and 41): a full gate makes room for a
+newcomer from an address holding fewer strangers by closing the oldest stranger of the
+address holding the most; a proven connection keeps its room; a gate made with
+``evict_oldest`` closes its oldest stranger of any address."""
 
 from __future__ import annotations
 
@@ -13,13 +15,70 @@ class Conn:
     """A stand-in for an accepted stream: the gate only keys on its identity."""
 
 
-def test_a_full_gate_refuses_the_newcomer_by_default() -> None:
+def test_a_full_gate_refuses_a_newcomer_whose_address_holds_as_many_as_any() -> None:
     gate = ConnectionGate("port", 2, 2)
     a, b, c = Conn(), Conn(), Conn()
     assert gate.hold(a, "10.0.0.1")
-    assert gate.hold(b, "10.0.0.2")
-    assert not gate.hold(c, "10.0.0.3")
+    assert gate.hold(b, "10.0.0.1")
+    assert not gate.hold(c, "10.0.0.1")  # its own share
     assert (gate.open, gate.refused, gate.evicted) == (2, 1, 0)
+    gate = ConnectionGate("port", 2, 2)
+    assert gate.hold(a, "10.0.0.1")
+    assert gate.hold(b, "10.0.0.2")
+    d = Conn()
+    assert gate.hold(c, "10.0.0.3")  # 0 < 1: the oldest of 10.0.0.1 makes room
+    assert not gate.hold(d, "10.0.0.3")  # now as many as any: refused
+    assert (gate.open, gate.refused, gate.evicted) == (2, 1, 1)
+    assert gate.by_address == {"10.0.0.2": 1, "10.0.0.3": 1}
+
+
+async def test_a_flood_from_many_addresses_keeps_no_newcomer_out() -> None:
+    """Four addresses holding their share (a quarter) fill the port: a client from a
+    fifth still gets a slot, and the flood's own new connections push out only the
+    flood's old ones, never the client's."""
+    gate = ConnectionGate("port", 16)
+    flood = {f"10.0.0.{i}": [Conn() for _ in range(4)] for i in range(1, 5)}
+    for address, conns in flood.items():
+        assert all(gate.hold(c, address) for c in conns)
+    assert gate.open == 16
+    scopes = {id(c): gate.guard(c) for conns in flood.values() for c in conns}
+    client = Conn()
+    assert gate.hold(client, "10.0.0.9")
+    client_scope = gate.guard(client)
+    assert gate.evicted == 1
+    assert scopes[id(flood["10.0.0.1"][0])].cancel_called  # the oldest of a top address
+    for i in range(40):  # the flood dials again and again, from its four addresses
+        gate.hold(Conn(), f"10.0.0.{1 + i % 4}")
+    assert not client_scope.cancel_called
+    assert gate.open == 16
+    assert gate.by_address["10.0.0.9"] == 1
+
+
+async def test_a_proven_connection_keeps_its_room() -> None:
+    """A proven connection holds its slot (a descriptor) but is never closed for a
+    newcomer and counts no more against its address's share."""
+    gate = ConnectionGate("port", 2, 2)
+    a, b, c, d = Conn(), Conn(), Conn(), Conn()
+    assert gate.hold(a, "10.0.0.1")
+    scope_a = gate.guard(a)
+    gate.prove(a)
+    assert gate.is_proven(a)
+    assert (gate.open, gate.proven, gate.by_address) == (1, 1, {})
+    assert gate.hold(b, "10.0.0.2")
+    scope_b = gate.guard(b)
+    assert gate.hold(c, "10.0.0.3")  # full: the stranger b made room, not a
+    assert scope_b.cancel_called
+    assert not scope_a.cancel_called
+    gate.prove(c)
+    assert not gate.hold(d, "10.0.0.4")  # every slot proven: refused
+    assert (gate.open, gate.proven, gate.refused, gate.evicted) == (2, 2, 1, 1)
+    gate.release(b)  # its handler unwinds: it gave its slot up when evicted
+    gate.release(a)
+    assert (gate.open, gate.proven) == (1, 1)
+    assert gate.hold(d, "10.0.0.4")
+    gate.release(c)
+    gate.release(d)
+    assert (gate.open, gate.proven, gate.by_address) == (0, 0, {})
 
 
 async def test_a_full_evicting_gate_closes_its_oldest_for_the_newcomer() -> None:
