@@ -245,16 +245,20 @@ def verify(directory: Path) -> dict[str, Any]:
     for entry in recording.snapshots(CM_SERVICE_ID) if recording is not None else []:
         path = snapshot_path(directory, entry.log_position, entry.leadership_term_id)
         try:
-            count = len(read_snapshot(path))
+            records = read_snapshot(path)
+            parse_snapshot(records)  # its layout too: an empty file reads as no records
         except ArchiveError as exc:
             problems.append(_damage(exc))
+            continue
+        except SnapshotError as exc:
+            problems.append(problem(path, entry.log_position, f"not a snapshot: {exc}"))
             continue
         snapshots.append({
             "file": str(path),
             "log_position": entry.log_position,
             "leadership_term_id": entry.leadership_term_id,
             "time": render.iso_ms(entry.timestamp),
-            "records": count,
+            "records": len(records),
         })  # fmt: skip
     if promise is not None:
         problems += backup_problems(

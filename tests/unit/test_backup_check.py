@@ -185,6 +185,13 @@ def link_the_snapshot_to_a_fifo(backup: Path) -> tuple[str, int]:
     return path.name, 0
 
 
+def empty_the_snapshot(backup: Path) -> tuple[str, int]:
+    """No records at all: each of them is whole, the snapshot is not."""
+    path = snapshot(backup)
+    path.write_bytes(b"")
+    return path.name, ends()[SNAPSHOT_AFTER]
+
+
 DAMAGE = [
     delete_segment,
     cut_in_half,
@@ -196,6 +203,7 @@ DAMAGE = [
     link_the_segment_elsewhere,
     tear_the_recording_log,
     link_the_snapshot_to_a_fifo,
+    empty_the_snapshot,
 ]
 
 
