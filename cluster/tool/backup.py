@@ -65,6 +65,8 @@ def backup_from_dir(node_dir: Path, out: Path) -> dict[str, Any]:
         raise BackupError(f"{node_dir} is damaged, no backup made: {damaged}")
     plan = recovery_plan(node_dir)
     log_end = plan["log_end"]
+    if checked["records_end"] is not None:  # a torn tail is left behind: a start cuts it
+        log_end = min(log_end, checked["records_end"])
     covers = min(log_end, max(_saved_commit(node_dir), plan["replay"]["from"]))
     identity = None
     try:
@@ -75,13 +77,15 @@ def backup_from_dir(node_dir: Path, out: Path) -> dict[str, Any]:
     (out / "archive").mkdir(parents=True, exist_ok=True)
     (out / "snapshots").mkdir(exist_ok=True)
     try:  # regular files only, to the sizes checked
-        copy_regular(node_dir / "recording.log", out / "recording.log")
-        recording = RecordingLog.read(node_dir)
+        recording = RecordingLog.read(node_dir)  # a torn last entry left behind too
+        copy_regular(node_dir / "recording.log", out / "recording.log", recording.torn_at)
         for entry in recording.snapshots(CM_SERVICE_ID):
             source = snapshot_path(node_dir, entry.log_position, entry.leadership_term_id)
             copy_regular(source, out / "snapshots" / source.name)
         for segment in list_segments(node_dir / "archive"):
-            copy_regular(segment.path, out / "archive" / segment.path.name, segment.length)
+            if segment.base <= log_end:
+                copy_regular(segment.path, out / "archive" / segment.path.name,
+                             min(segment.length, log_end - segment.base))  # fmt: skip
     except (OSError, ArchiveError) as exc:
         shutil.rmtree(out, ignore_errors=True)
         raise BackupError(

@@ -275,6 +275,7 @@ def verify(directory: Path) -> dict[str, Any]:
         "log_start": listed[0].base if listed else None,
         "log_end": listed[-1].end if listed else None,
         "records": scan.records,
+        "records_end": scan.whole_end,
         "first_record_time": _time(scan.first),
         "last_record_time": _time(scan.last),
         "snapshots": snapshots,

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from cluster.archive.errors import ArchiveCorruptionError
+from cluster.archive.node_state import NodeState
 from cluster.archive.reader import list_segments
 from cluster.archive.record import encode_record
 from cluster.archive.recording_log import RecordingLog
@@ -35,6 +36,7 @@ from cluster.protocol.snapshot import (
     ServiceState,
     SnapshotMarker,
 )
+from cluster.tool.backup import backup_from_dir
 from cluster.tool.offline import verify
 from cluster.tool.restore import RestoreError, restore
 
@@ -297,6 +299,26 @@ def test_a_members_torn_tail_is_a_note_a_backups_is_damage(tmp_path: Path, backu
     assert [p["note"] and p["torn_tail"] for p in checked["problems"]] == [True]
     cut_the_last_10_bytes(backup)
     assert not verify(backup)["ok"]
+
+
+def test_a_stopped_members_torn_tails_are_left_out_of_its_backup(tmp_path: Path) -> None:
+    """A member that crashed mid-write: its backup (``--from-dir``) holds what a start
+    would keep, whole, and says so."""
+    member = tmp_path / "member"
+    with Archive.open(member / "archive") as log:
+        log.append(b"".join(record(i) for i in range(5)))
+    with RecordingLog.open(member) as recording:
+        recording.append_term(0, 0, T0)
+    NodeState(member).save(candidate_term_id=0, commit_position=ends()[4])
+    with (member / "recording.log").open("ab") as torn:
+        torn.write(b"half an entry")
+    with segment(member).open("ab") as torn:
+        torn.write(record(5)[:-3])
+    made = backup_from_dir(member, tmp_path / "backup")
+    assert made["log_end"] == made["covers"] == ends()[4]
+    checked = verify(tmp_path / "backup")
+    assert checked["ok"], checked["problems"]
+    assert checked["problems"] == []
 
 
 def test_a_restore_to_a_time_ends_at_the_last_record_at_or_before_it(
