@@ -205,6 +205,11 @@ class RecordingLog:
             raise ArchiveCorruptionError(
                 path, 0, f"cannot read the recording log: {exc.strerror or exc}"
             ) from None
+        return cls.of_bytes(path, data)
+
+    @classmethod
+    def of_bytes(cls, path: Path, data: bytes) -> RecordingLog:
+        """The recording log whose file ``path`` held ``data`` (see :meth:`read`)."""
         slots = _parse(path, data)
         whole = len(slots) * ENTRY_LENGTH
         return cls(path, -1, slots, None if whole == len(data) else whole)

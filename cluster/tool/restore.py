@@ -186,7 +186,10 @@ def _copy_log(backup: Path, node_dir: Path, start: int, target: int) -> None:
     copied = list_segments(node_dir / "archive")
     scan = scan_log(copied, whole_until=target)
     damaged = [p for p in scan.problems if not p["note"]]
-    end = copied[-1].end if copied else None
+    end = copied[-1].end if copied else start  # no segment: an empty log, begun at start
+    if copied and copied[0].base > start:  # dropped by retention since it was checked
+        raise BackupChanged(f"the log copied from {backup} begins at {copied[0].base}, "
+                            f"after {start}")  # fmt: skip
     if damaged or end != target or (copied and scan.whole_end != target):
         raise BackupChanged(
             f"the log copied from {backup} does not end in whole records at {target} "
@@ -245,12 +248,16 @@ def restore(
             f"{backup} holds no log yet (a cluster-backup that has pulled "
             "nothing): nothing to restore"
         )
+    try:  # read once: what is checked, planned from and written
+        recording_bytes = read_regular(backup / "recording.log", MAX_RECORDING_LOG)
+    except OSError as exc:
+        raise RestoreError(f"{backup} has no readable recording.log: {exc}") from None
     checked = verify(backup)
     if not checked["ok"]:
         if _changing(backup, manifest_bytes):
             raise BackupChanged(f"{backup} changed while it was checked")
         raise RestoreError(_refusal(backup, checked))
-    recording = RecordingLog.read(backup)
+    recording = RecordingLog.of_bytes(backup / "recording.log", recording_bytes)
     floor = _floor(backup, promise, recording)
     end = promise.log_end
     target, when = end, None
@@ -279,10 +286,12 @@ def restore(
         try:
             _copy_log(backup, node_dir, promise.log_start, target)
             _copy_snapshots(backup, node_dir, recording, target)
-            recording_log = read_regular(backup / "recording.log", MAX_RECORDING_LOG)
-            _write_new(node_dir / "recording.log", recording_log)
+            _write_new(node_dir / "recording.log", recording_bytes)
         except (OSError, ArchiveError, BackupChanged) as exc:
-            if _changing(backup, manifest_bytes):
+            # a running cluster-backup drops files only once its manifest no longer
+            # names them, and appends past the log_end read: a file gone or short is a
+            # newer state (checked again from the start), else damage since the check
+            if _changing(backup, manifest_bytes) or isinstance(exc, BackupChanged):
                 raise BackupChanged(f"{backup} changed while it was copied: {exc}") from None
             raise RestoreError(f"copying {backup} failed, nothing restored: {exc}") from None
         with RecordingLog.open(node_dir) as log:
