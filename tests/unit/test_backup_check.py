@@ -37,6 +37,7 @@ from cluster.protocol.snapshot import (
     SnapshotMarker,
 )
 from cluster.tool.backup import backup_from_dir
+from cluster.tool.cli import main as tool_main
 from cluster.tool.offline import verify
 from cluster.tool.restore import RestoreError, restore
 
@@ -356,3 +357,24 @@ def test_cluster_backup_goes_on_only_with_its_own_backups(tmp_path: Path) -> Non
     # a new one writes nothing until it has a log: no empty folders left behind
     BackupStore.open(tmp_path / "new")
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--cluster-commit", "5"], "--cluster-commit goes with --same-cluster"),
+        (["--to-time", "2026-11-28T14:05:00"], "has no time zone: add Z"),
+        (["--to-time", "yesterday"], "not an ISO-8601 time"),
+        (["--to-time", "2026-11-28T14:05:00Z", "--to-position", "9"], "not both"),
+    ],
+)
+def test_restore_options_that_cannot_go_together_are_usage_errors(
+    backup: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], says: str
+) -> None:
+    """Before, --cluster-commit without --same-cluster was silently ignored."""
+    args = ["restore", "--from", str(backup), "--dir", str(tmp_path / "r"), "--member-id", "0"]
+    with pytest.raises(SystemExit) as stopped:
+        tool_main([*args, *extra])
+    assert stopped.value.code == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
