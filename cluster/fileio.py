@@ -1,10 +1,12 @@
-"""Writing whole buffers to file descriptors (the archive, snapshots, certificates), and
-making a rename or a new file in a directory durable."""
+"""Writing whole buffers to file descriptors (the archive, snapshots, certificates),
+making a rename or a new file in a directory durable, and reading a data directory's or
+a backup's files: regular files only, no more than their size."""
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 
 
@@ -52,3 +54,116 @@ def replace_file(path: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_directory(path.parent)
+
+
+class RefusedFile(OSError):
+    """A file a reader refuses: a symbolic link or a special file (a device, a FIFO, a
+    directory, a socket) where a regular file must be (reading it could follow it out of
+    the directory, never end, ``/dev/zero``, or block for ever, a FIFO), or one larger
+    than such a file can be."""
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """Open ``path`` read-only as a regular file, never through a symbolic link and never
+    blocking (a FIFO); its descriptor and its size when opened, the most a reader should
+    take from it.  :class:`RefusedFile` for anything else, ``OSError`` as ``open`` raises."""
+    info = os.lstat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise not_a_file(path, info.st_mode)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # replaced by a link since the lstat
+            raise not_a_file(path, stat.S_IFLNK) from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise not_a_file(path, info.st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, info.st_size
+
+
+def not_a_file(path: str | os.PathLike[str], mode: int) -> RefusedFile:
+    """The refusal of ``path``, whose ``lstat`` mode is ``mode`` (naming a link's target)."""
+    what = _kind(mode)
+    if stat.S_ISLNK(mode):
+        try:
+            what += f" (to {os.readlink(path)})"
+        except OSError:
+            pass
+    return RefusedFile(errno.EINVAL, f"{what}, not a regular file: refused", os.fspath(path))
+
+
+def read_exact(fd: int, size: int, offset: int = 0) -> bytes:
+    """Up to ``size`` bytes at ``offset`` (fewer only where the file ends sooner)."""
+    parts: list[bytes] = []
+    got = 0
+    while got < size:
+        data = os.pread(fd, size - got, offset + got)
+        if not data:
+            break
+        parts.append(data)
+        got += len(data)
+    return b"".join(parts)
+
+
+def read_regular(path: str | os.PathLike[str], limit: int | None = None) -> bytes:
+    """The bytes of the regular file ``path`` (see :func:`open_regular`), no more than
+    its size when opened; :class:`RefusedFile` when that is over ``limit``."""
+    fd, size = open_regular(path)
+    try:
+        if limit is not None and size > limit:
+            raise RefusedFile(
+                errno.EFBIG,
+                f"{size} bytes, more than such a file holds ({limit}): refused",
+                os.fspath(path),
+            )
+        return read_exact(fd, size)
+    finally:
+        os.close(fd)
+
+
+def copy_regular(source: str | os.PathLike[str], into: str | os.PathLike[str],
+                 length: int | None = None, chunk: int = 4 << 20) -> int:  # fmt: skip
+    """Copy the regular file ``source`` (see :func:`open_regular`), its first ``length``
+    bytes or its size when opened, into the new file ``into``, fsynced; the bytes
+    copied (fewer than ``length`` only where ``source`` ends sooner)."""
+    fd, size = open_regular(source)
+    try:
+        length = size if length is None else length
+        out = os.open(into, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            offset = 0
+            while offset < length:
+                data = read_exact(fd, min(chunk, length - offset), offset)
+                if not data:
+                    break
+                write_all(out, data, offset)
+                offset += len(data)
+            os.fsync(out)
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
+    return offset

@@ -25,13 +25,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..fileio import replace_file
+from ..fileio import read_regular, replace_file
 from . import node_state, recording_log
 
 log = logging.getLogger("cluster.node")
 
 IDENTITY_FILE = "member.json"
 LOCK_FILE = "member.lock"
+MAX_FILE = 1 << 20
+"""The most ``member.json`` is read for (it is a few dozen bytes)."""
 
 
 class DataDirError(Exception):
@@ -112,7 +114,7 @@ def read_identity(directory: Path) -> Identity | None:
     """The directory's recorded identity (None: the file is not there)."""
     path = directory / IDENTITY_FILE
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_regular(path, MAX_FILE))
         return Identity(int(data["cluster_id"]), int(data["member_id"]), bool(data["voting"]))
     except FileNotFoundError:
         return None

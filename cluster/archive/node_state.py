@@ -30,7 +30,7 @@ import os
 import threading
 from pathlib import Path
 
-from ..fileio import fsync_directory, replace_file, write_all
+from ..fileio import RefusedFile, fsync_directory, read_regular, replace_file, write_all
 from .errors import ArchiveCorruptionError
 
 FILE_NAME = "node-state.json"
@@ -38,6 +38,8 @@ RESERVE_NAME = "node-state.reserve"
 """The pre-allocated file the next state is written into."""
 SLOT_SIZE = 4096
 """Bytes of the reserve (one block or page): a state is padded to it."""
+MAX_FILE = 1 << 20
+"""The most a state file is read for (it is one slot): a larger one is damage."""
 
 MAX_VALUE = (1 << 63) - 1
 """The largest term or position a message can carry (Int64): a larger one is never saved
@@ -53,11 +55,11 @@ class NodeState:
         self.commit_position = 0
         if self.path.exists():
             try:
-                data = json.loads(self.path.read_text())
+                data = json.loads(read_regular(self.path, MAX_FILE))
                 candidate = int(data["candidate_term_id"])
                 commit = int(data["commit_position"])
                 _check(candidate, commit)
-            except (ValueError, KeyError, TypeError) as exc:
+            except (RefusedFile, ValueError, KeyError, TypeError) as exc:
                 raise ArchiveCorruptionError(
                     str(self.path), 0, f"unreadable node state: {exc}"
                 ) from None

@@ -36,11 +36,13 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import zlib
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+from ..fileio import RefusedFile, not_a_file, open_regular
 from .errors import ArchiveCorruptionError
 from .record import (
     MAX_RECORD_LENGTH,
@@ -59,6 +61,7 @@ __all__ = [
     "check_torn_tail",
     "drain_scan",
     "list_segments",
+    "open_regular_segment",
     "pread_full",
     "read_log",
     "scan_records",
@@ -73,7 +76,6 @@ RESYNC_CRC_BUDGET = 512 << 20
 """Bytes the resynchronising scan may checksum before it gives up (and reports corruption)."""
 
 _SEGMENT_NAME = re.compile(r"log-(\d{20})\.seg")
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _unpack_header = RECORD_HEADER.unpack_from
 
 
@@ -108,19 +110,26 @@ def list_segments(directory: str | os.PathLike[str]) -> list[SegmentInfo]:
     """The segment files in ``directory`` in log order, checked to be contiguous.
 
     Raises:
-        ArchiveCorruptionError: a segment does not start where the previous one ends.
+        ArchiveCorruptionError: a segment does not start where the previous one ends,
+            or a segment's name is a symbolic link or a special file (its bytes are not
+            the log's, and reading it may never end).
     """
     directory = Path(directory)
-    found: list[tuple[int, Path]] = []
+    found: list[tuple[int, Path, int]] = []
     with os.scandir(directory) as entries:
         for entry in entries:
             match = _SEGMENT_NAME.fullmatch(entry.name)
-            if match is not None and entry.is_file(follow_symlinks=False):
-                found.append((int(match.group(1)), Path(entry.path)))
+            if match is None:
+                continue
+            info = entry.stat(follow_symlinks=False)
+            if not stat.S_ISREG(info.st_mode):  # skipped, its log would silently go
+                refused = not_a_file(entry.path, info.st_mode)
+                raise ArchiveCorruptionError(entry.path, int(match.group(1)), str(refused.strerror))
+            found.append((int(match.group(1)), Path(entry.path), info.st_size))
     found.sort()
     segments: list[SegmentInfo] = []
-    for base, path in found:
-        segment = SegmentInfo(base, path, os.stat(path).st_size)
+    for base, path, size in found:
+        segment = SegmentInfo(base, path, size)
         if segments and segments[-1].end != base:
             previous = segments[-1]
             raise ArchiveCorruptionError(
@@ -131,6 +140,21 @@ def list_segments(directory: str | os.PathLike[str]) -> list[SegmentInfo]:
             )
         segments.append(segment)
     return segments
+
+
+def open_regular_segment(segment: SegmentInfo) -> tuple[int, int]:
+    """Open a listed segment to read it: a regular file still (not replaced by a link
+    since it was listed); its descriptor and size.  A reader takes no more than
+    ``segment.length`` from it.
+
+    Raises:
+        ArchiveCorruptionError: it is a link or a special file now.
+        OSError: it cannot be opened (gone meanwhile).
+    """
+    try:
+        return open_regular(segment.path)
+    except RefusedFile as exc:
+        raise ArchiveCorruptionError(segment.path, segment.base, str(exc.strerror)) from None
 
 
 def pread_full(fd: int, size: int, offset: int) -> bytes:
@@ -324,7 +348,7 @@ def read_log(directory: str | os.PathLike[str]) -> Iterator[tuple[int, memoryvie
 def _read_segments(segments: list[SegmentInfo]) -> Iterator[tuple[int, memoryview]]:
     for index, segment in enumerate(segments):
         last = index == len(segments) - 1
-        fd = os.open(segment.path, os.O_RDONLY | _O_CLOEXEC)
+        fd, _size = open_regular_segment(segment)
         try:
             bad = yield from scan_records(fd, 0, segment.length, segment.base)
             if bad is None:

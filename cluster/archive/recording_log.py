@@ -45,7 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from ..fileio import fsync_directory
+from ..fileio import fsync_directory, read_regular
 from .errors import ArchiveCorruptionError
 
 __all__ = [
@@ -151,11 +151,14 @@ def _parse(path: Path, data: bytes) -> list[Entry]:
 class RecordingLog:
     """The ``recording.log`` of one member. Not thread-safe."""
 
-    def __init__(self, path: Path, fd: int, slots: list[Entry]) -> None:
+    def __init__(self, path: Path, fd: int, slots: list[Entry], torn_at: int | None = None) -> None:
         """Internal: use :meth:`RecordingLog.open`."""
         self._path = path
         self._fd = fd
         self._slots = slots
+        self.torn_at = torn_at
+        """:meth:`read` only: the byte offset of a torn last entry it left out (None:
+        the file is whole)."""
 
     @classmethod
     def open(cls, directory: str | os.PathLike[str]) -> RecordingLog:
@@ -189,15 +192,27 @@ class RecordingLog:
     @classmethod
     def read(cls, directory: str | os.PathLike[str]) -> RecordingLog:
         """``<directory>/recording.log`` read and never written (offline tools): a torn
-        last entry is left out, not truncated; a bad entry before it raises
-        :class:`ArchiveCorruptionError`; a missing file reads as empty.  Its write
-        methods fail (there is no descriptor)."""
+        last entry is left out, not truncated (:attr:`torn_at` says where); a bad entry
+        before it raises :class:`ArchiveCorruptionError`, and so does a file that cannot
+        be read, a link or a special file in its place; a missing file reads as empty.
+        Its write methods fail (there is no descriptor)."""
         path = Path(directory) / FILE_NAME
         try:
-            data = path.read_bytes()
+            data = read_regular(path)
         except FileNotFoundError:
             data = b""
-        return cls(path, -1, _parse(path, data))
+        except OSError as exc:
+            raise ArchiveCorruptionError(
+                path, 0, f"cannot read the recording log: {exc.strerror or exc}"
+            ) from None
+        return cls.of_bytes(path, data)
+
+    @classmethod
+    def of_bytes(cls, path: Path, data: bytes) -> RecordingLog:
+        """The recording log whose file ``path`` held ``data`` (see :meth:`read`)."""
+        slots = _parse(path, data)
+        whole = len(slots) * ENTRY_LENGTH
+        return cls(path, -1, slots, None if whole == len(data) else whole)
 
     @property
     def path(self) -> Path:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..fileio import fsync_directory, write_all
+from ..fileio import fsync_directory, read_regular, write_all
 from ..protocol.codec import SNAPSHOT, encode
 from ..protocol.errors import ProtocolError
 from ..protocol.snapshot import SnapshotRecord
@@ -63,11 +63,14 @@ def remove_stale_temporaries(directory: str | os.PathLike[str]) -> list[Path]:
 
 
 def read_snapshot(path: Path) -> list[SnapshotRecord]:
-    """Every record of a snapshot file; damage raises ArchiveCorruptionError."""
+    """Every record of a snapshot file; damage raises ArchiveCorruptionError, and so
+    does a link or a special file in its place (never followed: a snapshot linked to
+    ``/dev/zero`` would be read for ever)."""
     try:
-        data = path.read_bytes()
+        data = read_regular(path)
     except OSError as exc:
-        raise ArchiveCorruptionError(path, 0, f"cannot read snapshot: {exc}") from None
+        reason = f"cannot read snapshot: {exc.strerror or exc}"
+        raise ArchiveCorruptionError(path, 0, reason) from None
     records: list[SnapshotRecord] = []
     try:
         for offset, body in iter_records(data):

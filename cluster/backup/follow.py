@@ -24,7 +24,7 @@ from ..config import MemberEndpoints
 from ..protocol.admin import decode_body
 from ..protocol.errors import ProtocolError
 from ..tool.client import Result, describe_all, find_leader
-from ..transport.tls import TlsIdentity
+from ..transport.tls import TlsIdentity, is_tls_problem, tls_required
 from .link import BackupLinkError, Link, Pull
 from .pull import sync
 from .store import BackupStore
@@ -100,6 +100,11 @@ def source_order(described: Sequence[Result], leader: int, current: int = -1) ->
     return order
 
 
+class NeedsCertificates(Exception):
+    """The members require TLS and the backup was given no certificates: no poll can
+    ever succeed, so it stops (``cluster-backup`` exits 2) rather than retry for ever."""
+
+
 class Follower:
     """Keeps ``store`` up to the cluster (see the module docstring)."""
 
@@ -162,6 +167,13 @@ class Follower:
         """``describe`` every member: the leader, its commit, the members to read from."""
         state = self.state
         described = await describe_all(self.members, min(self.limit, 5.0))
+        if self.tls is None and all(r.status is None for r in described):
+            wanting = [r.member.member_id for r in described if is_tls_problem(r.failure)]
+            if wanting:
+                raise NeedsCertificates(
+                    f"{tls_required(wanting)}: the folder of an admin principal "
+                    "(`cluster-tool certs` makes client-admin)"
+                )
         leader = find_leader(described)
         commits = [r.status.commit_position for r in described if r.status is not None]
         leading = [r.status for r in described
@@ -231,6 +243,8 @@ class Follower:
                 started = trio.current_time()
                 try:
                     await self.poll()
+                except NeedsCertificates:
+                    raise
                 except Exception as exc:  # a bug or a surprise: logged, the next poll
                     log.exception("poll failed")
                     self.state.failures += 1

@@ -20,6 +20,7 @@ from ..archive.errors import ArchiveError
 from ..archive.record import RecordError, iter_records
 from ..archive.snapshots import read_snapshot
 from ..config import MemberEndpoints
+from ..core.snapshot import SnapshotError, parse_snapshot
 from ..protocol.admin import AdminCommand, AdminReply, decode_body
 from ..protocol.codec import ADMIN
 from ..protocol.errors import ProtocolError
@@ -46,11 +47,12 @@ def client_identity(folder: str | None, user: str) -> TlsIdentity | None:
 
 
 def _write_checked(into: Path, data: bytes) -> str:
-    """Write a snapshot file and check it: "" when whole, else why not (removed)."""
+    """Write a snapshot file and check it: "" when whole (its records and their
+    layout), else why not (removed)."""
     into.write_bytes(data)
     try:
-        read_snapshot(into)
-    except ArchiveError as exc:
+        parse_snapshot(read_snapshot(into))
+    except (ArchiveError, SnapshotError) as exc:
         into.unlink(missing_ok=True)
         return str(exc)
     return ""

@@ -8,8 +8,10 @@ Follows the cluster (:mod:`cluster.backup.follow`) and keeps, in ``DIR``, the la
 ``cluster-tool restore --from DIR`` reads at any time (:mod:`cluster.backup.store`).
 Started again on the same ``DIR`` it goes on where it stopped.  SIGTERM or SIGINT stops
 it after the write under way (the manifest names only what is whole).  Exit codes: 0
-stopped by a signal, 1 the directory cannot be used or the metrics port cannot be listened
-on, 2 usage.
+stopped by a signal, 1 the backup's manifest is unreadable, its disk fails or the
+metrics port cannot be listened on, 2 usage: among them a ``DIR`` that is not its own
+(a one-shot backup it must not extend, other files), and members that require TLS
+when no ``--certs-dir`` was given.  Nothing is written to ``DIR`` before the first log.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import trio
 
@@ -28,10 +31,10 @@ from ..cli import UsageParser, add_members, add_version, duration_seconds
 from ..tool.client import use_certs
 from ..transport.tls import TlsError
 from ..units import parse_size
-from .follow import Follower
+from .follow import Follower, NeedsCertificates
 from .http import BackupHttp
 from .link import client_identity
-from .store import BackupStore, StoreError
+from .store import BackupStore, NotContinuous, StoreError
 
 log = logging.getLogger("cluster.backup")
 
@@ -152,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--certs-dir: {exc}")
     try:
         store = BackupStore.open(args.out, args.segment_size)
+    except NotContinuous as exc:
+        parser.error(f"--out: {exc}")
     except (StoreError, OSError) as exc:
         print(f"cluster-backup: error: {exc}", file=sys.stderr)
         return 1
@@ -167,20 +172,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.metrics_host, args.metrics_port, follower.state, args.max_lag, max_age
         )
     failures: list[str] = []
+    usage: list[str] = []
     try:
         try:
             trio.run(run, follower, http)
         except* OSError as group:  # the metrics port in use, the backup's disk
             failures += [str(exc) for exc in _leaves(group)]
+        except* NeedsCertificates as group:
+            held = "nothing was written to" if store.log_end is None else "left as it was:"
+            usage += [f"{exc}; {held} {args.out}" for exc in _leaves(group)]
     except KeyboardInterrupt:
         pass
-    for failure in failures:
+    for failure in [*usage, *failures]:
         print(f"cluster-backup: error: {failure}", file=sys.stderr)
-    return 1 if failures else 0
+    return 2 if usage else 1 if failures else 0
 
 
-def _leaves(group: BaseExceptionGroup[OSError]) -> list[OSError]:
-    found: list[OSError] = []
+_E = TypeVar("_E", bound=BaseException)
+
+
+def _leaves(group: BaseExceptionGroup[_E]) -> list[_E]:
+    found: list[_E] = []
     for exc in group.exceptions:
         if isinstance(exc, BaseExceptionGroup):
             found += _leaves(exc)

@@ -103,7 +103,7 @@ async def _from(
         checked = verify(out)
         if not checked["ok"]:
             raise OneShotError(f"the backup does not verify: {checked['problems']}")
-        return store.commit(kind="live", records=checked["records"])
+        return store.commit(records=checked["records"])
     except BaseException as exc:
         store.remove()
         if isinstance(exc, OSError):

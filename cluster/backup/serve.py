@@ -25,6 +25,7 @@ loopback address or, with TLS, an admin principal.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,6 +38,7 @@ from ..archive.recording_log import ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM, Record
 from ..archive.segments import Archive
 from ..archive.snapshots import snapshot_path
 from ..core.consensus import ConsensusModule
+from ..fileio import open_regular
 from ..protocol.admin import AdminCommand, AdminReply, encode_body
 from ..status import role_name
 
@@ -112,9 +114,12 @@ def query(node: BackupSource) -> dict[str, Any]:
             continue
         path = snapshot_path(node.data_dir, entry.log_position, entry.leadership_term_id)
         try:
-            size = path.stat().st_size
+            info = path.lstat()
         except OSError:
             continue  # removed by compaction since
+        if not stat.S_ISREG(info.st_mode):
+            continue  # a link or a special file: never served (backup-read refuses it)
+        size = info.st_size
         snapshots.append({
             "leadership_term_id": entry.leadership_term_id,
             "term_base_log_position": entry.term_base_log_position,
@@ -143,7 +148,7 @@ def query(node: BackupSource) -> dict[str, Any]:
 
 
 def _read_file(path: Path, offset: int, length: int) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
+    fd, _size = open_regular(path)  # never through a link, never a device or a FIFO
     try:
         return os.pread(fd, length, offset)
     finally:

@@ -30,14 +30,18 @@ from ..archive.recording_log import CM_SERVICE_ID, RecordingLog
 from ..archive.segments import DEFAULT_SEGMENT_SIZE
 from ..archive.snapshots import snapshot_path
 from ..fileio import fsync_directory, replace_file, write_all
+from .manifest import FORMAT, KIND_CONTINUOUS, KIND_LIVE, MANIFEST, ManifestError, read_manifest
 
-MANIFEST = "backup.json"
-FORMAT = 1
 _PARTS = ("archive", "archive.new", "archive.old", "snapshots")
 
 
 class StoreError(Exception):
     """The directory cannot hold this backup (the reason in words)."""
+
+
+class NotContinuous(StoreError):
+    """The directory holds something ``cluster-backup`` must not go on with: another
+    program's backup, or files that are no backup."""
 
 
 class BackupStore:
@@ -61,18 +65,21 @@ class BackupStore:
     # ------------------------------------------------------------------ opening
 
     @classmethod
-    def create(cls, out: Path, segment_size: int = DEFAULT_SEGMENT_SIZE) -> BackupStore:
-        """A new backup in ``out``, which must be new or empty."""
+    def create(
+        cls, out: Path, segment_size: int = DEFAULT_SEGMENT_SIZE, kind: str = KIND_LIVE
+    ) -> BackupStore:
+        """A new backup in ``out``, which must be new or empty (a one-shot backup)."""
         if out.exists() and any(out.iterdir()):
             raise StoreError(f"{out} is not empty: a backup goes to a new directory")
-        return cls._fresh(out, segment_size)
+        return cls._fresh(out, segment_size, kind)
 
     @classmethod
-    def _fresh(cls, out: Path, segment_size: int) -> BackupStore:
-        (out / "archive").mkdir(parents=True, exist_ok=True)
-        (out / "snapshots").mkdir(exist_ok=True)
+    def _fresh(cls, out: Path, segment_size: int, kind: str) -> BackupStore:
+        """Nothing is written until the first log (:meth:`start_at`): a backup that
+        never gets that far leaves no empty folders behind."""
         manifest: dict[str, Any] = {
             "format": FORMAT,
+            "kind": kind,
             "new_cluster_id": random.randrange(1, 1 << 31),
             "created": time.time(),
             "snapshot": None,
@@ -86,19 +93,33 @@ class BackupStore:
 
     @classmethod
     def open(cls, out: Path, segment_size: int = DEFAULT_SEGMENT_SIZE) -> BackupStore:
-        """The backup in ``out`` to go on with (a new one if ``out`` is new or empty):
-        what lies past its manifest is removed."""
+        """The continuous backup in ``out`` to go on with (a new one if ``out`` is new
+        or empty): what lies past its manifest is removed.  :class:`NotContinuous` for
+        a one-shot backup (``cluster-tool backup``): extended, it would no longer be
+        the backup of the moment it was taken, and its retention would drop what it
+        held."""
         path = out / MANIFEST
-        if not path.exists():
+        if not os.path.lexists(path):
             if out.exists() and any(p.name not in _PARTS for p in out.iterdir()):
-                raise StoreError(f"{out} holds files but no {MANIFEST}: not a backup")
-            return cls._fresh(out, segment_size)
+                raise NotContinuous(
+                    f"{out} holds files but no {MANIFEST}: it is no backup; give "
+                    "cluster-backup a new --out (or the folder of a backup it made)"
+                )
+            return cls._fresh(out, segment_size, KIND_CONTINUOUS)
         try:
-            manifest = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise StoreError(f"{path}: {exc}") from None
-        if manifest.get("format") != FORMAT or "snapshots" not in manifest:
-            raise StoreError(f"{out} is not a backup this program continues ({MANIFEST})")
+            manifest, _data = read_manifest(out)
+        except ManifestError as exc:
+            raise StoreError(str(exc)) from None
+        kind = manifest.get("kind")
+        if "snapshots" not in manifest or kind not in (None, KIND_CONTINUOUS):
+            made = ("`cluster-tool backup --out`" if kind == KIND_LIVE
+                    else "`cluster-tool backup --from-dir`")  # fmt: skip
+            raise NotContinuous(
+                f"{out} is a one-shot backup (made by {made}), not one cluster-backup "
+                "made: going on with it would change what it holds; keep it as it is "
+                "and give cluster-backup a new --out"
+            )
+        manifest["kind"] = KIND_CONTINUOUS  # one made before backups said their kind
         store = cls(out, manifest, segment_size)
         store._reconcile()
         return store
@@ -163,6 +184,7 @@ class BackupStore:
     # ------------------------------------------------------------------ writing
 
     def snapshot_temp(self) -> Path:
+        (self.out / "snapshots").mkdir(parents=True, exist_ok=True)
         return self.out / "snapshots" / "incoming.tmp"
 
     def add_snapshot(self, entries: list[dict[str, Any]], checked: Path) -> None:
@@ -193,7 +215,7 @@ class BackupStore:
         self._close_segment()
         staging = self.out / "archive.new"
         shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
+        staging.mkdir(parents=True)
         self._archive = staging
         self.manifest["snapshots"] = [
             e for e in self.manifest["snapshots"] if e["log_position"] >= position
@@ -323,7 +345,8 @@ class BackupStore:
         archive, old = self.out / "archive", self.out / "archive.old"
         if self._archive != archive:  # a log begun afresh: it takes the old one's place
             shutil.rmtree(old, ignore_errors=True)
-            os.rename(archive, old)
+            if archive.exists():  # none yet: the backup's first log
+                os.rename(archive, old)
             os.rename(self._archive, archive)
             fsync_directory(self.out)
             self._archive = archive

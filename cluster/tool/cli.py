@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,11 @@ from ..cli import (
 from ..config import MemberEndpoints
 from ..transport.tls import TlsError
 from . import offline, render
-from .backup import cmd_backup, cmd_live_backup, cmd_restore
+from .backup import cmd_backup, cmd_live_backup
 from .client import use_certs
 from .commands import ACTIONS, Options, emit, run
 from .offline import OFFLINE
+from .restore import cmd_restore
 
 QUERIES = ("describe", "health", "list-members", "recording-log", "errors", "timings", "stalls")
 DIRECTORY_COMMANDS = (*OFFLINE, "backup", "restore")
@@ -73,7 +75,7 @@ _HELP = {
     "(or --member N) over the admin port to --out, or a stopped member's directory "
     "--from-dir; every record checked; prints the log position it covers",
     "restore": "make member --member-id's data directory --dir from the backup --from "
-    "(a new cluster, or --same-cluster; --to-position P: to that point)",
+    "(a new cluster, or --same-cluster; --to-position P or --to-time ISO8601: to that point)",
 }
 _MEMBER_HELP = {
     "describe": "only this member",
@@ -226,6 +228,30 @@ def _restore_options(sub: argparse.ArgumentParser) -> None:
         metavar="P",
         help="restore to this log position (a record's end, from the backup's oldest snapshot on)",
     )
+    sub.add_argument(
+        "--to-time",
+        type=_instant,
+        default=None,
+        metavar="ISO8601",
+        help="restore to the last record at or before this time, with its zone "
+        "(2026-11-28T14:05:00Z, or +01:00); `verify --dir BACKUP` shows the times it holds",
+    )
+
+
+def _instant(text: str) -> int:
+    """An ISO-8601 time with its zone, as cluster time (epoch milliseconds, rounded down:
+    the log's times are whole milliseconds)."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an ISO-8601 time: {text!r} (for example 2026-11-28T14:05:00Z)"
+        ) from None
+    if moment.tzinfo is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has no time zone: add Z (UTC) or an offset such as +01:00"
+        )
+    return (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
 
 
 def _positive(text: str) -> int:
@@ -282,10 +308,17 @@ def cmd_certs(parser: UsageParser, members: Sequence[MemberEndpoints], args: Any
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "restore" and args.members:
-        ids = {m.member_id for m in parser.members(args.members)}
-        if args.member_id not in ids:
-            parser.error(f"--member-id {args.member_id} is not in --members")
+    if args.command == "restore":
+        if args.members:
+            ids = {m.member_id for m in parser.members(args.members)}
+            if args.member_id not in ids:
+                parser.error(f"--member-id {args.member_id} is not in --members")
+        if args.cluster_commit is not None and not args.same_cluster:
+            parser.error("--cluster-commit goes with --same-cluster (a new cluster, the "
+                         "default, has no commit position to reach): add --same-cluster, "
+                         "or leave --cluster-commit out")  # fmt: skip
+        if args.to_position is not None and args.to_time is not None:
+            parser.error("give --to-position or --to-time, not both")
     if args.command in OFFLINE:
         return offline.run(args.command, args)
     if args.command == "backup":

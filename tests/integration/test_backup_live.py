@@ -7,8 +7,10 @@ from it holds every write acknowledged before the call.  The admin commands behi
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -237,8 +239,23 @@ def test_the_continuous_backup_survives_a_pause_a_leader_kill_and_a_restart(
 
 async def test_a_live_backup_under_tls_needs_an_admin_principal(tmp_path: Path) -> None:
     """With TLS the backup commands are answered to an admin principal only: the ``app``
-    client's certificate is refused in words and nothing is left behind."""
+    client's certificate is refused in words and nothing is left behind.  ``cluster-backup``
+    with no certificates at all stops at once (exit 2: it could never succeed) and makes
+    no folder."""
     async with secure_cluster(tmp_path) as c:
+        with trio.fail_after(60):  # before, it polled for ever
+            uncertified = await trio.run_process(
+                [sys.executable, "-m", "cluster.backup", "--members", c.members, "--out",
+                 str(tmp_path / "uncertified"), "--interval", "200ms"],
+                capture_stdout=True, capture_stderr=True, check=False,
+                env={k: v for k, v in os.environ.items() if k != "CLUSTER_CERTS_DIR"},
+            )  # fmt: skip
+        stderr = uncertified.stderr.decode()
+        assert uncertified.returncode == 2, stderr
+        assert "require TLS: pass --certs-dir" in stderr
+        assert "client-admin" in stderr
+        assert "Traceback" not in stderr
+        assert not (tmp_path / "uncertified").exists()
         members = parse_members(c.members)
         admin = client_identity(str(c.client_dir("admin")), "test")
         manifest = await live_backup(members, tmp_path / "ok", member=0, tls=admin)

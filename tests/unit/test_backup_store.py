@@ -42,7 +42,7 @@ def test_a_backup_goes_to_a_new_directory(tmp_path: Path) -> None:
 
 
 def test_segments_roll_at_record_starts_and_the_manifest_comes_last(tmp_path: Path) -> None:
-    store = BackupStore.create(tmp_path / "b", segment_size=250)
+    store = BackupStore.open(tmp_path / "b", segment_size=250)
     store.start_at(0)
     store.append(RECORD * 7)  # 700 bytes: whole records, at most 250 bytes a segment
     store.set_terms([{"leadership_term_id": 0, "term_base_log_position": 0, "timestamp": 1}])
@@ -122,7 +122,7 @@ def test_a_stop_in_the_middle_of_a_new_log_leaves_one_whole_backup(
     tmp_path: Path, stopped: str
 ) -> None:
     out = tmp_path / "b"
-    store = BackupStore.create(out, segment_size=250)
+    store = BackupStore.open(out, segment_size=250)
     store.start_at(0)
     store.append(RECORD * 3)
     store.commit()
