@@ -27,7 +27,13 @@ from typing import TypeVar
 import trio
 
 from ..archive.segments import DEFAULT_SEGMENT_SIZE
-from ..cli import UsageParser, add_members, add_version, duration_seconds
+from ..cli import (
+    CLIENT_CERTS_VARIABLE,
+    UsageParser,
+    add_members,
+    add_version,
+    duration_seconds,
+)
 from ..tool.client import use_certs
 from ..transport.tls import TlsError
 from ..units import parse_size
@@ -65,9 +71,9 @@ def build_parser() -> UsageParser:
     )
     parser.add_argument(
         "--certs-dir",
-        default=os.environ.get("CLUSTER_CERTS_DIR"),
+        default=os.environ.get(CLIENT_CERTS_VARIABLE),
         help="a client-<NAME> folder of an admin principal, for a cluster "
-        "with TLS (default: $CLUSTER_CERTS_DIR)",
+        f"with TLS (default: ${CLIENT_CERTS_VARIABLE}, as for cluster-tool)",
     )
     parser.add_argument(
         "--interval",
