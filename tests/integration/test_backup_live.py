@@ -248,7 +248,7 @@ async def test_a_live_backup_under_tls_needs_an_admin_principal(tmp_path: Path) 
                 [sys.executable, "-m", "cluster.backup", "--members", c.members, "--out",
                  str(tmp_path / "uncertified"), "--interval", "200ms"],
                 capture_stdout=True, capture_stderr=True, check=False,
-                env={k: v for k, v in os.environ.items() if k != "CLUSTER_CERTS_DIR"},
+                env={k: v for k, v in os.environ.items() if k != "CLUSTER_CLIENT_CERTS_DIR"},
             )  # fmt: skip
         stderr = uncertified.stderr.decode()
         assert uncertified.returncode == 2, stderr
