@@ -93,7 +93,7 @@ def cmd_test(args: list[str]) -> int:
         ("ruff check", (py, "-m", "ruff", "check", ".")),
         ("ruff format", (py, "-m", "ruff", "format", "--check", ".")),
         ("mypy", (py, "-m", "mypy")),
-        # the API reference README links to: docs/api/ with pdoc (the dev extra), seconds
+        # the API reference (docs/service-guide.md): docs/api/ with pdoc (the dev extra), seconds
         ("API reference", (py, str(ROOT / "scripts" / "apidoc.py"))),
     ):
         if run(*cmd) != 0:

@@ -4,8 +4,8 @@
   member in, and every write acknowledged meanwhile was lost; now it votes for nobody
   until a leader elected by others has caught it up.
 * Two processes on one ``--dir``, or a directory of another member, exit 2 naming it.
-* README's member replacement: a failed member's host replaced, same member id, a new
-  disk, under a writer, nothing acknowledged lost.
+* The member replacement of docs/data-directory.md: a failed member's host replaced,
+  same member id, a new disk, under a writer, nothing acknowledged lost.
 """
 
 from __future__ import annotations
@@ -195,9 +195,10 @@ def test_a_directory_of_another_member_or_cluster_exits_2(tmp_path: Path) -> Non
 
 
 def test_replacing_a_failed_member_under_a_writer_loses_nothing(tmp_path: Path) -> None:
-    """README's procedure: the member's host fails (SIGKILL), a new one takes its place
-    with the same member id and address and an empty disk; it starts with the same
-    command line, catches up, votes again, and the cluster never stops taking writes."""
+    """docs/data-directory.md's procedure: the member's host fails (SIGKILL), a new one
+    takes its place with the same member id and address and an empty disk; it starts with
+    the same command line, catches up, votes again, and the cluster never stops taking
+    writes."""
 
     async def main(cluster: LocalCluster) -> None:
         with trio.fail_after(150):
@@ -228,10 +229,10 @@ def test_replacing_a_failed_member_under_a_writer_loses_nothing(tmp_path: Path) 
 
 
 def test_replacing_a_failed_member_on_a_new_address(tmp_path: Path) -> None:
-    """README's procedure for a new address: the failed member's entry changes in
-    --members; the others restart one at a time with the new list (a leader hands over
-    as it stops), then the new member starts with it on an empty disk, catches up and
-    votes; the writer's acknowledged writes all read back."""
+    """docs/data-directory.md's procedure for a new address: the failed member's entry
+    changes in --members; the others restart one at a time with the new list (a leader
+    hands over as it stops), then the new member starts with it on an empty disk, catches
+    up and votes; the writer's acknowledged writes all read back."""
 
     async def main(cluster: LocalCluster) -> None:
         with trio.fail_after(240):

@@ -10,6 +10,9 @@
   is parsed by that program's own argument parser: a flag or a command renamed in the
   code and not in the docs fails here, naming the file and the line.  What needs no
   cluster runs for real (``--help``, ``--version``: the parser prints and exits 0).
+- ``docs/README.md``, the index, links every page under ``docs/`` (a new page left out
+  of it fails here), and ``README.md`` links the index: the landing page reaches every
+  doc.
 """
 
 from __future__ import annotations
@@ -118,6 +121,30 @@ def test_every_relative_link_and_anchor_resolves() -> None:
             broken.append(f"{where}: {target}: no heading #{fragment} in {resolved.name}")
     assert checked >= 10  # the docs do link to each other: the pattern finds them
     assert not broken, "\n".join(broken)
+
+
+INDEX = ROOT / "docs" / "README.md"
+
+
+def linked_files(doc: Path) -> set[Path]:
+    """The files ``doc``'s relative links name (fragments dropped), resolved."""
+    found = set()
+    for _, source, target in links():
+        path = target.partition("#")[0]
+        if source == doc and path:
+            found.add((doc.parent / path).resolve())
+    return found
+
+
+def test_the_docs_index_links_every_page() -> None:
+    pages = {p.resolve() for p in DOCS if ROOT / "docs" in p.parents and p != INDEX}
+    assert len(pages) >= 10  # the pages are found
+    missing = sorted(str(p.relative_to(ROOT)) for p in pages - linked_files(INDEX))
+    assert not missing, f"docs/README.md does not link: {', '.join(missing)}"
+
+
+def test_the_readme_links_the_docs_index() -> None:
+    assert INDEX.resolve() in linked_files(ROOT / "README.md")
 
 
 # ---------------------------------------------------------------------- commands
