@@ -43,7 +43,7 @@ class ConsensusConfig:
     leader_heartbeat_timeout_ns: int = 10_000_000_000
     election_timeout_ns: int = 1_000_000_000
     election_status_interval_ns: int = 100_000_000
-    startup_canvass_timeout_ns: int = 60_000_000_000
+    startup_canvass_timeout_ns: int = 500_000_000
 
     @property
     def member_count(self) -> int:
