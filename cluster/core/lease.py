@@ -9,8 +9,9 @@ made to hold for every message that could depose a leader, not only vote request
 
 * **a leader in lease** (:meth:`Lease.leader_in_lease`: it has heard from a quorum
   within the heartbeat timeout) ignores vote requests (but a hand-over's) and canvasses
-  of a later term, and a later term from any member that has not reported to it within
-  the election timeout (:meth:`Lease.keeps_its_leader`);
+  of a later term, and a later term from any member it is not in touch with: one that
+  has not reported to it within the election timeout and that its messages do not reach
+  (:meth:`Lease.keeps_its_leader`);
 * **a follower with a leader** ignores candidates (the sticky leader, in the consensus
   module), and, while it has heard its leader within the election timeout, a later term
   from any other member.
@@ -20,8 +21,13 @@ voted for it, and a member only votes from an election, with no leader, or for a
 hand-over its leader started, and a leader whose ballot that was has stepped down.  So
 the followers that ignore it stop hearing their old leader and follow it an election
 timeout later at most, while a leader hears of the later term from the followers it
-has been hearing from, who are the ones that moved on.  And ignoring a message is never
-unsafe: it is a message lost, which Raft allows for.
+has been hearing from, who are the ones that moved on.  A member stuck in a later term
+(a candidate that lost a race with this leader's election) refuses the leader's appends
+and answers with its term, as Raft has it; the leader's messages reach it, so the
+leader steps down and it can rejoin.  A member that is down cannot be reached, whoever
+dials in its name.  (One who also takes over a dead member's address can pass for it
+in everything; only authenticating members, TLS, keeps it out.)  And ignoring a message
+is never unsafe: it is a message lost, which Raft allows for.
 """
 
 from __future__ import annotations
@@ -98,7 +104,7 @@ class Lease:
             ignore = (
                 self.leader_in_lease(now_ns)
                 and not self.handover.active
-                and not self.followers.heard_lately(sender, now_ns, lately)
+                and not self.followers.in_touch(sender, now_ns, lately)
             )
         else:
             ignore = (

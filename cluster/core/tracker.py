@@ -28,6 +28,7 @@ class Progress:
         "match_position",
         "member_id",
         "next_position",
+        "reachable",
         "reported",
         "snapshot_acked",
         "snapshot_length",
@@ -44,6 +45,10 @@ class Progress:
         self.reported = False
         """It has reported in this term (``last_heard_ns`` is then its last report, not
         the grace a new term gives every follower)."""
+        self.reachable = False
+        """The last message this leader's core sent it (the commit heartbeat, every
+        heartbeat interval) could be queued: the shell's link to it is up.  A member
+        that is down cannot be reached, whoever dials in its name."""
         self.commit_sent = -1
         """The highest commit position shipped to it (in an AppendRequest or
         CommitPosition)."""
@@ -144,13 +149,13 @@ class ProgressTracker:
         )
         return quorum.committed(positions, self.member_count)
 
-    def heard_lately(self, member_id: int, now_ns: int, window_ns: int) -> bool:
-        """Has follower ``member_id`` reported in this term within ``window_ns``?"""
+    def in_touch(self, member_id: int, now_ns: int, window_ns: int) -> bool:
+        """Is this leader in touch with follower ``member_id``: it reported in this term
+        within ``window_ns``, or this leader's messages reach it (its link is up)?"""
         progress = self._progress.get(member_id)
-        return (
-            progress is not None
-            and progress.reported
-            and progress.last_heard_ns >= now_ns - window_ns
+        return progress is not None and (
+            progress.reachable
+            or (progress.reported and progress.last_heard_ns >= now_ns - window_ns)
         )
 
     def quorum_active(self, now_ns: int, timeout_ns: int) -> bool:

@@ -63,14 +63,17 @@ class Net:
         self.rng = rng
         self.queue: list[tuple[int, int, Any]] = []
         self.cut: set[tuple[int, int]] = set()
+        self.down: set[int] = set()
+        """Members that are down: a link to one is down too (its send says so)."""
 
     def port(self, sender: int) -> Any:
         net = self
 
         class Port:
             def send(self, member_id: int, message: Any) -> bool:
-                if (sender, member_id) not in net.cut:
-                    net.queue.append((sender, member_id, message))
+                if (sender, member_id) in net.cut or member_id in net.down:
+                    return False
+                net.queue.append((sender, member_id, message))
                 return True
 
         return Port()
@@ -175,7 +178,7 @@ class Cluster:
         self.disk: dict[int, bytearray] = {}
         self.applied: dict[int, int] = {}
         self.leaders: dict[int, int] = {}  # term -> leader
-        self.down: set[int] = set()
+        self.down = self.net.down
         self.n = n
         self.seed = seed
         self.restarts = 0

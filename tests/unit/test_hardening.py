@@ -334,6 +334,32 @@ def test_a_later_term_is_heard_when_the_leader_is_gone_or_the_sender_reported() 
     assert leader.role is Role.FOLLOWER
 
 
+def test_a_member_stuck_in_a_later_term_rejoins() -> None:
+    """A member cut off for a while comes back in a later term than the leader's (it
+    nominated in a race the leader won, or counted a forged canvass): it refuses the
+    leader's appends and answers with its term.  The leader's messages reach it, so the
+    leader steps down for it, though it has not reported in this term (found by the
+    simulator, seed 1020: the member was left out for good)."""
+    c = Cluster(3, seed=9)
+    leader = c.leader_with_a_committed_entry()
+    term = leader.leadership_term_id
+    stuck = next(i for i in range(3) if i != leader.config.member_id)
+    c.net.cut |= {(stuck, o) for o in range(3)} | {(o, stuck) for o in range(3)}
+    c.run_until(lambda: c.members[stuck].in_election, limit=200)
+    assert c.members[stuck].set_candidate_term(term + 3)
+    for _ in range(50):
+        c.step()
+    c.net.cut.clear()
+    c.run_until(
+        lambda: (
+            (new := c.leader()) is not None
+            and new.leadership_term_id > term + 3
+            and c.members[stuck].leader_member_id == new.config.member_id
+        ),
+        limit=500,
+    )
+
+
 def test_a_hand_over_whose_vote_request_one_follower_missed_still_ends_with_it_following() -> None:
     """The honest case the lease delays: the hand-over's RequestVote to the third member
     is lost, so it never voted and still hears its old leader for a moment; the new
