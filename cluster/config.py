@@ -278,9 +278,10 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "startup-canvass-timeout",
-        60_000_000_000,
+        500_000_000,
         _positive(parse_duration_ns),
-        "how long to canvass at start-up before nominating without every member",
+        "at start-up, how long to wait for every member to answer before electing with a "
+        "quorum of members (a member missing then joins as a follower when it comes)",
         format_duration,
     ),
     Setting(
@@ -501,7 +502,7 @@ class NodeConfig:
     leader_heartbeat_timeout: int = 10_000_000_000
     leader_heartbeat_interval: int = 200_000_000
     election_timeout: int = 1_000_000_000
-    startup_canvass_timeout: int = 60_000_000_000
+    startup_canvass_timeout: int = 500_000_000
     initial_cluster_state: str = "auto"
     slow_tick_interval: int = 10_000_000
     max_concurrent_sessions: int = 10

@@ -43,7 +43,7 @@ class ConsensusConfig:
     leader_heartbeat_timeout_ns: int = 10_000_000_000
     election_timeout_ns: int = 1_000_000_000
     election_status_interval_ns: int = 100_000_000
-    startup_canvass_timeout_ns: int = 60_000_000_000
+    startup_canvass_timeout_ns: int = 500_000_000
 
     @property
     def member_count(self) -> int:
@@ -103,6 +103,10 @@ class Counters:
     snapshot_fallbacks: int = 0
     """Followers sent a snapshot because the record they needed next is corrupt in this
     leader's archive (issue 33); ``triarch_snapshot_fallbacks_total``."""
+    later_terms_ignored: int = 0
+    """Messages of a later term ignored because this member has a live leader and they
+    came from a member it had not been hearing from (a forged or stray message:
+    :mod:`cluster.core.lease`)."""
 
 
 class IngressSource:

@@ -15,6 +15,8 @@ function per role, to the part that owns the work:
 * :class:`~cluster.core.voting.VotingRights`: whether this member may vote (a catch-up
   member, whose state is new or lost, may not);
 * :class:`~cluster.core.handover.Handover`: a leader handing leadership over;
+* :class:`~cluster.core.lease.Lease`: whether this member has a live leader, which a
+  member of a later term is then not let depose;
 * the :class:`~cluster.core.timers.TimerService` and the
   :class:`~cluster.core.pending.PendingServiceMessageTracker`.
 
@@ -83,6 +85,7 @@ from .due import append_due
 from .election import Election, ElectionState, answer_vote
 from .follower import LEADER_MESSAGES, FollowerReplica
 from .handover import Handover
+from .lease import LATER_TERM_MESSAGES, Lease
 from .log import ReplicatedLog
 from .pending import PendingServiceMessageTracker
 from .replication import LeaderReplication
@@ -136,6 +139,7 @@ class ConsensusModule:
         self.replication = LeaderReplication(config, self.log, self, self.consensus)
         self.followers = self.replication.progress  # the leader's view (read-only)
         self.handover = Handover(config, self.log, self.followers, self, self.consensus)
+        self.lease = Lease(config, self, self.followers, self.handover, self.counters)
         self.replica = FollowerReplica(
             config,
             self.log,
@@ -454,6 +458,12 @@ class ConsensusModule:
             return
         if isinstance(message, RequestVote):
             self._on_request_vote(message, now_ns)
+        elif (
+            isinstance(message, LATER_TERM_MESSAGES)
+            and message.leadership_term_id > self.leadership_term_id
+            and self.lease.keeps_its_leader(message, now_ns)
+        ):
+            return
         elif self.role is Role.LEADER:
             self._step_leader(message, now_ns)
         elif self.election is not None:
@@ -469,7 +479,8 @@ class ConsensusModule:
         elif isinstance(message, (AppendRequest, CommitPosition)):
             self._step_follower(message, now_ns)  # another leader of a later term?
         elif isinstance(message, CanvassPosition):
-            if message.leadership_term_id > self.candidate_term_id and not self._in_lease(now_ns):
+            later = message.leadership_term_id > self.candidate_term_id
+            if later and not self.lease.leader_in_lease(now_ns):
                 self.enter_election(now_ns, f"member {message.follower_member_id} saw a later term")
                 self._step_candidate(message, now_ns)
             # Otherwise nothing to do: this leader's heartbeats reach a canvassing member
@@ -521,19 +532,11 @@ class ConsensusModule:
         elif isinstance(message, AppendPosition):
             self._on_append_position(message, now_ns)
 
-    def _in_lease(self, now_ns: int) -> bool:
-        """A leader that has heard from a quorum within the heartbeat timeout: a
-        candidate of a later term can only be a member that lost touch with it, and is
-        not let disrupt the cluster (etcd-io/raft's check-quorum lease)."""
-        return self.is_ready_leader and self.followers.quorum_active(
-            now_ns, self.config.leader_heartbeat_timeout_ns
-        )
-
     def _on_request_vote(self, msg: RequestVote, now_ns: int) -> None:
         # A candidate its leader handed leadership to is heard even while that leader
         # is alive; any other is ignored then.
         transfer = msg.flags & VOTE_TRANSFER
-        if self._in_lease(now_ns) and not transfer:
+        if self.lease.leader_in_lease(now_ns) and not transfer:
             return  # ignored, as a follower with a live leader ignores it
         if msg.candidate_term_id <= self.candidate_term_id:
             # a term this member has already voted in, or older: refused

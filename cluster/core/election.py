@@ -10,6 +10,19 @@ higher term.  The states and messages are Aeron's:
   a *quorum* candidate (a quorum answered, none of them better).  Because members only
   canvass while they are in an election themselves, a member cut off from a healthy
   cluster cannot win votes and does not disrupt it (a pre-vote, in Raft's terms).
+
+  At start-up the deadline is the start-up canvass timeout (500 ms by default); in any
+  later election it has passed already.  Waiting for every member is a preference, not
+  what keeps elections safe: members started together all answer within it, and the
+  member with the best log of all (its uncommitted tail too) is the one that stands.
+  Safety comes from the vote rule: an entry committed was on a quorum, any quorum of
+  voters holds one member of it, and that member votes only for a log at least as up
+  to date as its own, so a candidate without the entry cannot win.  That holds only for
+  voters whose durable state is intact, which is why a member whose state is new or
+  lost votes for nobody (:mod:`cluster.core.voting`).  So a cluster restarted with a
+  member missing elects among the others once the deadline passes, and the missing
+  member joins as a follower when it comes.  (Aeron waits 60 s by default; with a
+  member down that was a minute of no leader for no gain.)
 * **NOMINATE**: wait a random delay in ``[0, election_timeout / 2)``, then propose term
   ``max(candidate term, terms seen) + 1`` (persisted before it is used), vote for itself;
   the terms seen are the candidate terms other members canvassed with.

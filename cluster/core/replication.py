@@ -302,7 +302,7 @@ class LeaderReplication:
                         log_position=position,
                         leader_member_id=self.config.member_id,
                     )
-                self.consensus.send(progress.member_id, message)
+                progress.reachable = self.consensus.send(progress.member_id, message)
                 progress.sent_commit(position)
 
     def on_slow_tick(self, now_ns: int) -> bool:

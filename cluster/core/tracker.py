@@ -28,6 +28,8 @@ class Progress:
         "match_position",
         "member_id",
         "next_position",
+        "reachable",
+        "reported",
         "snapshot_acked",
         "snapshot_length",
         "snapshot_position",
@@ -40,6 +42,13 @@ class Progress:
         self.next_position = next_position
         self.match_position = -1
         self.last_heard_ns = now_ns
+        self.reported = False
+        """It has reported in this term (``last_heard_ns`` is then its last report, not
+        the grace a new term gives every follower)."""
+        self.reachable = False
+        """The last message this leader's core sent it (the commit heartbeat, every
+        heartbeat interval) could be queued: the shell's link to it is up.  A member
+        that is down cannot be reached, whoever dials in its name."""
         self.commit_sent = -1
         """The highest commit position shipped to it (in an AppendRequest or
         CommitPosition)."""
@@ -64,6 +73,7 @@ class Progress:
 
     def heard(self, now_ns: int) -> None:
         self.last_heard_ns = now_ns
+        self.reported = True
 
     def maybe_update(self, position: int) -> None:
         """The follower verified and appended the log up to ``position``."""
@@ -138,6 +148,15 @@ class ProgressTracker:
             min(max(p.match_position, 0), own_position) for p in self._progress.values() if p.voter
         )
         return quorum.committed(positions, self.member_count)
+
+    def in_touch(self, member_id: int, now_ns: int, window_ns: int) -> bool:
+        """Is this leader in touch with follower ``member_id``: it reported in this term
+        within ``window_ns``, or this leader's messages reach it (its link is up)?"""
+        progress = self._progress.get(member_id)
+        return progress is not None and (
+            progress.reachable
+            or (progress.reported and progress.last_heard_ns >= now_ns - window_ns)
+        )
 
     def quorum_active(self, now_ns: int, timeout_ns: int) -> bool:
         """Have enough voting followers been heard within ``timeout_ns`` to make, with

@@ -12,7 +12,8 @@ It dials a member's consensus port from its own host and sends one of:
   terms and positions out of range, VERIFIED reports of positions beyond any log,
   messages naming another member than the sender, high (but valid) terms in
   canvasses, vote requests and commit positions, refused votes, and replays of what
-  it sent before.
+  it sent before; and, in a crashed member's name, heartbeats of a later term lined up
+  with the target's log (what a live leader's lease keeps out: ``cluster.core.lease``).
 
 What it never sends is a plausible forgery in a crashed member's name (an
 acknowledgement of log the member may not hold, a granted vote, valid log records with a
@@ -58,7 +59,12 @@ class Adversary:
         self.port = consensus_port
         self.n = len(sim.nodes)
         self.sent: list[bytes] = []  # frames sent after a hello, for replays
-        self.stats = {"connections": 0, "bytes": 0, "refused_connects": 0}
+        self.stats = {
+            "connections": 0,
+            "bytes": 0,
+            "refused_connects": 0,
+            "later_term_heartbeats": 0,
+        }
 
     # ---------------------------------------------------------------- what to send
 
@@ -135,6 +141,18 @@ class Adversary:
             return CommitPosition(term, rng.choice([0, BEYOND_ANY_LOG]), me)
         return Vote(term, -1, 0, target, me, False)  # a refused vote
 
+    def _later_term_heartbeat(self, me: int, target: int) -> AppendRequest | None:
+        """An empty append of a later term that the target's log checks pass: as the
+        leader of that term, which ``me`` (crashed) is not."""
+        sn = self.sim.nodes[target]
+        cm = getattr(sn.node, "cm", None) if sn.running else None
+        if cm is None:
+            return None
+        end = cm.log.published_position
+        prev = cm.log.terms.term_at(end)
+        term = cm.leadership_term_id + self.rng.choice([1, 2, 1000])
+        return AppendRequest(term, me, end, prev, prev, 0, cm.commit_position, b"")
+
     def _connection(self, target: int) -> bytes:
         """The bytes of one connection to ``target``."""
         rng = self.rng
@@ -153,6 +171,10 @@ class Adversary:
             me = rng.choice(running)
         elif crashed:
             me = rng.choice(crashed)
+            if rng.random() < 0.5 and (heartbeat := self._later_term_heartbeat(me, target)):
+                self.stats["later_term_heartbeats"] += 1
+                frames = [encode_frame(MemberHello(me, PROTOCOL_VERSION)), encode_frame(heartbeat)]
+                return b"".join(frames)
         else:
             me = rng.choice(running or [target])
         frames = [encode_frame(MemberHello(me, PROTOCOL_VERSION))]

@@ -8,6 +8,7 @@ named scenarios.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -21,9 +22,12 @@ import pytest
 import trio
 import trio.lowlevel
 
+from cluster.config import NodeConfig
+from cluster.protocol import PROTOCOL_VERSION, encode_frame
+from cluster.protocol.consensus import AppendRequest, MemberHello
 from cluster.protocol.enums import Role
 
-from .harness import Scenario, SimCluster, SimFailure, SimResult
+from .harness import CONSENSUS_PORT, Scenario, SimCluster, SimFailure, SimResult
 from .run import Pool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -245,6 +249,85 @@ def test_all_members_restart(tmp_path: Path) -> None:
     sim, result = _sim(41, 3, tmp_path, scenario)
     assert result.stats["crashes"] == 3
     assert len(sim.history.acked) > 20
+
+
+def test_a_majority_restarted_without_a_member_elects_at_once(tmp_path: Path) -> None:
+    """Every member crashes; two of three start again, the third only later: a leader
+    within the default start-up canvass timeout and an election timeout (was: none
+    until the third came back, or a minute), writes go on, and the third catches up
+    (the liveness phase waits for every member to apply the same log)."""
+    startup_canvass = NodeConfig().startup_canvass_timeout / 1e9
+    took: list[float] = []
+
+    async def scenario(sim: SimCluster) -> None:
+        await sim.start_workload()
+        await sim.wait_for_leader()
+        await sim.sleep(1.0)
+        for i in range(3):
+            await sim.crash(i, torn=i == 2)
+        await sim.sleep(0.5)
+        await sim.restart(0)
+        await sim.restart(1)
+        started = trio.current_time()
+        await sim.wait_for_leader()
+        took.append(trio.current_time() - started)
+        acked = len(sim.history.acked)
+        await sim.wait_for("writes after the restart", lambda: len(sim.history.acked) > acked, 5)
+        await sim.sleep(2.0)
+        await sim.restart(2)
+        await sim.sleep(1.0)
+
+    _sim(43, 3, tmp_path, scenario, startup_canvass_timeout=NodeConfig().startup_canvass_timeout)
+    election_timeout = 0.3  # the simulator's
+    assert took[0] < startup_canvass + election_timeout, took
+
+
+def test_a_later_term_forged_in_a_crashed_members_name_deposes_no_leader(tmp_path: Path) -> None:
+    """A stranger dials both live members' consensus ports as the crashed member and
+    sends heartbeats of a later term lined up with each one's log, five a second for
+    three seconds: the leader and its term stay, and writes are acknowledged throughout
+    (was: both followed the forger and nothing was acknowledged for a heartbeat
+    timeout and an election)."""
+    gaps: list[float] = []
+    ignored: list[int] = []
+
+    async def scenario(sim: SimCluster) -> None:
+        await sim.start_workload()
+        leader = await sim.wait_for_leader()
+        dead = (leader + 1) % 3
+        await sim.crash(dead)
+        await sim.sleep(1.0)
+        term = sim.term_of(leader)
+        host = sim.net.host("forger")
+        start = trio.current_time()
+        for _ in range(15):
+            for target in range(3):
+                if target == dead:
+                    continue
+                cm = _node(sim, target).cm
+                end = cm.log.published_position
+                prev = cm.log.terms.term_at(end)
+                forged = AppendRequest(term + 1, dead, end, prev, prev, 0, cm.commit_position, b"")
+                stream = await host.open_stream(sim.nodes[target].host, CONSENSUS_PORT)
+                await stream.send_all(
+                    encode_frame(MemberHello(dead, PROTOCOL_VERSION)) + encode_frame(forged)
+                )
+                await trio.aclose_forcefully(stream)
+            await sim.sleep(0.2)
+            assert sim.leader() == leader
+            assert sim.term_of(leader) == term
+        acks = sorted(
+            op.acked_at
+            for op in sim.history.acked
+            if op.acked_at is not None and op.acked_at >= start
+        )
+        gaps.extend(b - a for a, b in itertools.pairwise([start, *acks, trio.current_time()]))
+        ignored.extend(_node(sim, i).cm.counters.later_terms_ignored for i in range(3) if i != dead)
+        await sim.restart(dead)
+
+    _sim(44, 3, tmp_path, scenario, clients=3)
+    assert max(gaps) < 0.5, f"no write acknowledged for {max(gaps):.2f} s"
+    assert min(ignored) >= 15, ignored  # each live member ignored every forgery
 
 
 def test_failure_names_the_seed_and_how_to_replay_it(tmp_path: Path) -> None:

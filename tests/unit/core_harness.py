@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from cluster.core.base import ConsensusConfig, Event
 from cluster.core.consensus import ConsensusModule
 from cluster.core.driver import drive
+from cluster.core.terms import TermHistory
+from cluster.core.validate import check_records
 from cluster.protocol.enums import Role
 from cluster.protocol.ingress import SessionMessageHeader
 
@@ -60,14 +63,17 @@ class Net:
         self.rng = rng
         self.queue: list[tuple[int, int, Any]] = []
         self.cut: set[tuple[int, int]] = set()
+        self.down: set[int] = set()
+        """Members that are down: a link to one is down too (its send says so)."""
 
     def port(self, sender: int) -> Any:
         net = self
 
         class Port:
             def send(self, member_id: int, message: Any) -> bool:
-                if (sender, member_id) not in net.cut:
-                    net.queue.append((sender, member_id, message))
+                if (sender, member_id) in net.cut or member_id in net.down:
+                    return False
+                net.queue.append((sender, member_id, message))
                 return True
 
         return Port()
@@ -172,9 +178,10 @@ class Cluster:
         self.disk: dict[int, bytearray] = {}
         self.applied: dict[int, int] = {}
         self.leaders: dict[int, int] = {}  # term -> leader
-        self.down: set[int] = set()
+        self.down = self.net.down
         self.n = n
         self.seed = seed
+        self.restarts = 0
         self.stuck: set[int] = set()
         """Members whose archive takes no writes (a full or failing disk)."""
         self.ever_committed = b""
@@ -207,6 +214,32 @@ class Cluster:
         """Member ``i`` restarts on a new, empty disk: a catch-up member."""
         self.net.queue = [m for m in self.net.queue if i not in (m[0], m[1])]
         self._start(i, catching_up=True, generation=generation)
+
+    def restart(self, i: int, **config: Any) -> None:
+        """Member ``i`` restarts on its intact disk: its log, terms and candidate term as
+        it saved them, committed up to what it had applied (recovery replays that), its
+        messages in flight lost; ``config`` overrides its settings."""
+        old = self.members[i]
+        self.net.queue = [m for m in self.net.queue if i not in (m[0], m[1])]
+        disk = self.disk[i]
+        ends: list[int] = []
+        assert check_records(bytes(disk), ends) is None
+        cm = ConsensusModule(
+            replace(old.config, **config),
+            NullEgress(),
+            log_position=len(disk),
+            consensus=self.net.port(i),
+            storage=old.storage,
+            terms=TermHistory(list(old.log.terms)),
+            candidate_term_id=old.candidate_term_id,
+            catching_up=old.voting.catching_up,
+            rng=random.Random(self.seed * 100 + i + 7919 * self.restarts),
+        )
+        self.restarts += 1
+        cm.restore(min(self.applied[i], len(disk)), ends)
+        self.members[i] = cm
+        self.down.discard(i)
+        cm.enter_election(self.now, "start-up", is_startup=True)
 
     def persist(self, i: int) -> None:
         """Drive member ``i`` with the driver the node uses (its shell: a bytearray)."""
