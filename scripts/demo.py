@@ -127,7 +127,7 @@ def main() -> int:
             args.nodes,
             "cluster.examples.kv:KeyValueService",
             directory,
-            extra_args=["--leader-heartbeat-timeout", "1s", "--startup-canvass-timeout", "5s"],
+            extra_args=["--leader-heartbeat-timeout", "1s"],
         )
         cluster.start_all()
         try:

@@ -235,8 +235,6 @@ def main() -> int:
         args.heartbeat_timeout,
         "--election-timeout",
         args.election_timeout,
-        "--startup-canvass-timeout",
-        "5s",
         "--session-timeout",
         "10s",
     ]

@@ -62,8 +62,6 @@ from cluster.protocol.ingress import SessionConnectRequest  # noqa: E402
 
 KV = "cluster.examples.kv:KeyValueService"
 NODE_ARGS = [
-    "--startup-canvass-timeout",
-    "5s",
     "--election-timeout",
     "500ms",
     "--leader-heartbeat-timeout",

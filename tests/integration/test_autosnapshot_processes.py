@@ -39,8 +39,6 @@ before the check, and while the previous snapshot was being written."""
 NODE_ARGS = [
     "--leader-heartbeat-timeout",
     "2s",
-    "--startup-canvass-timeout",
-    "5s",
     "--election-timeout",
     "500ms",
     "--session-timeout",

@@ -29,7 +29,7 @@ from cluster.local import LocalCluster
 HOST = "127.0.0.1"
 PROXY_SOURCE = "127.0.0.2"
 KV = "cluster.examples.kv:KeyValueService"
-NODE_ARGS = ["--startup-canvass-timeout", "5s", "--election-timeout", "500ms"]
+NODE_ARGS = ["--election-timeout", "500ms"]
 
 
 class Forwarder:

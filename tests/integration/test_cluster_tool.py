@@ -33,7 +33,7 @@ pytestmark = pytest.mark.slow
 KV = "cluster.examples.kv:KeyValueService"
 BAD_CLIENTS = 25
 START_UP_WARNING = "no authenticator enforces client identity"
-NODE_ARGS = ["--leader-heartbeat-timeout", "1s", "--startup-canvass-timeout", "5s"]
+NODE_ARGS = ["--leader-heartbeat-timeout", "1s"]  # and the start-up canvass's 500 ms
 
 
 # ---------------------------------------------------------------------- helpers

@@ -37,8 +37,6 @@ SEGMENT = 64 << 10
 NODE_ARGS = [
     "--leader-heartbeat-timeout",
     "1s",
-    "--startup-canvass-timeout",
-    "5s",
     "--election-timeout",
     "500ms",
     "--session-timeout",

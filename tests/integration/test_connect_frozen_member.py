@@ -36,8 +36,6 @@ KV = "cluster.examples.kv:KeyValueService"
 NODE_ARGS = [
     "--leader-heartbeat-timeout",
     "1s",
-    "--startup-canvass-timeout",
-    "5s",
     "--election-timeout",
     "500ms",
     "--session-timeout",

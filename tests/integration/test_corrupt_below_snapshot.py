@@ -38,8 +38,6 @@ pytestmark = pytest.mark.slow
 NODE_ARGS = [
     "--leader-heartbeat-timeout",
     "1s",
-    "--startup-canvass-timeout",
-    "5s",
     "--election-timeout",
     "500ms",
     "--session-timeout",

@@ -40,8 +40,6 @@ HEARTBEAT_TIMEOUT = 1.0
 NODE_ARGS = [
     "--leader-heartbeat-timeout",
     f"{HEARTBEAT_TIMEOUT:g}s",
-    "--startup-canvass-timeout",
-    "5s",
     "--election-timeout",
     "500ms",
     "--session-timeout",

@@ -28,8 +28,6 @@ pytestmark = pytest.mark.slow
 
 KV = "cluster.examples.kv:KeyValueService"
 NODE_ARGS = [  # the default leader heartbeat timeout (10 s): a hand-over must beat it
-    "--startup-canvass-timeout",
-    "5s",
     "--election-timeout",
     "500ms",
     "--session-timeout",

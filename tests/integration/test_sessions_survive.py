@@ -37,8 +37,6 @@ from cluster.protocol.version import PROTOCOL_VERSION
 pytestmark = pytest.mark.slow
 
 DEFAULTS = [  # the default 10 s leader heartbeat and session timeouts
-    "--startup-canvass-timeout",
-    "5s",
     "--election-timeout",
     "500ms",
 ]

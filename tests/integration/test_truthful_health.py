@@ -24,7 +24,6 @@ pytestmark = pytest.mark.slow
 # generous: a busy 2-core machine must not see a healthy leader lose its quorum
 NODE_ARGS = [
     "--leader-heartbeat-timeout", "3s", "--leader-heartbeat-interval", "100ms",
-    "--startup-canvass-timeout", "5s",
 ]  # fmt: skip
 WAIT = 90.0
 
