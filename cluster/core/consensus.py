@@ -615,7 +615,7 @@ class ConsensusModule:
         session.time_of_last_activity_ns = now_ns
         sequence = header.sequence
         if sequence and sequence != session.last_sequence + 1:
-            self.session_manager.out_of_sequence(session, header, now_ns)
+            self.session_manager.sequencing.out_of_sequence(session, header, now_ns)
             return False
         header.timestamp = self.log.stamp(now_ns)
         if self.control.module_state is ModuleState.SUSPENDED:

@@ -137,7 +137,7 @@ class ServiceContainer:
         self.max_session_id = 0
         self.on_cluster_action: Callable[[int, ClusterActionRequest], None] | None = None
         self.on_error = on_error or ServiceErrorPolicy(clock_ns=clock_ns)
-        consensus_module.session_manager.progress = self.progress
+        consensus_module.session_manager.sequencing.progress = self.progress
 
     def progress(self, cluster_session_id: int) -> _ClientSession | None:
         """What this member applied of a session's sequenced messages (None: no such

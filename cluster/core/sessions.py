@@ -67,7 +67,6 @@ from ..protocol.ingress import (
     SessionCloseRequest,
     SessionConnectRequest,
     SessionKeepAlive,
-    SessionMessageHeader,
     SessionResumeRequest,
 )
 from ..protocol.log import LogMessage, SessionCloseEvent, SessionOpenEvent
@@ -77,13 +76,12 @@ from .base import ConsensusConfig, Counters, EgressPort, IngressSource, TermView
 from .log import ReplicatedLog
 from .notify import SessionNotifier
 from .resumption import SessionResumption
+from .sequencing import SessionSequencing
 from .session import (
     DROPPED,
     EGRESS_HEARTBEAT_NS,
-    RESEND_AGAIN_NS,
     SECRET_BYTES,
     ClusterSession,
-    SessionProgress,
     State,
     secret_hash,
 )
@@ -146,11 +144,9 @@ class SessionManager:
         #: slow tick; None: none has), so a connect request that finds every slot taken
         #: knows at once whether one may be given back
         self.earliest_detached_ns: int | None = None
-        self.progress: Callable[[int], SessionProgress | None] = lambda session_id: None
-        """What the service's side knows of a session's sequenced messages (the service
-        container sets it: :meth:`ServiceContainer.progress
-        <cluster.core.service_container.ServiceContainer.progress>`)."""
         self.notify = SessionNotifier(config, egress, view, counters)
+        self.sequencing = SessionSequencing(self.notify, counters)
+        self.applied = self.sequencing.applied
         self.admission = SessionAdmission(
             config, egress, authenticator, log, view, counters, self.notify, self
         )
@@ -236,34 +232,7 @@ class SessionManager:
             if msg.sequence > session.last_sequence:
                 # it sent more before this keepalive than reached the log (dropped in a
                 # hand-over that did not happen, say) and has sent nothing since
-                self._ask_resend(session, now_ns)
-
-    # ------------------------------------------------------------------ sequences
-
-    def applied(self, cluster_session_id: int) -> int:
-        """The highest sequence of the session's messages that the service applied."""
-        progress = self.progress(cluster_session_id)
-        return 0 if progress is None else progress.applied_sequence
-
-    def out_of_sequence(
-        self, session: ClusterSession, header: SessionMessageHeader, now_ns: int
-    ) -> None:
-        """A ready leader dropped a session message that is not the session's next: a
-        duplicate (the log holds it: a resend) is only counted; after a gap the client
-        is told to resend what follows the log's last (once, until
-        :data:`~cluster.core.session.RESEND_AGAIN_NS` has passed)."""
-        if header.sequence <= session.last_sequence:
-            self.counters.duplicate_messages += 1
-            return
-        self.counters.sequence_gaps += 1
-        self._ask_resend(session, now_ns)
-
-    def _ask_resend(self, session: ClusterSession, now_ns: int) -> None:
-        asked = session.resend_asked_ns
-        if asked is not None and now_ns - asked < RESEND_AGAIN_NS:
-            return
-        if self.notify.ack(session, self.applied(session.cluster_session_id), resend=True):
-            session.resend_asked_ns = now_ns
+                self.sequencing.ask_resend(session, now_ns)
 
     def on_close_request(
         self, msg: SessionCloseRequest, source: IngressSource, now_ns: int
@@ -366,7 +335,7 @@ class SessionManager:
         member learnt of it (its log, a snapshot, a restart of the whole cluster): its
         client has a session timeout from now to come back, or it is closed (TIMEOUT)."""
         self.earliest_detached_ns = None
-        progress = self.progress
+        progress = self.sequencing.progress
         for session in self.sessions.values():
             # ready: the service has applied this member's whole log, so what it
             # applied of each session is what the log holds (exactly once from here)
@@ -628,7 +597,7 @@ class SessionManager:
                 if self.notify.welcome(session, self.applied(session.cluster_session_id)):
                     work += 1
             elif session.egress_connected and (
-                (progress := self.progress(session.cluster_session_id)) is not None
+                (progress := self.sequencing.progress(session.cluster_session_id)) is not None
                 and progress.applied_sequence > progress.told_sequence
             ):  # applied since the client was last told (no reply told it): it forgets
                 if self.notify.ack(session, progress.applied_sequence, resend=False):
