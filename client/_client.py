@@ -48,7 +48,6 @@ from cluster.protocol.framing import HEADER_LENGTH, LENGTH
 from cluster.protocol.ingress import (
     AdminRequest,
     SessionCloseRequest,
-    SessionKeepAlive,
     SessionMessageHeader,
 )
 from cluster.transport.tls import TlsIdentity
@@ -59,6 +58,7 @@ from ._dial import NETWORK_ERRORS, aclose_quietly, describe_failures, peer_role
 from ._endpoints import Endpoint, format_endpoints
 from ._handshake import Handshake
 from ._ingress import RECEIVE_SIZE, RETRY_DELAY_MIN, Ingress, IngressWriter
+from ._outbox import ENTRY_OVERHEAD
 from ._session import Action, Dropped, Reconnect, Redial, Session
 from ._sync import Backend, Broadcast
 from .errors import ConnectTimeoutError, TlsRequiredError
@@ -75,7 +75,8 @@ from .events import (
 __all__ = ["ClusterClient"]
 
 MAX_PENDING_BYTES = 4 << 20
-"""Offers wait (backpressure) while this much ingress is queued but not yet sent."""
+"""Offers wait (backpressure) while this much of the session's messages is not yet
+confirmed applied (queued, sent, or kept to be sent again: :mod:`client._outbox`)."""
 
 _FLUSH_HINT_BYTES = 256 << 10  # past this, offers yield so the writer can start sending
 _HEADER_ZERO = bytes(HEADER_LENGTH)
@@ -136,6 +137,7 @@ class ClusterClient:
             next_correlation_id=self._next_correlation_id,
             tls=None if identity is None else identity.client_context,
         )
+        session.wake_space = writer.space_ready.notify  # confirmations make room
         self._handshake = Handshake(
             session, writer, backend, self._spawn, max_events=max_egress_backlog
         )
@@ -199,6 +201,19 @@ class ClusterClient:
         return self._session.close_reason
 
     @property
+    def last_sequence(self) -> int:
+        """The sequence number of the last message this session accepted (they are
+        numbered 1, 2, 3... in the order ``offer``, ``try_offer`` and ``offer_many`` took
+        them); each is applied exactly once, in that order, while the session is open."""
+        return self._session.outbox.sequence
+
+    @property
+    def confirmed_sequence(self) -> int:
+        """The highest sequence the cluster has confirmed the service applied (the
+        messages up to it are no longer kept to be sent again)."""
+        return self._session.outbox.confirmed
+
+    @property
     def replies_dropped(self) -> int:
         """Replies the cluster dropped while this session was between connections (it
         says how many once the session resumes; each time, a :class:`RepliesDropped`
@@ -210,11 +225,17 @@ class ClusterClient:
     async def offer(self, payload: bytes) -> None:
         """Queue ``payload`` for the clustered service, as a ``SessionMessageHeader``.
 
-        Offers are batched: they are appended to one buffer that a writer task sends
-        with one ``send`` per wake-up.  This only blocks (and yields) when more than
-        :data:`MAX_PENDING_BYTES` are queued, or when the queue grows big enough that the
-        writer should run.  While the ingress is reconnecting (a broken connection, a
-        new leader) offers are queued and sent after the reconnect.
+        The service applies it exactly once, in the order offered, whatever leader
+        changes, reconnects and resumes happen while the session is open: each message
+        gets the session's next sequence number (:attr:`last_sequence`) and is kept
+        until the cluster confirms the service applied it; a leader that takes the
+        session, or sees one missing, asks for the rest again and drops what it already
+        has.  Offers are batched: they are appended to one buffer that a writer task
+        sends with one ``send`` per wake-up.  This only blocks (and yields) when
+        :data:`MAX_PENDING_BYTES` of messages are not yet confirmed, or when the queue
+        grows big enough that the writer should run.  While the ingress is reconnecting
+        (a broken connection, a new leader) offers are queued and sent after the
+        reconnect.
 
         Raises :class:`TypeError` for anything but bytes, bytearray or memoryview,
         :class:`SessionClosedError` once the session is closed (its subclass
@@ -226,30 +247,28 @@ class ClusterClient:
         await self._backend.checkpoint_if_cancelled()
         session = self._session
         session.check_usable()
-        while len(session.pending) >= MAX_PENDING_BYTES:
+        outbox = session.outbox
+        while outbox.kept_bytes >= MAX_PENDING_BYTES:
             await self._writer.space_ready.wait()
             session.check_usable()
-        queued = session.enqueue(
-            SessionMessageHeader(session.leadership_term_id, session.cluster_session_id, 0, payload)
-        )
+        queued = session.offer_message(payload)
         if queued >= _FLUSH_HINT_BYTES:
             await self._backend.checkpoint()
 
     def try_offer(self, payload: bytes) -> bool:
         """Queue ``payload`` without waiting: ``True`` if queued, ``False`` if the
-        client is back-pressured (:data:`MAX_PENDING_BYTES` are queued and not yet
-        sent: try again later), like Aeron's ``offer`` returning ``BACK_PRESSURED``.
+        client is back-pressured (:data:`MAX_PENDING_BYTES` of messages are not yet
+        confirmed: try again later), like Aeron's ``offer`` returning ``BACK_PRESSURED``.
+        Applied exactly once, in order, as :meth:`offer`'s.
 
         Raises like :meth:`offer` (``TypeError``, ``SessionClosedError``, ``ValueError``)."""
         if type(payload) is not bytes:
             _check_payload(payload)
         session = self._session
         session.check_usable()
-        if len(session.pending) >= MAX_PENDING_BYTES:
+        if session.outbox.kept_bytes >= MAX_PENDING_BYTES:
             return False
-        session.enqueue(
-            SessionMessageHeader(session.leadership_term_id, session.cluster_session_id, 0, payload)
-        )
+        session.offer_message(payload)
         return True
 
     async def offer_many(self, payloads: Iterable[bytes]) -> int:
@@ -273,6 +292,8 @@ class ClusterClient:
         # two payloads but where this waits for room: only there can the buffer or the
         # session's term change.
         buf = session.pending
+        outbox = session.outbox
+        kept = outbox.kept
         term, session_id = session.leadership_term_id, session.cluster_session_id
         for payload in payloads:
             if type(payload) is not bytes:
@@ -281,22 +302,27 @@ class ClusterClient:
                 except TypeError:
                     writer.data_ready.notify()  # the ones before it were queued
                     raise
-            if len(buf) >= MAX_PENDING_BYTES:
+                payload = bytes(payload)  # kept until applied: never changed later
+            if outbox.kept_bytes >= MAX_PENDING_BYTES:
                 writer.data_ready.notify()
-                while len(session.pending) >= MAX_PENDING_BYTES:
+                while outbox.kept_bytes >= MAX_PENDING_BYTES:
                     await writer.space_ready.wait()
                     session.check_usable()
                 buf = session.pending
                 term, session_id = session.leadership_term_id, session.cluster_session_id
             start = len(buf)
             buf += _HEADER_ZERO
-            encode_into(header(term, session_id, 0, payload), buf, start + HEADER_LENGTH)
+            sequence = outbox.sequence + 1
+            encode_into(header(term, session_id, 0, payload, sequence), buf, start + HEADER_LENGTH)
             size = len(buf) - start - HEADER_LENGTH
             if size > max_frame_size:
                 del buf[start:]
                 writer.data_ready.notify()
                 raise ValueError(f"message of {size} bytes exceeds max_frame_size {max_frame_size}")
             pack_length(buf, start, size)
+            outbox.sequence = sequence  # Outbox.add, inline
+            kept.append((sequence, payload))
+            outbox.kept_bytes += len(payload) + ENTRY_OVERHEAD
             count += 1
         writer.send_now()
         if session.pending:  # not all sent from here: the writer task sends the rest
@@ -381,7 +407,7 @@ class ClusterClient:
         await self._backend.checkpoint_if_cancelled()
         session = self._session
         session.check_usable()
-        session.enqueue(SessionKeepAlive(session.leadership_term_id, session.cluster_session_id))
+        session.enqueue(session.keepalive())
 
     async def close(self) -> None:
         """Close the session: send ``SessionCloseRequest``, then stop every task.

@@ -34,7 +34,6 @@ import anyio.abc
 from cluster.protocol import EGRESS, FrameDecoder, ProtocolError
 from cluster.protocol.egress import NewLeaderEvent
 from cluster.protocol.framing import HEADER_LENGTH, LENGTH
-from cluster.protocol.ingress import SessionKeepAlive
 from cluster.transport.tls import speaks_tls
 
 from ._dial import (
@@ -591,9 +590,7 @@ class IngressWriter:
                 and not session.pending
                 and not self.writing
             ):
-                session.enqueue(
-                    SessionKeepAlive(session.leadership_term_id, session.cluster_session_id)
-                )
+                session.enqueue(session.keepalive())
                 self.last_sent = anyio.current_time()
             else:
                 await anyio.sleep(interval)

@@ -3,13 +3,17 @@
 No sockets, no tasks, no awaits: like :class:`~client._connect.AsyncConnect`, a
 :class:`Session` decides and the anyio shell (:mod:`client._client`,
 :mod:`client._ingress`) does.  It holds what the session *is* (its id, the leadership
-term, the leader and the endpoints, open or closed) and the two queues that cross the
-network: the ingress frames not yet sent (``pending``) and the application messages
-received but not yet taken (``backlog``).
+term, the leader and the endpoints, open or closed) and the queues that cross the
+network: the ingress frames not yet sent (``pending``), the messages offered and not yet
+confirmed applied (``outbox``, :class:`~client._outbox.Outbox`: sent again when a leader
+asks) and the application messages received but not yet taken (``backlog``).
 
 Egress messages of an open session go in through :meth:`Session.on_egress`::
 
-    SessionMessageHeader  appended to the backlog                 -> None
+    SessionMessageHeader  appended to the backlog; what it says the
+                          service applied is forgotten            -> None
+    SessionAck            the same forgotten; with resend, what
+                          follows the leader's log queued again    -> None
     ServiceErrorEvent     appended to the backlog (receive raises) -> None
     RepliesDropped        counted                                 -> Dropped
     AdminResponse         handed to the request_snapshot() waiting -> None
@@ -40,14 +44,20 @@ from cluster.protocol.egress import (
     NewLeaderEvent,
     RepliesDropped,
     ServiceErrorEvent,
+    SessionAck,
     SessionEvent,
 )
 from cluster.protocol.enums import CloseReason, EventCode
-from cluster.protocol.ingress import SessionMessageHeader, SessionResumeRequest
+from cluster.protocol.ingress import (
+    SessionKeepAlive,
+    SessionMessageHeader,
+    SessionResumeRequest,
+)
 from cluster.protocol.version import PROTOCOL_VERSION
 
 from ._connect import ConnectResult
 from ._endpoints import Endpoint, merge_endpoints, parse_endpoints
+from ._outbox import ENTRY_OVERHEAD, Outbox
 from .errors import (
     EgressBacklogExceededError,
     NotConnectedError,
@@ -133,6 +143,7 @@ class Session:
         "endpoints",
         "errors_waiting",
         "given",
+        "last_applied",
         "leader_endpoint",
         "leader_member_id",
         "leadership_term_id",
@@ -140,9 +151,11 @@ class Session:
         "max_egress_backlog",
         "max_frame_size",
         "open",
+        "outbox",
         "pending",
         "replies_dropped",
         "session_secret",
+        "wake_space",
     )
 
     def __init__(
@@ -172,8 +185,14 @@ class Session:
         self.leader_endpoint: Endpoint | None = None
         self.session_secret = b""
 
-        # Ingress frames queued but not yet sent.
+        # Ingress frames queued but not yet sent; the messages offered, until applied.
         self.pending = bytearray()
+        self.outbox = Outbox()
+        #: called when confirmations make room in the outbox (offers may go on)
+        self.wake_space: Callable[[], None] = lambda: None
+        #: the highest sequence the service applied, as the cluster said when it closed
+        #: the session (else the highest it confirmed)
+        self.last_applied = 0
 
         # Egress: received application messages, admin requests awaiting a response.
         # Received messages, and the service's errors in their place (ServiceErrorEvent,
@@ -220,7 +239,10 @@ class Session:
     def closed_error(self) -> SessionClosedError:
         """The error for using the closed session."""
         reason = self.close_reason or CloseReason.CLIENT_ACTION.name
-        return SessionLostError(reason) if self.lost else SessionClosedError(reason)
+        applied = max(self.last_applied, self.outbox.confirmed)
+        if self.lost:
+            return SessionLostError(reason, last_applied=applied)
+        return SessionClosedError(reason, last_applied=applied)
 
     def mark_closed(self, reason: str, *, lost: bool = False) -> None:
         """Record why the session closed (the first reason wins); wake admin waiters.
@@ -251,6 +273,60 @@ class Session:
             )
         self._wake_writer()
         return end
+
+    def offer_message(self, payload: bytes | bytearray | memoryview) -> int:
+        """Number one application message, keep it until it is applied, queue it
+        (:meth:`enqueue`); returns how many bytes are now queued."""
+        kept = payload if type(payload) is bytes else bytes(payload)  # never changed later
+        outbox = self.outbox
+        sequence = outbox.add(kept)
+        try:
+            return self.enqueue(
+                SessionMessageHeader(
+                    self.leadership_term_id, self.cluster_session_id, 0, kept, sequence
+                )
+            )
+        except ValueError:  # too big: never offered
+            outbox.kept.pop()
+            outbox.kept_bytes -= len(kept) + ENTRY_OVERHEAD
+            outbox.sequence -= 1
+            raise
+
+    def keepalive(self) -> SessionKeepAlive:
+        """A keepalive, saying how far this client's messages go (a leader whose log
+        holds less asks for the rest again)."""
+        return SessionKeepAlive(
+            self.leadership_term_id, self.cluster_session_id, self.outbox.sequence
+        )
+
+    def confirm(self, applied: int) -> None:
+        """The cluster says the service applied the messages up to ``applied``."""
+        if self.outbox.confirm(applied):
+            self.wake_space()
+
+    def resend(self, logged: int) -> None:
+        """The leader asked again for the messages after ``logged`` (the last of its
+        log): queue every kept one after it, re-encoded for the current term, ahead of
+        the other frames queued (keepalives, requests, a close).  The messages queued
+        are all kept, so none is queued twice."""
+        term, session_id = self.leadership_term_id, self.cluster_session_id
+        decoder = FrameDecoder(max(self.max_frame_size, 1 << 16))
+        others = [
+            msgspec.structs.replace(message, leadership_term_id=term)
+            for message in (INGRESS.decode(body) for body in decoder.feed(self.pending))
+            if type(message) is not SessionMessageHeader
+        ]
+        out = bytearray()
+        encode_frames_into(
+            out,
+            [
+                SessionMessageHeader(term, session_id, 0, payload, sequence)
+                for sequence, payload in self.outbox.after(logged)
+            ],
+        )
+        encode_frames_into(out, others)
+        self.pending = out
+        self._wake_writer()
 
     def retarget(self, buf: bytearray | bytes) -> bytearray:
         """Re-encode queued ingress frames with the current leadership term.
@@ -328,7 +404,11 @@ class Session:
         """Handle one egress message once the session is open (see the module's table)."""
         session_id = self.cluster_session_id
         if isinstance(message, SessionMessageHeader):
-            if message.cluster_session_id != session_id or self.backlog_exceeded:
+            if message.cluster_session_id != session_id:
+                return None
+            if message.sequence > self.outbox.confirmed:
+                self.confirm(message.sequence)
+            if self.backlog_exceeded:
                 return None
             backlog = self.backlog
             if len(backlog) < self.max_egress_backlog:  # the hot path, inline
@@ -342,9 +422,15 @@ class Session:
             code = message.code
             if code is EventCode.CLOSED or code is EventCode.ERROR:
                 # ERROR: the cluster refused this client's proof of the session
+                self.last_applied = max(self.last_applied, message.last_applied)
                 return Closed(message.detail or code.name)
             if code is EventCode.REDIRECT:
                 return self._on_redirect(message)
+        elif isinstance(message, SessionAck):
+            if message.cluster_session_id == session_id:
+                self.confirm(message.applied)
+                if message.resend and message.leadership_term_id >= self.leadership_term_id:
+                    self.resend(message.logged)
         elif isinstance(message, NewLeaderEvent):
             if message.cluster_session_id == session_id:
                 return self._on_new_leader(message)

@@ -59,12 +59,21 @@ class SessionClosedError(ClusterClientError):
     client closed it; otherwise what happened (``"resumed on another connection"``...).
     ``close_reason`` is the :class:`~cluster.protocol.enums.CloseReason` when ``reason``
     names one, else ``None``.
+
+    ``last_applied`` is the highest sequence number of this session's own messages that
+    the service applied (0: none).  A session numbers the messages it accepts 1, 2, 3...
+    in the order ``offer``, ``try_offer`` and ``offer_many`` took them: those up to
+    ``last_applied`` were applied, once each, and no later one ever will be.  Exact
+    when the cluster closed the session (its CLOSED says it); when this client closed
+    it, or lost it, the highest the cluster confirmed (later ones may have been applied
+    too: a close waits for nothing).
     """
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, last_applied: int = 0) -> None:
         super().__init__(f"cluster session closed: {reason or 'no reason given'}")
         self.reason = reason
         self.close_reason: CloseReason | None = CloseReason.__members__.get(reason)
+        self.last_applied = last_applied
 
 
 class SessionLostError(SessionClosedError):

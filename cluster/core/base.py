@@ -63,6 +63,12 @@ class Counters:
     wrong_term_messages: int = 0
     held_messages_dropped: int = 0
     """Messages refused because the SUSPENDED module's hold queue was full."""
+    duplicate_messages: int = 0
+    """Session messages a leader dropped because its log already holds their sequence
+    (a client's resend after a leader change, a resume or a gap: exactly once in)."""
+    sequence_gaps: int = 0
+    """Session messages a leader dropped because they were not the session's next
+    (one before them was lost on the way); the client is told to resend at once."""
     rejected_sessions: int = 0
     redirected_sessions: int = 0
     timed_out_sessions: int = 0

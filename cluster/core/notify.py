@@ -6,13 +6,15 @@ send a client events about its session: a :class:`~cluster.protocol.egress.Sessi
 (every answer before OK does: a member dials nobody for a stranger), else on its dialled
 egress; a :class:`~cluster.protocol.egress.NewLeaderEvent` (who leads, and the sign that
 the leader lives) is followed by how many replies to the session were dropped since it
-was last told (:class:`~cluster.protocol.egress.RepliesDropped`).  It keeps no state.
+was last told (:class:`~cluster.protocol.egress.RepliesDropped`); a
+:class:`~cluster.protocol.egress.SessionAck` tells the client what the log holds of its
+messages, and asks for the rest again.  It keeps no state.
 """
 
 from __future__ import annotations
 
 from ..protocol import version as protocol_version
-from ..protocol.egress import NewLeaderEvent, RepliesDropped, SessionEvent
+from ..protocol.egress import NewLeaderEvent, RepliesDropped, SessionAck, SessionEvent
 from ..protocol.enums import EventCode
 from .base import ConsensusConfig, Counters, EgressPort, TermView
 from .session import ClusterSession
@@ -30,10 +32,16 @@ class SessionNotifier:
         self.counters = counters
 
     def event(
-        self, session: ClusterSession, code: EventCode, detail: str, secret: bytes = b""
+        self,
+        session: ClusterSession,
+        code: EventCode,
+        detail: str,
+        secret: bytes = b"",
+        last_applied: int = 0,
     ) -> bool:
         """Tell the client of its session: on its connection here while it has one
-        (answers before OK always do), else on its dialled egress."""
+        (answers before OK always do), else on its dialled egress.  ``last_applied``
+        (CLOSED): the highest sequence of the session's messages the service applied."""
         view = self.view
         event = SessionEvent(
             cluster_session_id=session.cluster_session_id,
@@ -44,6 +52,7 @@ class SessionNotifier:
             version=protocol_version.PROTOCOL_VERSION,
             detail=detail,
             session_secret=secret,
+            last_applied=last_applied,
         )
         source = session.source
         if source is not None and not source.closed:
@@ -82,3 +91,30 @@ class SessionNotifier:
                 self.counters.replies_dropped -= dropped  # counted when told
             return True
         return False
+
+    def welcome(self, session: ClusterSession, applied: int) -> bool:
+        """A session reached this leader (a resume, or this member began to lead): who
+        leads (:meth:`new_leader`), then what the log holds of its messages, asking for
+        the rest again (:meth:`ack`): a hand-over costs the client a round trip."""
+        if not self.new_leader(session):
+            return False
+        self.ack(session, applied, resend=True)
+        session.resend_asked_ns = None  # a gap seen next is told at once
+        return True
+
+    def ack(self, session: ClusterSession, applied: int, *, resend: bool) -> bool:
+        """Tell the client what the log holds of its messages: ``applied`` (the service
+        applied them: it forgets them) and the highest in this leader's log; with
+        ``resend``, ask for what follows that again at once."""
+        if not session.egress_connected:
+            return False
+        return self.egress.send(
+            session.egress_id,
+            SessionAck(
+                cluster_session_id=session.cluster_session_id,
+                leadership_term_id=self.view.leadership_term_id,
+                applied=applied,
+                logged=session.last_sequence,
+                resend=resend,
+            ),
+        )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hmac
 from collections import OrderedDict
+from collections.abc import Callable
 
 from ..protocol import version as protocol_version
 from ..protocol.egress import SessionEvent
@@ -52,6 +53,7 @@ class SessionResumption:
         counters: Counters,
         notify: SessionNotifier,
         sessions: dict[int, ClusterSession],
+        applied: Callable[[int], int] = lambda session_id: 0,
     ) -> None:
         self.config = config
         self.egress = egress
@@ -60,9 +62,11 @@ class SessionResumption:
         self.notify = notify
         self.sessions = sessions
         """The manager's open sessions by id (the same dict: it is never replaced)."""
-        #: why recently closed sessions were closed, and their secret's hash (to tell
-        #: only their holder): a resume after the fact hears the reason
-        self.closed_reasons: OrderedDict[int, tuple[CloseReason, bytes]] = OrderedDict()
+        self.applied = applied
+        """The highest sequence of a session's messages the service applied."""
+        #: why recently closed sessions were closed, their secret's hash (to tell only
+        #: their holder) and the last sequence applied: a resume after the fact hears them
+        self.closed_reasons: OrderedDict[int, tuple[CloseReason, bytes, int]] = OrderedDict()
         #: resumes that came to this member while it was not the ready leader:
         #: (connection, request, since, when last told, the leader it was told of)
         self.held_resumes: list[tuple[IngressSource, SessionResumeRequest, int, int, int]] = []
@@ -88,7 +92,8 @@ class SessionResumption:
             return
         session = self.sessions.get(request.cluster_session_id)
         if session is None or session.state is not State.OPEN:
-            self._reply(source, request, EventCode.CLOSED, self._why_closed(request))
+            why, last_applied = self._why_closed(request)
+            self._reply(source, request, EventCode.CLOSED, why, last_applied=last_applied)
             return
         if not session.secret_hash or not hmac.compare_digest(
             secret_hash(bytes(request.session_secret)), session.secret_hash
@@ -108,24 +113,31 @@ class SessionResumption:
         if session.own_connection:
             self.egress.attach(session.egress_id, source)
             session.egress_connected = True
-            session.has_new_leader_event_pending = True
-        self.notify.new_leader(session)
+        # who leads, and what the log holds of its messages: the client resends the
+        # rest at once (if its egress is not up yet, the slow tick's check does it)
+        session.has_new_leader_event_pending = True
+        if self.notify.welcome(session, self.applied(session.cluster_session_id)):
+            session.has_new_leader_event_pending = False
 
-    def _why_closed(self, request: SessionResumeRequest) -> str:
+    def _why_closed(self, request: SessionResumeRequest) -> tuple[str, int]:
         """The reason a session that is not open was closed, for the client that holds
-        its secret (its CloseReason's name); anyone else hears it is not open."""
+        its secret (its CloseReason's name), and the last sequence of its messages
+        applied; anyone else hears it is not open."""
         closed = self.closed_reasons.get(request.cluster_session_id)
         if closed is not None and hmac.compare_digest(
             secret_hash(bytes(request.session_secret)), closed[1]
         ):
-            return closed[0].name
-        return "no such open session"
+            return closed[0].name, closed[2]
+        return "no such open session", 0
 
-    def remember_closed(self, session_id: int, reason: CloseReason, hashed: bytes) -> None:
+    def remember_closed(
+        self, session_id: int, reason: CloseReason, hashed: bytes, last_applied: int = 0
+    ) -> None:
         """A session closed (here, or by an entry of the log): a late resume by the
-        holder of the secret whose hash is ``hashed`` hears ``reason``."""
+        holder of the secret whose hash is ``hashed`` hears ``reason``, and
+        ``last_applied``, the last sequence of its messages the service applied."""
         closed = self.closed_reasons
-        closed[session_id] = (reason, hashed)
+        closed[session_id] = (reason, hashed, last_applied)
         while len(closed) > MAX_CLOSED_REMEMBERED:
             closed.popitem(last=False)
 
@@ -177,6 +189,7 @@ class SessionResumption:
         detail: str,
         *,
         leader: int | None = None,
+        last_applied: int = 0,
     ) -> None:
         view = self.view
         self.egress.reply(
@@ -189,5 +202,6 @@ class SessionResumption:
                 code=code,
                 version=protocol_version.PROTOCOL_VERSION,
                 detail=detail,
+                last_applied=last_applied,
             ),
         )

@@ -53,14 +53,22 @@ _unpack_record = RECORD_HEADER.unpack_from
 
 
 class _ClientSession:
+    """The service's view of a client session.  ``applied_sequence`` is the highest
+    sequence of its messages applied (on every member: a new leader knows from it what
+    its log holds; snapshots keep it); ``told_sequence``, on the leader, the highest its
+    client has been told of (a reply carries it, else the session manager's
+    :class:`~cluster.protocol.egress.SessionAck`)."""
+
     __slots__ = (
         "_container",
+        "applied_sequence",
         "encoded_principal",
         "id",
         "is_closing",
         "response_channel",
         "response_stream_id",
         "secret_hash",
+        "told_sequence",
     )
 
     def __init__(
@@ -73,6 +81,8 @@ class _ClientSession:
         self.encoded_principal = event.encoded_principal
         self.secret_hash = event.secret_hash
         self.is_closing = False
+        self.applied_sequence = event.last_sequence if isinstance(event, ClientSessionRecord) else 0
+        self.told_sequence = 0
 
     def offer(self, payload: bytes) -> bool:
         c = self._container
@@ -80,9 +90,13 @@ class _ClientSession:
             return False
         if c.role is not _LEADER:
             return True  # followers fake the egress (seed 002)
-        return c.egress.send(
-            self.id, SessionMessageHeader(c.leadership_term_id, self.id, c.time, payload)
-        )
+        applied = self.applied_sequence  # the client forgets what it kept up to here
+        if c.egress.send(
+            self.id, SessionMessageHeader(c.leadership_term_id, self.id, c.time, payload, applied)
+        ):
+            self.told_sequence = applied
+            return True
+        return False
 
     def close(self) -> bool:
         if self.is_closing or self.id not in self._container.sessions:
@@ -123,6 +137,12 @@ class ServiceContainer:
         self.max_session_id = 0
         self.on_cluster_action: Callable[[int, ClusterActionRequest], None] | None = None
         self.on_error = on_error or ServiceErrorPolicy(clock_ns=clock_ns)
+        consensus_module.session_manager.sequencing.progress = self.progress
+
+    def progress(self, cluster_session_id: int) -> _ClientSession | None:
+        """What this member applied of a session's sequenced messages (None: no such
+        session); the session manager reads it (a new leader's log, acknowledgements)."""
+        return self.sessions.get(cluster_session_id)
 
     def restore_sessions(self, records: list[ClientSessionRecord]) -> None:
         for record in records:
@@ -237,6 +257,7 @@ class ServiceContainer:
                     session = sessions.get(message.cluster_session_id)
                     if session is not None:
                         self.applied_messages += 1
+                        session.applied_sequence = message.sequence
                         try:
                             service.on_session_message(session, timestamp, message.payload)
                         except BaseException as exc:
@@ -259,6 +280,7 @@ class ServiceContainer:
                     self.log_position = end
                     self.time = message.timestamp
                     self.applied_messages += 1
+                    session.applied_sequence = message.sequence
                     try:
                         service.on_session_message(session, message.timestamp, message.payload)
                     except BaseException as exc:
@@ -277,6 +299,7 @@ class ServiceContainer:
             session = self.sessions.get(session_id)
             if session is not None:
                 self.applied_messages += 1
+                session.applied_sequence = message.sequence
                 try:
                     service.on_session_message(session, message.timestamp, message.payload)
                 except BaseException as exc:

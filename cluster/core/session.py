@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import ipaddress
+from typing import Protocol
 
 from ..protocol.egress import Challenge
 from ..protocol.enums import CloseReason, EventCode
@@ -66,8 +67,10 @@ class ClusterSession:
         "has_new_leader_event_pending",
         "has_open_event_pending",
         "heartbeat_ns",
+        "last_sequence",
         "opened_log_position",
         "rejection",
+        "resend_asked_ns",
         "response_channel",
         "response_stream_id",
         "secret",
@@ -114,6 +117,12 @@ class ClusterSession:
         self.detached_since_ns: int | None = None
         self.secret = b""  # only on the leader that opened it, until OK is sent
         self.secret_hash = b""  # SHA-256 of the secret, replicated in SessionOpenEvent
+        # the highest sequence of the session's messages in this leader's log (set from
+        # what the service applied when it becomes ready, then by each append); a
+        # follower's is not kept: followers decide nothing
+        self.last_sequence = 0
+        # when this leader last told the client to resend (a gap; None: never)
+        self.resend_asked_ns: int | None = None
 
     @property
     def own_connection(self) -> bool:
@@ -125,6 +134,21 @@ class ClusterSession:
             f"ClusterSession(id={self.cluster_session_id}, state={self.state.name}, "
             f"channel={self.response_channel!r})"
         )
+
+
+class SessionProgress(Protocol):
+    """What the service's side knows of a session's sequenced messages (the
+    container's client session): the highest it applied, and the highest its client
+    has been told of (a reply or a :class:`~cluster.protocol.egress.SessionAck`)."""
+
+    applied_sequence: int
+    told_sequence: int
+
+
+RESEND_AGAIN_NS = 200_000_000
+"""A leader that told a client to resend tells it again, at the next gap, only after
+this long: its first resend may still be on the way (and a told client that lost the
+word keeps sending what the leader drops)."""
 
 
 CLIENT_REQUESTS = (

@@ -76,6 +76,7 @@ from .base import ConsensusConfig, Counters, EgressPort, IngressSource, TermView
 from .log import ReplicatedLog
 from .notify import SessionNotifier
 from .resumption import SessionResumption
+from .sequencing import SessionSequencing
 from .session import (
     DROPPED,
     EGRESS_HEARTBEAT_NS,
@@ -135,16 +136,22 @@ class SessionManager:
         """Open sessions by id (never replaced: cleared and refilled)."""
         self.next_session_id = 1
         self._awaiting_ok: list[ClusterSession] = []
+        #: sessions closed here whose SessionCloseEvent is not yet committed: (its
+        #: position, the session, the reason, the last sequence applied); told CLOSED
+        #: once it is, so that what they hear is what every member will apply
+        self._awaiting_closed: list[tuple[int, ClusterSession, CloseReason, int]] = []
         #: when the open session longest without a connection lost it (as of the last
         #: slow tick; None: none has), so a connect request that finds every slot taken
         #: knows at once whether one may be given back
         self.earliest_detached_ns: int | None = None
         self.notify = SessionNotifier(config, egress, view, counters)
+        self.sequencing = SessionSequencing(self.notify, counters)
+        self.applied = self.sequencing.applied
         self.admission = SessionAdmission(
             config, egress, authenticator, log, view, counters, self.notify, self
         )
         self.resumption = SessionResumption(
-            config, egress, view, counters, self.notify, self.sessions
+            config, egress, view, counters, self.notify, self.sessions, self.applied
         )
 
     # ------------------------------------------------------------------ requests
@@ -222,6 +229,10 @@ class SessionManager:
         session = self.lookup_open(msg.cluster_session_id, msg.leadership_term_id)
         if session is not None and self.holds(session, source):
             session.time_of_last_activity_ns = now_ns
+            if msg.sequence > session.last_sequence:
+                # it sent more before this keepalive than reached the log (dropped in a
+                # hand-over that did not happen, say) and has sent nothing since
+                self.sequencing.ask_resend(session, now_ns)
 
     def on_close_request(
         self, msg: SessionCloseRequest, source: IngressSource, now_ns: int
@@ -275,7 +286,13 @@ class SessionManager:
 
     def on_commit(self, position: int) -> None:
         """The commit position reached ``position``: sessions whose SessionOpenEvent it
-        covers hear OK."""
+        covers hear OK, those whose SessionCloseEvent it covers CLOSED."""
+        if self._awaiting_closed and self._awaiting_closed[0][0] <= position:
+            closing = self._awaiting_closed
+            self._awaiting_closed = [c for c in closing if c[0] > position]
+            for at, session, reason, last in closing:
+                if at <= position:
+                    self._tell_closed(session, reason, last)
         if self._awaiting_ok:
             still: list[ClusterSession] = []
             for session in self._awaiting_ok:
@@ -295,6 +312,11 @@ class SessionManager:
             session.egress_connected = False
             session.has_open_event_pending = False
         self._awaiting_ok.clear()
+        for _, session, _, _ in self._awaiting_closed:
+            # its close may never commit: its client resumes at the next leader, which
+            # says whether it is open (no word from here that might be wrong)
+            self.egress.close(session.egress_id)
+        self._awaiting_closed.clear()
 
     def redirect_held(self) -> None:
         """A new leader is known: clients still connected here (this member led) are
@@ -313,7 +335,13 @@ class SessionManager:
         member learnt of it (its log, a snapshot, a restart of the whole cluster): its
         client has a session timeout from now to come back, or it is closed (TIMEOUT)."""
         self.earliest_detached_ns = None
+        progress = self.sequencing.progress
         for session in self.sessions.values():
+            # ready: the service has applied this member's whole log, so what it
+            # applied of each session is what the log holds (exactly once from here)
+            known = progress(session.cluster_session_id)
+            session.last_sequence = 0 if known is None else known.applied_sequence
+            session.resend_asked_ns = None
             session.time_of_last_activity_ns = now_ns
             session.detached_since_ns = None  # a whole timeout, not a grace
             session.has_new_leader_event_pending = True
@@ -373,7 +401,10 @@ class SessionManager:
             self.counters.replies_dropped += self.egress.take_dropped(message.cluster_session_id)
             if closed is not None:
                 self.resumption.remember_closed(
-                    closed.cluster_session_id, message.close_reason, closed.secret_hash
+                    closed.cluster_session_id,
+                    message.close_reason,
+                    closed.secret_hash,
+                    self.applied(closed.cluster_session_id),  # not yet forgotten: applied next
                 )
             return
         session = ClusterSession(
@@ -563,7 +594,14 @@ class SessionManager:
                 if session.opened_log_position <= commit:
                     self._send_open_event(session)
             elif session.has_new_leader_event_pending and session.egress_connected:
-                if self.notify.new_leader(session):
+                if self.notify.welcome(session, self.applied(session.cluster_session_id)):
+                    work += 1
+            elif session.egress_connected and (
+                (progress := self.sequencing.progress(session.cluster_session_id)) is not None
+                and progress.applied_sequence > progress.told_sequence
+            ):  # applied since the client was last told (no reply told it): it forgets
+                if self.notify.ack(session, progress.applied_sequence, resend=False):
+                    progress.told_sequence = progress.applied_sequence
                     work += 1
             elif (
                 session.own_connection
@@ -611,12 +649,17 @@ class SessionManager:
         if not self.view.is_ready_leader:
             return
         for session in self.sessions.values():
-            self.resumption.remember_closed(session.cluster_session_id, reason, session.secret_hash)
-            self.notify.event(session, EventCode.CLOSED, reason.name)
+            # what its log holds as the cluster stops: a restarted cluster applies what
+            # of it was committed (messages after the action too)
+            last = session.last_sequence
+            self.resumption.remember_closed(
+                session.cluster_session_id, reason, session.secret_hash, last
+            )
+            self.notify.event(session, EventCode.CLOSED, reason.name, last_applied=last)
 
     def _close(self, session: ClusterSession, reason: CloseReason, now_ns: int) -> None:
         timestamp = self.log.stamp(now_ns)
-        self.append(
+        position = self.append(
             SessionCloseEvent(
                 leadership_term_id=self.view.leadership_term_id,
                 cluster_session_id=session.cluster_session_id,
@@ -627,8 +670,18 @@ class SessionManager:
         session.close_reason = reason
         session.state = State.CLOSED
         del self.sessions[session.cluster_session_id]
-        self.resumption.remember_closed(session.cluster_session_id, reason, session.secret_hash)
-        self.notify.event(session, EventCode.CLOSED, reason.name)
+        # every message of the session in the log comes before its close: once that
+        # commits, the service has applied them all, and never a later one
+        last = session.last_sequence
+        self.resumption.remember_closed(
+            session.cluster_session_id, reason, session.secret_hash, last
+        )
+        self._awaiting_closed.append((position, session, reason, last))
+
+    def _tell_closed(self, session: ClusterSession, reason: CloseReason, last: int) -> None:
+        """A session's close is committed: its client hears CLOSED (with the last
+        sequence of its messages applied), and its egress closes."""
+        self.notify.event(session, EventCode.CLOSED, reason.name, last_applied=last)
         self.egress.close(session.egress_id)
         # forget its count (counted here: its client will not be told)
         self.counters.replies_dropped += self.egress.take_dropped(session.egress_id)

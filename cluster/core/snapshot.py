@@ -14,7 +14,7 @@ Layout (seed 004)::
     PendingMessageTracker, PendingMessage ...
     SnapshotMarker(type 1, END)
     SnapshotMarker(type 2, BEGIN)        service
-    ClientSession ...
+    ClientSession ...                    with the last sequence applied (issue 42)
     ServiceState                         the service's own bytes
     SnapshotMarker(type 2, END)
 
@@ -106,7 +106,12 @@ def take_snapshot(
     records.append(marker(SERVICE_TYPE_ID, SnapshotMark.BEGIN))
     records += [
         ClientSession(
-            s.id, s.response_stream_id, s.response_channel, s.encoded_principal, s.secret_hash
+            s.id,
+            s.response_stream_id,
+            s.response_channel,
+            s.encoded_principal,
+            s.secret_hash,
+            s.applied_sequence,
         )
         for s in sessions
     ]

@@ -1,4 +1,4 @@
-"""Egress channel: cluster -> client (Aeron template ids 1, 2, 6, 7, 27; Triarch's own 28, 29)."""
+"""Egress channel: cluster -> client (Aeron template ids 1, 2, 6, 7, 27; Triarch's own 28-30)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ class SessionEvent(Message, tag=2):
     #: with OK only: the proof of holding the session on another connection
     #: (:class:`~cluster.protocol.ingress.SessionResumeRequest`)
     session_secret: bytes = b""
+    #: with CLOSED: the highest sequence of the session's own messages that the service
+    #: applied (0: none); every later one was not, and never will be
+    last_applied: Int64 = 0
 
 
 class NewLeaderEvent(Message, tag=6):
@@ -77,6 +80,21 @@ class RepliesDropped(Message, tag=29):
     count: Int64
 
 
+class SessionAck(Message, tag=30):
+    """What the cluster holds of the session's sequenced messages (Triarch's: exactly
+    once in, issue 42).  ``applied``: the highest sequence the service has applied
+    (committed: the client forgets what it kept up to it); ``logged``: the highest in
+    the leader's log.  ``resend``: the leader wants what follows ``logged`` again at
+    once: it took a resume (or became the session's leader), or it dropped a message
+    that was not the session's next (what came before it was lost on the way)."""
+
+    cluster_session_id: Int64
+    leadership_term_id: Int64
+    applied: Int64
+    logged: Int64
+    resend: bool = False
+
+
 EgressMessage = (
     SessionMessageHeader
     | SessionEvent
@@ -85,4 +103,5 @@ EgressMessage = (
     | AdminResponse
     | ServiceErrorEvent
     | RepliesDropped
+    | SessionAck
 )

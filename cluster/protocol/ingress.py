@@ -13,12 +13,20 @@ class SessionMessageHeader(Message, tag=1):
     The client sends ``timestamp`` 0; the leader stamps the cluster time when it appends
     the message to the log, and the service's egress replies carry the timestamp of the
     log entry being processed.
+
+    ``sequence`` numbers a session's messages 1, 2, 3... on ingress and in the log: the
+    leader appends only the session's next one (exactly once, in order; 0: unsequenced,
+    as every entry written before protocol 2, appended as it comes).  On egress it is
+    the highest sequence of the session the service has applied: the client forgets
+    what it kept of those.  A trailing field with a default: logs and snapshots written
+    before it still decode.
     """
 
     leadership_term_id: Int64
     cluster_session_id: Int64
     timestamp: Int64
     payload: bytes
+    sequence: Int64 = 0
 
 
 class SessionConnectRequest(Message, tag=3):
@@ -40,8 +48,13 @@ class SessionCloseRequest(Message, tag=4):
 
 
 class SessionKeepAlive(Message, tag=5):
+    """``sequence``: the highest sequence of the session's messages the client sent
+    before it: a leader whose log holds less asks for the rest again (a client gone
+    quiet after messages were dropped on the way is not left waiting)."""
+
     leadership_term_id: Int64
     cluster_session_id: Int64
+    sequence: Int64 = 0
 
 
 class ChallengeResponse(Message, tag=8):

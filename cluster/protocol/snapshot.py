@@ -23,6 +23,9 @@ class ClientSession(Message, tag=102):
     response_channel: str
     encoded_principal: bytes = b""
     secret_hash: bytes = b""
+    #: the highest sequence of the session's messages applied (0 in snapshots taken
+    #: before protocol 2: none was numbered)
+    last_sequence: Int64 = 0
 
 
 class ClusterSessionSnapshot(Message, tag=103):

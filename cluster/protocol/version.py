@@ -19,8 +19,10 @@ def to_string(version: int) -> str:
     return f"{(version >> 16) & 0xFF}.{(version >> 8) & 0xFF}.{version & 0xFF}"
 
 
-PROTOCOL_VERSION = compose(1, 0, 0)
-"""Version of the session protocol; a client must share the cluster's major version."""
+PROTOCOL_VERSION = compose(2, 0, 0)
+"""Version of the session protocol; a client, and every member, must share the
+cluster's major version.  2: sequenced session messages (exactly once in, issue 42):
+a member or client of 1.x would neither number nor check them, so it is refused."""
 
 
 def is_compatible(client_version: int, cluster_version: int = PROTOCOL_VERSION) -> bool:

@@ -31,7 +31,12 @@ within a bound, then all members converged).  :class:`Checker` tests the invaria
 6. a member stops by itself only for a SHUTDOWN or ABORT that it applied live (not in
    its start-up replay) and in its own term, once: an admin action acts on the cluster
    it was given to, never on one restarted after it (a stopped member is started again
-   a little later, as an operator would).
+   a little later, as an operator would);
+7. exactly once in (issue 42): each session's messages in the committed log are its
+   sequences 1, 2, 3... with no gap and no duplicate, each the payload its client
+   numbered so (a prefix of what it offered), and each member applies a session's
+   messages in that order, none twice; a CLOSED told the last one applied; at the end
+   of the run, every session that stayed open has all it offered applied.
 
 A task that keeps running while virtual time stands still (a spin on a deadline) fails
 the run as a livelock instead of hanging it.
@@ -39,6 +44,7 @@ the run as a livelock instead of hanging it.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import hashlib
@@ -240,6 +246,9 @@ class SimKV(KeyValueService):
         self.cluster: Cluster | None = None
         self.installed_at = 0
         """Where the journal stands when a snapshot from the leader was installed."""
+        self.install_points: list[int] = []
+        """Where the journal stood at each install (the messages in the snapshot were
+        never applied here)."""
 
     def apply(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         rid = request.request_id
@@ -251,6 +260,7 @@ class SimKV(KeyValueService):
             # a snapshot from the leader was installed: the state is the snapshot's,
             # and only the messages after it are this service's own applications
             self.installed_at = len(self.journal)
+            self.install_points.append(self.installed_at)
             self.applications = {}
         self.cluster = cluster
         super().on_start(cluster, snapshot)
@@ -314,7 +324,11 @@ class Checker:
         self.verified: dict[int, int] = {}  # node -> its log matches `committed` up to here
         self.journal_seen: dict[tuple[int, int], int] = {}  # (node, incarnation) -> entries
         self.last_applied: dict[tuple[int, int], int] = {}
-        self.pending_applied: list[tuple[int, int, int, bytes]] = []
+        self.pending_applied: list[tuple[int, tuple[int, int], int, int, bytes]] = []
+        self.sequences: dict[int, int] = {}  # session -> its last sequence in `committed`
+        self.closed_at: dict[int, int] = {}  # session -> position of its committed close
+        #: (node, (incarnation, installs), session) -> its last sequence applied there
+        self.applied_sequences: dict[tuple[int, tuple[int, int], int], int] = {}
         self.max_term: dict[tuple[int, int], int] = {}
         self.checks = 0
         self.elections_seen = 0
@@ -330,6 +344,10 @@ class Checker:
             end = offset + 8 + len(body)
             record = self.records[end] = LOG.decode(body)
             self._parsed = end
+            if type(record) is SessionMessageHeader and record.sequence:
+                self._check_sequence(record, end)
+            elif isinstance(record, SessionCloseEvent):
+                self.closed_at.setdefault(record.cluster_session_id, end)
             if isinstance(record, SessionOpenEvent):
                 first = self.sessions_opened.setdefault(record.cluster_session_id, end)
                 if first != end:
@@ -338,6 +356,25 @@ class Checker:
                         f"log position {first} and again at {end} (term "
                         f"{record.leadership_term_id})"
                     )
+
+    def _check_sequence(self, record: SessionMessageHeader, end: int) -> None:
+        """(7) a session's next message in the committed log is its next sequence, and
+        the payload its client numbered so."""
+        session_id, sequence = record.cluster_session_id, record.sequence
+        last = self.sequences.get(session_id, 0)
+        if sequence != last + 1:
+            what = "twice" if sequence <= last else f"after {last}: a gap"
+            self.fail(
+                f"session {session_id}: message {sequence} committed at {end} {what} "
+                "(exactly once in, in order)"
+            )
+        offered = self.sim.history.offered.get(session_id, [])
+        if sequence > len(offered) or offered[sequence - 1] != record.payload:
+            self.fail(
+                f"session {session_id}: committed message {sequence} at {end} is not the "
+                f"one its client numbered so (it offered {len(offered)})"
+            )
+        self.sequences[session_id] = sequence
 
     def check_node(self, sn: SimNode) -> None:
         node = sn.node
@@ -407,7 +444,8 @@ class Checker:
             journal = service.journal
             if len(journal) > seen:
                 last = self.last_applied.get(key, -1)
-                for pos, session_id, payload in journal[seen:]:
+                installs = service.install_points
+                for index, (pos, session_id, payload) in enumerate(journal[seen:], seen):
                     if pos <= last:
                         self.fail(f"n{i}: applied position {pos} after {last} (twice?)")
                     if pos > cm.commit_position:
@@ -416,7 +454,9 @@ class Checker:
                             f"{cm.commit_position}"
                         )
                     last = pos
-                    self.pending_applied.append((i, pos, session_id, payload))
+                    # a snapshot installed meanwhile starts its sessions anew
+                    era = (sn.incarnation, bisect.bisect_right(installs, index))
+                    self.pending_applied.append((i, era, pos, session_id, payload))
                 self.last_applied[key] = last
                 self.journal_seen[key] = len(journal)
         if self.pending_applied:
@@ -424,11 +464,11 @@ class Checker:
 
     def _check_applied(self, final: bool = False) -> None:
         still = []
-        for i, pos, session_id, payload in self.pending_applied:
+        for i, era, pos, session_id, payload in self.pending_applied:
             if pos > len(self.committed):
                 if final:
                     self.fail(f"n{i}: applied a message at {pos}, never committed")
-                still.append((i, pos, session_id, payload))
+                still.append((i, era, pos, session_id, payload))
                 continue
             record = self.records.get(pos)
             if (
@@ -440,6 +480,18 @@ class Checker:
                     f"n{i}: applied session {session_id} message at {pos}, but the committed "
                     f"record there is {record!r:.200}"
                 )
+            assert isinstance(record, SessionMessageHeader)
+            if record.sequence:
+                # (7) in each member, in order, none twice (from wherever its log or a
+                # snapshot let it start in this incarnation)
+                key = (i, era, session_id)
+                last = self.applied_sequences.get(key)
+                if last is not None and record.sequence != last + 1:
+                    self.fail(
+                        f"n{i}: applied session {session_id}'s message {record.sequence} "
+                        f"after {last}"
+                    )
+                self.applied_sequences[key] = record.sequence
         self.pending_applied = still
 
     def check(self) -> None:
@@ -488,6 +540,23 @@ class Checker:
         self._check_applied(final=True)
         if history.bad_responses:
             self.fail(f"bad responses: {history.bad_responses[:3]}")
+        # (7) a CLOSED told the last applied; a session that stayed open has it all
+        for session_id, told in history.closed_told.items():
+            if session_id in self.closed_at and told != self.sequences.get(session_id, 0):
+                self.fail(
+                    f"session {session_id}: CLOSED told {told} applied, the committed log "
+                    f"holds {self.sequences.get(session_id, 0)} before its close"
+                )
+        for client in self.sim.clients:
+            session_id = client.session_id
+            if session_id < 0 or session_id in self.closed_at:
+                continue
+            offered = len(history.offered.get(session_id, []))
+            if self.sequences.get(session_id, 0) != offered:
+                self.fail(
+                    f"session {session_id} stayed open, but of the {offered} messages its "
+                    f"client offered {self.sequences.get(session_id, 0)} are committed"
+                )
         _, applied_counts, log_counts = self.expected_store(len(self.committed))
         for request_id, count in log_counts.items():
             op = history.ops.get(request_id)
@@ -1091,8 +1160,10 @@ class SimCluster:
         await self.nemesis(self.config.safety_duration)
 
     async def liveness_phase(self) -> None:
-        """Heal, restart everyone, require a leader, a write, and convergence."""
-        self.stop_workload()
+        """Heal, restart everyone, require a leader, a write, every open session's
+        messages confirmed (exactly once in: its client kept none back), and convergence."""
+        for client in self.clients:
+            client.stop()  # no new writes; what they hold goes on
         self.heal()
         for sn in self.nodes:
             await self.restart(sn.index)
@@ -1100,6 +1171,12 @@ class SimCluster:
         timeout = self.config.liveness_timeout
         await self.wait_for_leader(timeout)
         await self.write(timeout)
+        await self.wait_for(
+            "a session's offered messages were not all confirmed",
+            lambda: all(c.session_id < 0 or not c.outbox.unconfirmed for c in self.clients),
+            timeout,
+        )
+        self.stop_workload()
         await self.wait_for("members did not converge", self._converged, timeout)
 
     def _converged(self) -> bool:

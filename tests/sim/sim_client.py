@@ -14,9 +14,13 @@ the simulated network, so this small shell drives :class:`client._connect.AsyncC
 * sends :class:`cluster.examples.kv.Put` requests with unique keys and values in
   ``SessionMessageHeader`` envelopes, a few in flight at once;
 * follows ``NewLeaderEvent`` (ingress moves to the new leader, the session stays);
+* numbers its session's messages and keeps them until the cluster confirms them
+  (:class:`client._outbox.Outbox`, the real client's), sending the rest again when a
+  leader asks (a ``SessionAck`` with ``resend``): exactly once in (issue 42);
 * retries a request that got no response within ``request_timeout`` with the **same**
-  request id, key and value (the first attempt is *indeterminate*: it may or may not have
-  been applied); opens a new session when the old one is closed or unreachable.
+  request id, key and value as a new message (a reply may still be lost: the first
+  attempt is *indeterminate*); opens a new session when the old one is closed or
+  unreachable.
 
 Every request is recorded in a shared :class:`History` with virtual timestamps.
 """
@@ -36,9 +40,10 @@ import trio
 from client._connect import AsyncConnect, ConnectIngress, ConnectState, Done, Fail, SendMessage
 from client._credentials import CredentialsSupplier, StaticCredentials
 from client._endpoints import Endpoint, parse_endpoints
+from client._outbox import Outbox
 from cluster.examples.kv import Put, Response
 from cluster.protocol import EGRESS, FrameDecoder, ProtocolError, encode_frame
-from cluster.protocol.egress import AdminResponse, NewLeaderEvent, SessionEvent
+from cluster.protocol.egress import AdminResponse, NewLeaderEvent, SessionAck, SessionEvent
 from cluster.protocol.enums import AdminRequestType, EventCode
 from cluster.protocol.ingress import (
     AdminRequest,
@@ -83,6 +88,10 @@ class History:
 
     ops: dict[int, Op] = field(default_factory=dict)
     bad_responses: list[str] = field(default_factory=list)
+    offered: dict[int, list[bytes]] = field(default_factory=dict)
+    """Each session's messages in the order its client numbered them (sequence 1 first)."""
+    closed_told: dict[int, int] = field(default_factory=dict)
+    """The last applied sequence each session's CLOSED told its client."""
 
     @property
     def acked(self) -> list[Op]:
@@ -151,6 +160,8 @@ class SimClient:
         self.leader_id = -1
         self.sessions_opened = 0
         self._session_lost = False
+        self.outbox = Outbox()
+        self._resend_after: int | None = None  # a leader asked for what follows this
         # ingress
         self._ingress: trio.abc.Stream | None = None
         self._ingress_member = -1
@@ -237,7 +248,16 @@ class SimClient:
             self._last_heard = trio.current_time()
             self._silent_timeouts = 0
         if type(message) is SessionMessageHeader:
+            if message.cluster_session_id == self.session_id:
+                self.outbox.confirm(message.sequence)
             self._on_response(message)
+        elif isinstance(message, SessionAck):
+            if message.cluster_session_id == self.session_id and self.session_id >= 0:
+                self.outbox.confirm(message.applied)
+                if message.resend and message.leadership_term_id >= self.term:
+                    self.trace("resend", message.logged, self.outbox.sequence)
+                    self._resend_after = message.logged
+                    self._wake.set()
         elif isinstance(message, NewLeaderEvent):
             if message.cluster_session_id == self.session_id and self.session_id >= 0:
                 self.trace("new-leader", message.leadership_term_id, message.leader_member_id)
@@ -275,6 +295,9 @@ class SimClient:
             and message.code in (EventCode.CLOSED, EventCode.ERROR)
         ):
             self.trace("session-event", message.code.name, message.detail)
+            if message.code is EventCode.CLOSED and message.detail not in ("SHUTDOWN", "ABORT"):
+                # closed by an entry of the log (SHUTDOWN and ABORT append none)
+                self.history.closed_told[self.session_id] = message.last_applied
             self._session_lost = True
             self._wake.set()
 
@@ -405,6 +428,9 @@ class SimClient:
                     result = action.result
                     ac.on_concluded()
                     self.session_id = result.cluster_session_id
+                    self.outbox = Outbox()
+                    self._resend_after = None
+                    self.history.offered[self.session_id] = []
                     self.session_secret = result.session_secret
                     self.term = result.leadership_term_id
                     self.leader_id = result.leader_member_id
@@ -444,13 +470,15 @@ class SimClient:
 
     async def _send_op(self, op: Op) -> bool:
         payload = _encode(Put(op.request_id, op.key, op.value))
-        header = SessionMessageHeader(self.term, self.session_id, 0, payload)
+        sequence = self.outbox.add(payload)  # accepted: applied once, whatever happens
+        self.history.offered[self.session_id].append(payload)
+        header = SessionMessageHeader(self.term, self.session_id, 0, payload, sequence)
+        op.sends += 1  # offered: whether this send or a resend takes it there
+        op.sessions.append(self.session_id)
         if not await self._send(header):
             op.last_sent_at = -1.0  # resend as soon as there is an ingress again
             return False
         op.last_sent_at = trio.current_time()
-        op.sends += 1
-        op.sessions.append(self.session_id)
         return True
 
     async def _ensure_own_ingress(self, nursery: trio.Nursery) -> None:
@@ -531,6 +559,12 @@ class SimClient:
             if self._session_lost:
                 raise SessionLost("closed by the cluster")
             await self._ensure_ingress(nursery)
+            if self._resend_after is not None:
+                logged, self._resend_after = self._resend_after, None
+                for sequence, payload in list(self.outbox.after(logged)):
+                    header = SessionMessageHeader(self.term, self.session_id, 0, payload, sequence)
+                    if not await self._send(header):
+                        break  # the next connection's resume asks again
             if self.snapshot_requested:
                 request = AdminRequest(
                     self.term,
@@ -572,7 +606,7 @@ class SimClient:
                 self._ingress is not None
                 and trio.current_time() >= self._last_send + self.keepalive_interval
             ):
-                await self._send(SessionKeepAlive(self.term, self.session_id))
+                await self._send(SessionKeepAlive(self.term, self.session_id, self.outbox.sequence))
             if self.stopping and not self.outstanding:
                 self._wake = trio.Event()
                 with trio.move_on_after(self.keepalive_interval):
@@ -587,6 +621,8 @@ class SimClient:
                 )
             if not self.stopping and len(self.outstanding) < self.window:
                 wake_at = min(wake_at, next_op_at)
+            if self._resend_after is not None:
+                continue
             if self._ingress is None or self._ingress_member != self.leader_id:
                 continue
             self._wake = trio.Event()

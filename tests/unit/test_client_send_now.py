@@ -107,10 +107,11 @@ async def test_offer_many_queues_the_same_frames_as_one_offer_each() -> None:
     assert await c.offer_many(payloads) == len(payloads)
     one_by_one, _, _ = _client([])
     for p in payloads:
-        one_by_one._session.enqueue(
-            SessionMessageHeader(c._session.leadership_term_id, c._session.cluster_session_id, 0, p)
-        )
+        one_by_one._session.offer_message(p)
     assert bytes(c._session.pending) == bytes(one_by_one._session.pending)
+    # numbered 1, 2, 3... and kept until applied, as offer() keeps them
+    assert list(c._session.outbox.kept) == list(one_by_one._session.outbox.kept)
+    assert [s for s, _ in c._session.outbox.kept] == list(range(1, len(payloads) + 1))
     assert _messages(bytes(c._session.pending)) == payloads
     assert not wire
 
@@ -121,3 +122,4 @@ async def test_offer_many_refuses_a_frame_too_big_and_keeps_the_ones_before() ->
     with pytest.raises(ValueError, match="exceeds max_frame_size"):
         await c.offer_many([b"a", b"b", b"x" * (2 << 20), b"c"])
     assert _messages(bytes(c._session.pending)) == [b"a", b"b"]
+    assert c._session.outbox.sequence == 2  # the refused one took no number

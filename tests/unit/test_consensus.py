@@ -607,6 +607,9 @@ def test_idle_session_times_out() -> None:
     assert sid not in cm.sessions
     (close,) = reader.messages(SessionCloseEvent)
     assert close == SessionCloseEvent(TERM, sid, now // MS, CloseReason.TIMEOUT)
+    # told only once the close is committed: what it hears is what every member applies
+    assert all(e.code is not EventCode.CLOSED for e in egress.events(sid))
+    cm.on_archive_position(reader.end)
     closed = egress.events(sid)[-1]
     assert closed.code is EventCode.CLOSED
     assert closed.cluster_session_id == sid
@@ -644,6 +647,7 @@ def test_close_request_is_client_action() -> None:
     (close,) = reader.messages(SessionCloseEvent)
     assert close.close_reason is CloseReason.CLIENT_ACTION
     assert close.cluster_session_id == sid
+    cm.on_archive_position(reader.end)
     assert egress.events(sid)[-1].code is EventCode.CLOSED
     assert egress.closes() == [sid]
     assert sid not in cm.sessions
@@ -656,6 +660,7 @@ def test_service_close_is_service_action() -> None:
     assert cm.session_manager.on_service_close(sid, T0 + MS)
     (close,) = reader.messages(SessionCloseEvent)
     assert close.close_reason is CloseReason.SERVICE_ACTION
+    cm.on_archive_position(reader.end)
     assert egress.events(sid)[-1].code is EventCode.CLOSED
     assert not cm.session_manager.on_service_close(sid, T0 + 2 * MS)  # already closed
 

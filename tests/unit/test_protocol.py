@@ -152,8 +152,22 @@ def test_unions_cover_known_messages() -> None:
 
 
 def test_tag_is_first_array_element() -> None:
-    msg = SessionMessageHeader(1, 2, 3, b"x")
-    assert msgspec.msgpack.decode(encode(msg)) == [1, 1, 2, 3, b"x"]
+    msg = SessionMessageHeader(1, 2, 3, b"x", 4)
+    assert msgspec.msgpack.decode(encode(msg)) == [1, 1, 2, 3, b"x", 4]
+
+
+def test_records_written_before_sequences_still_decode() -> None:
+    """Protocol 2 added trailing fields with defaults (issue 42): a log entry, a
+    keepalive and a snapshot's session written before them decode, unsequenced."""
+    from cluster.protocol.codec import INGRESS, LOG, SNAPSHOT
+    from cluster.protocol.ingress import SessionKeepAlive
+    from cluster.protocol.snapshot import ClientSession
+
+    old_entry = msgspec.msgpack.encode([1, 7, 2, 3, b"x"])
+    assert LOG.decode(old_entry) == SessionMessageHeader(7, 2, 3, b"x", 0)
+    assert INGRESS.decode(msgspec.msgpack.encode([5, 7, 2])) == SessionKeepAlive(7, 2, 0)
+    old_session = msgspec.msgpack.encode([102, 9, 1, "", b"p", b"h"])
+    assert SNAPSHOT.decode(old_session) == ClientSession(9, 1, "", b"p", b"h", 0)
 
 
 # ---------------------------------------------------------------------- round trips

@@ -223,5 +223,6 @@ def test_dropped_replies_of_a_closed_session_are_counted() -> None:
     egress.dropped[sid] = 4
     cm.on_slow_tick(T0 + 11 * SECOND)  # timed out, never told
     assert sid not in cm.sessions
+    commit_all(cm, reader)  # its client hears CLOSED once the close is committed
     assert sid not in egress.dropped
     assert cm.counters.replies_dropped == 4

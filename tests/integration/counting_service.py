@@ -1,0 +1,53 @@
+"""A non-idempotent service for the exactly-once tests (issue 42): it counts.
+
+Each message is ``<u32 number>``, the sender's own count from 1; the service keeps, per
+session, how many it applied, how many came twice (a number not above the last one) and
+how many out of order (a number past the next one: some were lost before it), and
+echoes each message back (the sender's sign that it was applied).  ``b"report"`` answers
+those counts as JSON.  Its state is in its snapshots, so a restarted member counts on.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+from cluster.service import ClientSession, Cluster, ClusteredService
+
+NUMBER = struct.Struct("<I")
+
+
+class CountingService(ClusteredService):
+    def __init__(self) -> None:
+        self.counts: dict[int, list[int]] = {}  # session -> [applied, last, twice, out_of_order]
+
+    def on_start(self, cluster: Cluster, snapshot: bytes | None) -> None:
+        if snapshot:
+            self.counts = {int(k): v for k, v in json.loads(snapshot).items()}
+
+    def on_take_snapshot(self) -> bytes:
+        return json.dumps(self.counts).encode()
+
+    def on_session_message(
+        self, session: ClientSession | None, timestamp: int, payload: bytes
+    ) -> None:
+        if session is None:
+            return
+        counts = self.counts.setdefault(session.id, [0, 0, 0, 0])
+        if payload == b"report":
+            applied, last, twice, out_of_order = counts
+            session.offer(
+                json.dumps(
+                    {"applied": applied, "last": last, "twice": twice, "out_of_order": out_of_order}
+                ).encode()
+            )
+            return
+        (number,) = NUMBER.unpack(payload)
+        counts[0] += 1
+        if number <= counts[1]:
+            counts[2] += 1
+        else:
+            if number != counts[1] + 1:
+                counts[3] += 1
+            counts[1] = number
+        session.offer(payload)
