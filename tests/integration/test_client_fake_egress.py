@@ -26,7 +26,13 @@ from cluster.protocol import (
     FrameDecoder,
     encode_frames_into,
 )
-from cluster.protocol.egress import AdminResponse, Challenge, NewLeaderEvent, SessionEvent
+from cluster.protocol.egress import (
+    AdminResponse,
+    Challenge,
+    NewLeaderEvent,
+    SessionAck,
+    SessionEvent,
+)
 from cluster.protocol.ingress import (
     AdminRequest,
     ChallengeResponse,
@@ -217,8 +223,14 @@ class FakeMember:
             ok = message.encoded_credentials == b"answer:nonce"
             code = EventCode.OK if ok else EventCode.AUTHENTICATION_REJECTED
             replies.append(self.event(message.correlation_id, code))
-        elif isinstance(message, SessionMessageHeader) and self.echo:
-            replies.append(SessionMessageHeader(c.term, c.session_id, TIMESTAMP, message.payload))
+        elif isinstance(message, SessionMessageHeader):
+            if self.echo:
+                replies.append(
+                    SessionMessageHeader(c.term, c.session_id, TIMESTAMP, message.payload)
+                )
+            if message.sequence:  # applied at once: confirmed, as a leader's ack says
+                seq = message.sequence
+                replies.append(SessionAck(c.session_id, c.term, applied=seq, logged=seq))
         elif isinstance(message, AdminRequest) and self.answer_admin:
             replies.append(
                 AdminResponse(

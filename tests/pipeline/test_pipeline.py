@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 pytest.importorskip("pyspark")
@@ -401,14 +402,7 @@ def alter_one_message(segment: Path) -> int:
     assert isinstance(message, SessionMessageHeader)
     payload = bytearray(message.payload)
     payload[-1] ^= 0x01
-    altered = codec.encode(
-        SessionMessageHeader(
-            message.leadership_term_id,
-            message.cluster_session_id,
-            message.timestamp,
-            bytes(payload),
-        )
-    )
+    altered = codec.encode(msgspec.structs.replace(message, payload=bytes(payload)))
     framed = encode_record(altered)
     assert len(framed) == len(body) + 8
     data[offset : offset + len(framed)] = framed
