@@ -248,7 +248,7 @@ class ClusterClient:
         session = self._session
         session.check_usable()
         outbox = session.outbox
-        while outbox.kept_bytes >= MAX_PENDING_BYTES:
+        while outbox.full(MAX_PENDING_BYTES):
             await self._writer.space_ready.wait()
             session.check_usable()
         queued = session.offer_message(payload)
@@ -266,7 +266,7 @@ class ClusterClient:
             _check_payload(payload)
         session = self._session
         session.check_usable()
-        if session.outbox.kept_bytes >= MAX_PENDING_BYTES:
+        if session.outbox.full(MAX_PENDING_BYTES):
             return False
         session.offer_message(payload)
         return True
@@ -303,9 +303,9 @@ class ClusterClient:
                     writer.data_ready.notify()  # the ones before it were queued
                     raise
                 payload = bytes(payload)  # kept until applied: never changed later
-            if outbox.kept_bytes >= MAX_PENDING_BYTES:
+            if outbox.kept_bytes >= MAX_PENDING_BYTES and outbox.full(MAX_PENDING_BYTES):
                 writer.data_ready.notify()
-                while outbox.kept_bytes >= MAX_PENDING_BYTES:
+                while outbox.full(MAX_PENDING_BYTES):
                     await writer.space_ready.wait()
                     session.check_usable()
                 buf = session.pending
@@ -321,7 +321,7 @@ class ClusterClient:
                 raise ValueError(f"message of {size} bytes exceeds max_frame_size {max_frame_size}")
             pack_length(buf, start, size)
             outbox.sequence = sequence  # Outbox.add, inline
-            kept.append((sequence, payload))
+            kept.append(payload)
             outbox.kept_bytes += len(payload) + ENTRY_OVERHEAD
             count += 1
         writer.send_now()

@@ -31,8 +31,14 @@ class Outbox:
     """The sequence numbers a session gave out, and the messages not yet confirmed.
 
     ``sequence``: the last number given out; ``confirmed``: the highest the cluster
-    said it applied; ``kept``: ``(sequence, payload)`` after ``confirmed``, in order;
-    ``kept_bytes``: what they count against the bound.
+    said it applied; ``kept``: the payloads from sequence ``sequence - len(kept) + 1``
+    on, in order (numbered by their place: no tuple per message); ``kept_bytes``: what
+    they count against the bound.
+
+    A confirmation only moves ``confirmed`` (one compare per reply: the hot path); what
+    it frees is dropped from ``kept`` when room is looked for (:meth:`full`) or the rest
+    is sent again (:meth:`after`), so ``kept`` may still hold confirmed messages and
+    ``kept_bytes`` count them until then.
     """
 
     __slots__ = ("confirmed", "kept", "kept_bytes", "sequence")
@@ -40,38 +46,57 @@ class Outbox:
     def __init__(self) -> None:
         self.sequence = 0
         self.confirmed = 0
-        self.kept: deque[tuple[int, bytes]] = deque()
+        self.kept: deque[bytes] = deque()
         self.kept_bytes = 0
 
     def add(self, payload: bytes) -> int:
         """Number ``payload`` (bytes the caller will not change) and keep it; returns
         its sequence."""
         self.sequence = sequence = self.sequence + 1
-        self.kept.append((sequence, payload))
+        self.kept.append(payload)
         self.kept_bytes += len(payload) + ENTRY_OVERHEAD
         return sequence
 
+    def unadd(self) -> None:
+        """Take back the last :meth:`add` (the message was never offered)."""
+        self.kept_bytes -= len(self.kept.pop()) + ENTRY_OVERHEAD
+        self.sequence -= 1
+
     def confirm(self, applied: int) -> bool:
-        """The cluster applied everything up to ``applied``: forget it.  Whether
-        anything was forgotten."""
+        """The cluster applied everything up to ``applied``; whether that is news."""
         if applied <= self.confirmed:
             return False
         self.confirmed = min(applied, self.sequence)
+        return True
+
+    def trim(self) -> None:
+        """Forget the kept messages the cluster confirmed."""
         kept = self.kept
-        freed = 0
-        while kept and kept[0][0] <= applied:
-            freed += len(kept.popleft()[1]) + ENTRY_OVERHEAD
-        self.kept_bytes -= freed
-        return freed > 0
+        drop = len(kept) - (self.sequence - self.confirmed)
+        if drop > 0:
+            freed = 0
+            popleft = kept.popleft
+            for _ in range(drop):
+                freed += len(popleft())
+            self.kept_bytes -= freed + drop * ENTRY_OVERHEAD
+
+    def full(self, limit: int) -> bool:
+        """Whether the unconfirmed messages take ``limit`` bytes or more (offers wait)."""
+        if self.kept_bytes < limit:
+            return False
+        self.trim()
+        return self.kept_bytes >= limit
 
     def after(self, logged: int) -> Iterator[tuple[int, bytes]]:
-        """The kept messages whose sequence is above ``logged`` (what the leader asks
-        for again), in order."""
-        for sequence, payload in self.kept:
-            if sequence > logged:
-                yield sequence, payload
+        """``(sequence, payload)`` of the unconfirmed messages above ``logged`` (what
+        the leader asks for again), in order."""
+        self.trim()
+        first = self.sequence - len(self.kept) + 1
+        for offset, payload in enumerate(self.kept):
+            if first + offset > logged:
+                yield first + offset, payload
 
     @property
     def unconfirmed(self) -> int:
-        """How many messages are kept."""
-        return len(self.kept)
+        """How many messages are kept until the cluster confirms them."""
+        return self.sequence - self.confirmed

@@ -57,7 +57,7 @@ from cluster.protocol.version import PROTOCOL_VERSION
 
 from ._connect import ConnectResult
 from ._endpoints import Endpoint, merge_endpoints, parse_endpoints
-from ._outbox import ENTRY_OVERHEAD, Outbox
+from ._outbox import Outbox
 from .errors import (
     EgressBacklogExceededError,
     NotConnectedError,
@@ -287,9 +287,7 @@ class Session:
                 )
             )
         except ValueError:  # too big: never offered
-            outbox.kept.pop()
-            outbox.kept_bytes -= len(kept) + ENTRY_OVERHEAD
-            outbox.sequence -= 1
+            outbox.unadd()
             raise
 
     def keepalive(self) -> SessionKeepAlive:
@@ -406,8 +404,10 @@ class Session:
         if isinstance(message, SessionMessageHeader):
             if message.cluster_session_id != session_id:
                 return None
-            if message.sequence > self.outbox.confirmed:
-                self.confirm(message.sequence)
+            applied, outbox = message.sequence, self.outbox
+            if applied > outbox.confirmed:  # Outbox.confirm, inline: the hot path
+                outbox.confirmed = applied if applied < outbox.sequence else outbox.sequence
+                self.wake_space()
             if self.backlog_exceeded:
                 return None
             backlog = self.backlog

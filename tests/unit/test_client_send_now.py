@@ -111,7 +111,9 @@ async def test_offer_many_queues_the_same_frames_as_one_offer_each() -> None:
     assert bytes(c._session.pending) == bytes(one_by_one._session.pending)
     # numbered 1, 2, 3... and kept until applied, as offer() keeps them
     assert list(c._session.outbox.kept) == list(one_by_one._session.outbox.kept)
-    assert [s for s, _ in c._session.outbox.kept] == list(range(1, len(payloads) + 1))
+    kept = list(c._session.outbox.after(0))
+    assert [s for s, _ in kept] == list(range(1, len(payloads) + 1))
+    assert [p for _, p in kept] == payloads
     assert _messages(bytes(c._session.pending)) == payloads
     assert not wire
 
