@@ -115,16 +115,20 @@ def not_a_file(path: str | os.PathLike[str], mode: int) -> RefusedFile:
     return RefusedFile(errno.EINVAL, f"{what}, not a regular file: refused", os.fspath(path))
 
 
-def read_exact(fd: int, size: int, offset: int = 0) -> bytes:
-    """Up to ``size`` bytes at ``offset`` (fewer only where the file ends sooner)."""
-    parts: list[bytes] = []
-    got = 0
+def pread_full(fd: int, size: int, offset: int = 0) -> bytes:
+    """``size`` bytes at ``offset`` (fewer only where the file ends sooner): one
+    ``pread`` when it gives them all, the usual case."""
+    data = os.pread(fd, size, offset)
+    if len(data) == size or not data:
+        return data
+    parts = [data]
+    got = len(data)
     while got < size:
-        data = os.pread(fd, size - got, offset + got)
-        if not data:
+        more = os.pread(fd, size - got, offset + got)
+        if not more:
             break
-        parts.append(data)
-        got += len(data)
+        parts.append(more)
+        got += len(more)
     return b"".join(parts)
 
 
@@ -139,7 +143,7 @@ def read_regular(path: str | os.PathLike[str], limit: int | None = None) -> byte
                 f"{size} bytes, more than such a file holds ({limit}): refused",
                 os.fspath(path),
             )
-        return read_exact(fd, size)
+        return pread_full(fd, size)
     finally:
         os.close(fd)
 
@@ -156,7 +160,7 @@ def copy_regular(source: str | os.PathLike[str], into: str | os.PathLike[str],
         try:
             offset = 0
             while offset < length:
-                data = read_exact(fd, min(chunk, length - offset), offset)
+                data = pread_full(fd, min(chunk, length - offset), offset)
                 if not data:
                     break
                 write_all(out, data, offset)

@@ -42,7 +42,7 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from ..fileio import RefusedFile, not_a_file, open_regular
+from ..fileio import RefusedFile, not_a_file, open_regular, pread_full
 from .errors import ArchiveCorruptionError
 from .record import (
     MAX_RECORD_LENGTH,
@@ -155,22 +155,6 @@ def open_regular_segment(segment: SegmentInfo) -> tuple[int, int]:
         return open_regular(segment.path)
     except RefusedFile as exc:
         raise ArchiveCorruptionError(segment.path, segment.base, str(exc.strerror)) from None
-
-
-def pread_full(fd: int, size: int, offset: int) -> bytes:
-    """Read ``size`` bytes at ``offset``; fewer only at end of file."""
-    data = os.pread(fd, size, offset)
-    if len(data) == size or not data:
-        return data
-    parts = [data]
-    got = len(data)
-    while got < size:
-        more = os.pread(fd, size - got, offset + got)
-        if not more:
-            break
-        parts.append(more)
-        got += len(more)
-    return b"".join(parts)
 
 
 def scan_records(

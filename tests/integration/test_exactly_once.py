@@ -16,13 +16,12 @@ import itertools
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import trio
 from counting_service import NUMBER
+from test_handover import tool
 
 import client
 from cluster.local import LocalCluster
@@ -43,16 +42,6 @@ NODE_ARGS = [
 SESSIONS = 4
 RATE = 100.0  # offers per second per session
 HANDOVER_GAP_BOUND = 1.5  # seconds without an applied message after a hand-over, at most
-
-
-def tool(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cluster.tool", "--members", cluster.members, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 class Sender:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from test_tls_mistakes import plaintext_tool  # noqa: F401  (autouse: no certificates left set)
 
 import client
 from cluster import tool
@@ -73,14 +74,6 @@ def member(
     with LocalCluster(1, KV, directory, certs=pki, extra_args=args) as running:
         running.wait_ready(60)
         yield running
-
-
-@pytest.fixture(autouse=True)
-def plaintext_tool() -> Iterator[None]:
-    """``cluster-tool``'s certificates are the process's: none before and after each test."""
-    tool.use_certs(None)
-    yield
-    tool.use_certs(None)
 
 
 def endpoints(member: LocalCluster) -> MemberEndpoints:
