@@ -204,9 +204,9 @@ class ClusterControl:
         """Whether the terminating ``action`` (a SHUTDOWN or an ABORT) applied at log
         ``position`` stops this member: "" if it does, else why not (for the log).
         ``replayed_to``: the position this member's start-up replay reached (an entry
-        at or below it happened before this start).  Every member makes the same
-        choice for the same entry in the same term; one that makes the other has only
-        a snapshot more or less, never a different state."""
+        at or below it happened before this start).  The choice decides only whether
+        this member stops: a SHUTDOWN's snapshot is taken either way, and an ABORT
+        changes no state, so members that choose differently never differ in state."""
         if position <= replayed_to:
             return f"it was applied before this start (replayed up to {replayed_to})"
         term = self.view.leadership_term_id
