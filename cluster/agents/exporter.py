@@ -209,6 +209,24 @@ class StatusCollector(Collector):
             s.counters.get("replies_dropped", 0),
         )
         yield counter(
+            "triarch_duplicate_messages_total",
+            "session messages this leader dropped because its log holds them already (a "
+            "client's resend: exactly once in)",
+            s.counters.get("duplicate_messages", 0),
+        )
+        yield counter(
+            "triarch_sequence_gaps_total",
+            "session messages this leader dropped because one before them never came (it "
+            "asked their client for the rest)",
+            s.counters.get("sequence_gaps", 0),
+        )
+        yield counter(
+            "triarch_later_terms_ignored_total",
+            "messages of a later term from a member not in touch, ignored while this member "
+            "had a live leader (a forged or stray message)",
+            s.counters.get("later_terms_ignored", 0),
+        )
+        yield counter(
             "triarch_protocol_errors_total",
             "connections closed for bad bytes (ingress and member links)",
             s.ingress.protocol_errors + s.link_protocol_errors,

@@ -22,3 +22,16 @@ def test_the_refusals_are_exported() -> None:
     assert 'triarch_ingress_partial_frames_refused_total{member="2"} 3.0' in text
     assert 'triarch_pending_sessions_evicted_total{member="2"} 7.0' in text
     assert 'triarch_sessions_given_back_total{member="2"} 11.0' in text
+
+
+def test_the_sequencing_and_lease_counters_are_exported() -> None:
+    status = MemberStatus(
+        member_id=1,
+        counters={"duplicate_messages": 4, "sequence_gaps": 2, "later_terms_ignored": 9},
+    )
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatusCollector(lambda: status))
+    text = generate_latest(registry).decode()
+    assert 'triarch_duplicate_messages_total{member="1"} 4.0' in text
+    assert 'triarch_sequence_gaps_total{member="1"} 2.0' in text
+    assert 'triarch_later_terms_ignored_total{member="1"} 9.0' in text
