@@ -153,3 +153,21 @@ def test_closed_says_the_last_applied_once_the_close_is_committed() -> None:
     assert isinstance(closed, SessionEvent)
     assert closed.last_applied == 2
     assert applied_payloads(node, sid) == [b"m1", b"m2"]
+
+
+def test_hostile_sequences_from_the_session_s_own_connection_change_nothing() -> None:
+    """A client that sends a negative sequence, or the largest an Int64 holds, gets
+    nothing appended and the session goes on from where its log stands."""
+    node = Node()
+    sid = node.open()
+    cm = node.cm
+    cm.on_batch([node.source, header(sid, 1)], node.now)
+    before = cm.log.published_position
+    cm.on_batch([node.source, header(sid, -5), header(sid, 2**63 - 1)], node.now)
+    assert cm.log.published_position == before  # neither reached the log
+    assert cm.sessions[sid].last_sequence == 1
+    assert cm.counters.duplicate_messages == 1  # the negative one: below the log's last
+    assert cm.counters.sequence_gaps == 1  # the huge one: the client is asked to resend
+    cm.on_batch([node.source, header(sid, 2)], node.now)
+    node.apply_all()
+    assert applied_payloads(node, sid) == [b"m1", b"m2"]
