@@ -215,9 +215,10 @@ class ClusterClient:
 
     @property
     def replies_dropped(self) -> int:
-        """Replies the cluster dropped while this session was between connections (it
-        says how many once the session resumes; each time, a :class:`RepliesDropped`
-        event)."""
+        """Replies to this session that never reached it: the members keep a session's
+        replies until it confirms them, and a new leader sends what it lacks, so this
+        stays 0 unless more than ``--max-kept-replies`` of them were given while it was
+        away (a gap in their numbers; each time, a :class:`RepliesDropped` event)."""
         return self._session.replies_dropped
 
     # ------------------------------------------------------------------ public API

@@ -12,9 +12,13 @@ Egress messages of an open session go in through :meth:`Session.on_egress`::
 
     SessionMessageHeader  appended to the backlog; what it says the
                           service applied is forgotten            -> None
+                          (a reply numbered as one already
+                          received is dropped; after a gap in
+                          the numbers, counted as dropped         -> Dropped)
     SessionAck            the same forgotten; with resend, what
                           follows the leader's log queued again    -> None
-    ServiceErrorEvent     appended to the backlog (receive raises) -> None
+    ServiceErrorEvent     appended to the backlog (receive raises);
+                          numbered as replies are                  -> None
     RepliesDropped        counted                                 -> Dropped
     AdminResponse         handed to the request_snapshot() waiting -> None
     NewLeaderEvent        term, leader and endpoints updated; the
@@ -153,6 +157,7 @@ class Session:
         "open",
         "outbox",
         "pending",
+        "received_reply",
         "replies_dropped",
         "session_secret",
         "wake_space",
@@ -200,6 +205,10 @@ class Session:
         self.backlog: deque[SessionMessageHeader | ServiceErrorEvent] = deque()
         self.errors_waiting = 0
         self.replies_dropped = 0
+        #: the highest of the service's numbered replies received in order: each message
+        #: this client sends says so, and every member forgets what it kept up to it
+        #: (exactly once out); a reply numbered at most this is a duplicate
+        self.received_reply = 0
         self.backlog_exceeded = False
         self._admin: dict[int, AdminWaiter] = {}
 
@@ -224,6 +233,7 @@ class Session:
                 cluster_session_id=self.cluster_session_id,
                 version=PROTOCOL_VERSION,
                 session_secret=self.session_secret,
+                reply=self.received_reply,
             )
         )
 
@@ -283,7 +293,12 @@ class Session:
         try:
             return self.enqueue(
                 SessionMessageHeader(
-                    self.leadership_term_id, self.cluster_session_id, 0, kept, sequence
+                    self.leadership_term_id,
+                    self.cluster_session_id,
+                    0,
+                    kept,
+                    sequence,
+                    self.received_reply,
                 )
             )
         except ValueError:  # too big: never offered
@@ -307,7 +322,11 @@ class Session:
         log): queue every kept one after it, re-encoded for the current term, ahead of
         the other frames queued (keepalives, requests, a close).  The messages queued
         are all kept, so none is queued twice."""
-        term, session_id = self.leadership_term_id, self.cluster_session_id
+        term, session_id, received = (
+            self.leadership_term_id,
+            self.cluster_session_id,
+            self.received_reply,
+        )
         decoder = FrameDecoder(max(self.max_frame_size, 1 << 16))
         others = [
             msgspec.structs.replace(message, leadership_term_id=term)
@@ -318,7 +337,7 @@ class Session:
         encode_frames_into(
             out,
             [
-                SessionMessageHeader(term, session_id, 0, payload, sequence)
+                SessionMessageHeader(term, session_id, 0, payload, sequence, received)
                 for sequence, payload in self.outbox.after(logged)
             ],
         )
@@ -408,14 +427,22 @@ class Session:
             if applied > outbox.confirmed:  # Outbox.confirm, inline: the hot path
                 outbox.confirmed = applied if applied < outbox.sequence else outbox.sequence
                 self.wake_space()
+            number, gap = message.reply, None
+            if number:  # numbered (exactly once out): the next, else a duplicate or a gap
+                if number <= self.received_reply:
+                    return None  # a new leader sent it again: the application has it
+                if number != self.received_reply + 1:
+                    gap = self._gap(number)
+                self.received_reply = number
             if self.backlog_exceeded:
-                return None
+                return gap
             backlog = self.backlog
             if len(backlog) < self.max_egress_backlog:  # the hot path, inline
                 backlog.append(message)
                 self._wake_receivers()
             else:
                 self._to_backlog(message)
+            return gap
         elif isinstance(message, SessionEvent):
             if message.cluster_session_id != session_id:
                 return None
@@ -440,9 +467,19 @@ class Session:
                 waiter.response = message
                 waiter.wake()
         elif isinstance(message, ServiceErrorEvent):
-            if message.cluster_session_id == session_id and not self.backlog_exceeded:
+            if message.cluster_session_id != session_id:
+                return None
+            number, gap = message.reply, None
+            if number:
+                if number <= self.received_reply:
+                    return None
+                if number != self.received_reply + 1:
+                    gap = self._gap(number)
+                self.received_reply = number
+            if not self.backlog_exceeded:
                 self.errors_waiting += 1
                 self._to_backlog(message)
+            return gap
         elif (
             isinstance(message, RepliesDropped)
             and message.cluster_session_id == session_id
@@ -451,6 +488,13 @@ class Session:
             self.replies_dropped += message.count
             return Dropped(message.count)
         return None
+
+    def _gap(self, number: int) -> Dropped:
+        """Reply ``number`` came after a gap: the ones between are gone for good (the
+        members keep a session's replies only up to ``--max-kept-replies``)."""
+        count = number - self.received_reply - 1
+        self.replies_dropped += count
+        return Dropped(count)
 
     def _to_backlog(self, message: SessionMessageHeader | ServiceErrorEvent) -> None:
         if len(self.backlog) >= self.max_egress_backlog:

@@ -88,9 +88,11 @@ class Disconnected:
 
 @dataclass(frozen=True, slots=True)
 class RepliesDropped:
-    """The cluster dropped ``count`` replies to this session while it was between
-    connections (a lost connection, a pause): the service sent them, the client never
-    saw them.  ``total``: how many so far (:attr:`ClusterClient.replies_dropped`)."""
+    """``count`` replies to this session never reached it: the service gave them, but
+    more than ``--max-kept-replies`` were given while the client was away (a lost
+    connection, a pause), so the members no longer held the oldest when it came back
+    (a gap in the replies' numbers).  ``total``: how many so far
+    (:attr:`ClusterClient.replies_dropped`)."""
 
     count: int
     total: int

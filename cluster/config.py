@@ -432,6 +432,14 @@ SETTINGS: tuple[Setting, ...] = (
         "per-session egress bytes queued before offers fail (back pressure)",
     ),
     Setting(
+        "max-kept-replies",
+        256 << 10,
+        _positive(parse_size),
+        "bytes of a session's replies every member keeps until its client confirms them "
+        "(each reply's payload plus 64), so a new leader sends what the client lacks; "
+        "past it the oldest go and the client sees the gap",
+    ),
+    Setting(
         "fsync",
         FsyncPolicy.BATCH,
         FsyncPolicy.parse,
@@ -523,6 +531,7 @@ class NodeConfig:
     max_ingress_backlog: int = 256 << 10
     max_log_inflight: int = 1 << 20
     max_egress_backlog: int = 8 << 20
+    max_kept_replies: int = 256 << 10
     fsync: FsyncPolicy = FsyncPolicy.BATCH
     archive_io: str = "auto"
     segment_size: int = 64 << 20

@@ -210,6 +210,7 @@ class Node:
             member_id=cfg.member_id,
             clock_ns=self.now_ns,
             on_error=ServiceErrorPolicy(cfg.on_service_error, self.now_ns),
+            max_kept_replies=cfg.max_kept_replies,
         )
         self.snapshots = SnapshotAgent(
             self.data_dir,

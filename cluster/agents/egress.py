@@ -19,7 +19,6 @@ from typing import Any
 import trio
 
 from ..core.base import IngressSource
-from ..protocol.ingress import SessionMessageHeader
 from ..transport.base import Network
 from ..transport.framed import FrameWriter
 
@@ -65,9 +64,6 @@ class EgressPublisher:
         self._nursery: trio.Nursery | None = None
         self._queued_starts: list[tuple[int, _Egress]] = []
         self.dropped_messages = 0
-        #: replies dropped per session (egress id) since it was last told: bounded by
-        #: the open sessions (the session manager takes a closed session's count)
-        self._dropped_replies: dict[int, int] = {}
         self._active = 0
         self._idle = trio.Event()
         self._dirty: list[FrameWriter] = []
@@ -105,15 +101,7 @@ class EgressPublisher:
             return True
         if egress is None:
             self.dropped_messages += 1
-        if type(message) is SessionMessageHeader:  # a reply: its session is told
-            self._dropped_replies[egress_id] = self._dropped_replies.get(egress_id, 0) + 1
         return False
-
-    def take_dropped(self, egress_id: int) -> int:
-        return self._dropped_replies.pop(egress_id, 0)
-
-    def put_back_dropped(self, egress_id: int, count: int) -> None:
-        self._dropped_replies[egress_id] = self._dropped_replies.get(egress_id, 0) + count
 
     def _queue(self, writer: FrameWriter, message: Any) -> bool:
         """Queue a frame for the next flush; False (counted) if the writer is full."""

@@ -160,13 +160,6 @@ class EgressPort(Protocol):
     def close(self, egress_id: int) -> None:
         """Flush what is queued, then close the egress connection."""
 
-    def take_dropped(self, egress_id: int) -> int:
-        """How many of the service's replies to ``egress_id`` were dropped (no
-        connection, or no room on it) since the last call; the count starts over."""
-
-    def put_back_dropped(self, egress_id: int, count: int) -> None:
-        """Count ``count`` dropped replies again (taken, but they could not be told)."""
-
 
 class ConsensusPort(Protocol):
     """Member-to-member messages; sending only enqueues and may silently drop."""

@@ -4,20 +4,21 @@
 send a client events about its session: a :class:`~cluster.protocol.egress.SessionEvent`
 (OK, REDIRECT, ERROR, CLOSED) goes on the session's connection here while it has one
 (every answer before OK does: a member dials nobody for a stranger), else on its dialled
-egress; a :class:`~cluster.protocol.egress.NewLeaderEvent` (who leads, and the sign that
-the leader lives) is followed by how many replies to the session were dropped since it
-was last told (:class:`~cluster.protocol.egress.RepliesDropped`); a
-:class:`~cluster.protocol.egress.SessionAck` tells the client what the log holds of its
-messages, and asks for the rest again.  It keeps no state.
+egress; a :class:`~cluster.protocol.egress.NewLeaderEvent` says who leads (and is the
+sign that the leader lives); a :class:`~cluster.protocol.egress.SessionAck` tells the
+client what the log holds of its messages, and asks for the rest again; the replies the
+service gave it go in order, from what the client lacks (:meth:`SessionNotifier.replies`,
+exactly once out).  It keeps no state.
 """
 
 from __future__ import annotations
 
 from ..protocol import version as protocol_version
-from ..protocol.egress import NewLeaderEvent, RepliesDropped, SessionAck, SessionEvent
+from ..protocol.egress import NewLeaderEvent, SessionAck, SessionEvent
 from ..protocol.enums import EventCode
 from .base import ConsensusConfig, Counters, EgressPort, TermView
-from .session import ClusterSession
+from .replies import KeptReplies
+from .session import ClusterSession, SessionProgress
 
 
 class SessionNotifier:
@@ -61,14 +62,12 @@ class SessionNotifier:
 
     def new_leader(self, session: ClusterSession) -> bool:
         """Tell the session who leads (at a resume, a new leader, and every second as
-        the sign that this leader lives); then how many replies to it were dropped
-        since it was last told (:class:`RepliesDropped`)."""
+        the sign that this leader lives)."""
         if not session.egress_connected:
             return False
         view = self.view
-        egress, egress_id = self.egress, session.egress_id
-        if egress.send(
-            egress_id,
+        if self.egress.send(
+            session.egress_id,
             NewLeaderEvent(
                 leadership_term_id=view.leadership_term_id,
                 cluster_session_id=session.cluster_session_id,
@@ -77,30 +76,34 @@ class SessionNotifier:
             ),
         ):
             session.has_new_leader_event_pending = False
-            dropped = egress.take_dropped(egress_id)
-            self.counters.replies_dropped += dropped
-            if dropped and not egress.send(
-                egress_id,
-                RepliesDropped(
-                    cluster_session_id=session.cluster_session_id,
-                    leadership_term_id=view.leadership_term_id,
-                    count=dropped,
-                ),
-            ):
-                egress.put_back_dropped(egress_id, dropped)
-                self.counters.replies_dropped -= dropped  # counted when told
             return True
         return False
 
-    def welcome(self, session: ClusterSession, applied: int) -> bool:
+    def welcome(self, session: ClusterSession, progress: SessionProgress | None) -> bool:
         """A session reached this leader (a resume, or this member began to lead): who
         leads (:meth:`new_leader`), then what the log holds of its messages, asking for
-        the rest again (:meth:`ack`): a hand-over costs the client a round trip."""
+        the rest again (:meth:`ack`): a hand-over costs the client a round trip; then
+        the replies it has not confirmed (:meth:`replies`)."""
         if not self.new_leader(session):
             return False
-        self.ack(session, applied, resend=True)
+        self.ack(session, 0 if progress is None else progress.applied_sequence, resend=True)
         session.resend_asked_ns = None  # a gap seen next is told at once
+        if progress is not None:
+            self.replies(session, progress.replies)
         return True
+
+    def replies(self, session: ClusterSession, replies: KeptReplies) -> int:
+        """Send the session's kept replies after the last sent, in order, while its
+        egress takes them; returns how many went."""
+        if not session.egress_connected:
+            return 0
+        send, egress_id, count = self.egress.send, session.egress_id, 0
+        for reply in replies.unsent():
+            if not send(egress_id, reply):
+                break
+            replies.sent = reply.reply
+            count += 1
+        return count
 
     def ack(self, session: ClusterSession, applied: int, *, resend: bool) -> bool:
         """Tell the client what the log holds of its messages: ``applied`` (the service

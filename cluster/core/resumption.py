@@ -31,7 +31,7 @@ from ..protocol.enums import CloseReason, EventCode
 from ..protocol.ingress import SessionResumeRequest
 from .base import ConsensusConfig, Counters, EgressPort, IngressSource, TermView
 from .notify import SessionNotifier
-from .session import EGRESS_HEARTBEAT_NS, ClusterSession, State, secret_hash
+from .session import EGRESS_HEARTBEAT_NS, ClusterSession, SessionProgress, State, secret_hash
 
 MAX_CLOSED_REMEMBERED = 4096
 """Closed sessions whose close reason a member remembers, to answer a resume that comes
@@ -53,7 +53,7 @@ class SessionResumption:
         counters: Counters,
         notify: SessionNotifier,
         sessions: dict[int, ClusterSession],
-        applied: Callable[[int], int] = lambda session_id: 0,
+        progress: Callable[[int], SessionProgress | None] = lambda session_id: None,
     ) -> None:
         self.config = config
         self.egress = egress
@@ -62,8 +62,8 @@ class SessionResumption:
         self.notify = notify
         self.sessions = sessions
         """The manager's open sessions by id (the same dict: it is never replaced)."""
-        self.applied = applied
-        """The highest sequence of a session's messages the service applied."""
+        self.progress = progress
+        """What the service applied of a session's messages, and the replies it kept."""
         #: why recently closed sessions were closed, their secret's hash (to tell only
         #: their holder) and the last sequence applied: a resume after the fact hears them
         self.closed_reasons: OrderedDict[int, tuple[CloseReason, bytes, int]] = OrderedDict()
@@ -116,7 +116,10 @@ class SessionResumption:
         # who leads, and what the log holds of its messages: the client resends the
         # rest at once (if its egress is not up yet, the slow tick's check does it)
         session.has_new_leader_event_pending = True
-        if self.notify.welcome(session, self.applied(session.cluster_session_id)):
+        progress = self.progress(session.cluster_session_id)
+        if progress is not None:  # the replies after the last it received go again
+            progress.replies.restart(request.reply)
+        if self.notify.welcome(session, progress):
             session.has_new_leader_event_pending = False
 
     def _why_closed(self, request: SessionResumeRequest) -> tuple[str, int]:

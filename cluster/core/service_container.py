@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable, Iterator
 
 from ..archive.record import RECORD_HEADER, RECORD_HEADER_LENGTH, iter_records
-from ..protocol.codec import DECODE_ERRORS, LOG
+from ..protocol.codec import DECODE_ERRORS, EGRESS, LOG
 from ..protocol.egress import SERVICE_ERROR_REQUEST_BYTES, ServiceErrorEvent
 from ..protocol.enums import CloseReason, Role
 from ..protocol.ingress import SessionMessageHeader
@@ -44,6 +44,7 @@ from ..service import ClientSession, ClusteredService
 from .base import EgressPort
 from .consensus import ConsensusModule
 from .pending import is_service_message
+from .replies import DEFAULT_KEPT_REPLIES, KeptReplies, Reply
 from .service_errors import ServiceErrorPolicy, error_text, error_type
 
 log = logging.getLogger("cluster.service")
@@ -57,7 +58,9 @@ class _ClientSession:
     sequence of its messages applied (on every member: a new leader knows from it what
     its log holds; snapshots keep it); ``told_sequence``, on the leader, the highest its
     client has been told of (a reply carries it, else the session manager's
-    :class:`~cluster.protocol.egress.SessionAck`)."""
+    :class:`~cluster.protocol.egress.SessionAck`); ``replies``, the replies given to it
+    that its client has not confirmed (every member keeps them: exactly once out,
+    :mod:`cluster.core.replies`)."""
 
     __slots__ = (
         "_container",
@@ -65,6 +68,7 @@ class _ClientSession:
         "encoded_principal",
         "id",
         "is_closing",
+        "replies",
         "response_channel",
         "response_stream_id",
         "secret_hash",
@@ -81,22 +85,37 @@ class _ClientSession:
         self.encoded_principal = event.encoded_principal
         self.secret_hash = event.secret_hash
         self.is_closing = False
-        self.applied_sequence = event.last_sequence if isinstance(event, ClientSessionRecord) else 0
         self.told_sequence = 0
+        if isinstance(event, ClientSessionRecord):
+            self.applied_sequence = event.last_sequence
+            self.replies = KeptReplies(
+                container.max_kept_replies, event.last_reply, event.confirmed_reply
+            )
+        else:
+            self.applied_sequence = 0
+            self.replies = KeptReplies(container.max_kept_replies)
 
     def offer(self, payload: bytes) -> bool:
+        """A reply to the session: numbered and kept on every member, sent by the
+        leader in order (a follower keeps it in case it leads next); one given outside
+        the log is only sent, by the leader (:mod:`cluster.core.replies`)."""
         c = self._container
         if self.is_closing or self.id not in c.sessions:
             return False
-        if c.role is not _LEADER:
-            return True  # followers fake the egress (seed 002)
+        if type(payload) is not bytes:
+            payload = bytes(payload)  # kept: the caller may change its buffer
+        if c.outside_log:
+            return c.role is _LEADER and c.egress.send(
+                self.id, SessionMessageHeader(c.leadership_term_id, self.id, c.time, payload)
+            )
         applied = self.applied_sequence  # the client forgets what it kept up to here
-        if c.egress.send(
-            self.id, SessionMessageHeader(c.leadership_term_id, self.id, c.time, payload, applied)
-        ):
-            self.told_sequence = applied
-            return True
-        return False
+        c.give(
+            self,
+            SessionMessageHeader(
+                c.leadership_term_id, self.id, c.time, payload, applied, self.replies.last + 1
+            ),
+        )
+        return True
 
     def close(self) -> bool:
         if self.is_closing or self.id not in self._container.sessions:
@@ -120,9 +139,11 @@ class ServiceContainer:
         member_id: int,
         clock_ns: Callable[[], int],
         on_error: ServiceErrorPolicy | None = None,
+        max_kept_replies: int = DEFAULT_KEPT_REPLIES,
     ) -> None:
         """``on_error``: what to do when a service callback raises (by default: log
-        it and go on, :class:`ServiceErrorPolicy`)."""
+        it and go on, :class:`ServiceErrorPolicy`); ``max_kept_replies``: the bytes of
+        each session's unconfirmed replies kept (:mod:`cluster.core.replies`)."""
         self.service = service
         self.cm = consensus_module
         self.egress = egress
@@ -137,6 +158,10 @@ class ServiceContainer:
         self.max_session_id = 0
         self.on_cluster_action: Callable[[int, ClusterActionRequest], None] | None = None
         self.on_error = on_error or ServiceErrorPolicy(clock_ns=clock_ns)
+        self.max_kept_replies = max_kept_replies
+        #: a callback runs that no log entry drives (``on_start``, ``on_role_change``,
+        #: ``on_terminate``): its replies are not numbered, kept nor sent by followers
+        self.outside_log = False
         consensus_module.session_manager.sequencing.progress = self.progress
 
     def progress(self, cluster_session_id: int) -> _ClientSession | None:
@@ -147,6 +172,7 @@ class ServiceContainer:
     def restore_sessions(self, records: list[ClientSessionRecord]) -> None:
         for record in records:
             session = _ClientSession(self, record)
+            session.replies.restore([_decode_reply(body) for body in record.replies])
             self.sessions[session.id] = session
             self.max_session_id = max(self.max_session_id, session.id)
 
@@ -176,6 +202,20 @@ class ServiceContainer:
     def cancel_timer(self, correlation_id: int) -> bool:
         return self.cm.timers.cancel(correlation_id)
 
+    def give(self, session: _ClientSession, reply: Reply) -> None:
+        """A numbered reply to ``session``: kept (every member), and sent at once by a
+        leader that has sent every one before it on the client's connection (else the
+        session manager's slow tick sends them in order when there is room)."""
+        replies = session.replies
+        dropped = replies.keep(reply)
+        if self.role is _LEADER:
+            if dropped:
+                self.cm.counters.replies_dropped += dropped
+            if replies.sent == reply.reply - 1 and self.egress.send(session.id, reply):
+                replies.sent = reply.reply
+                if type(reply) is SessionMessageHeader:
+                    session.told_sequence = reply.sequence
+
     def offer(self, payload: bytes) -> bool:
         """A service message into the log (sequenced by the leader, exactly once)."""
         self.cm.service_messages.enqueue(bytes(payload))
@@ -186,26 +226,35 @@ class ServiceContainer:
     def start(self, snapshot: bytes | None = None) -> None:
         """``on_start``; if it raises, the member cannot start:
         :class:`~cluster.core.service_errors.ServiceFailure` (logged), whatever the policy."""
+        self.outside_log = True
         try:
             self.service.on_start(self, snapshot)
         except BaseException as exc:
             raise self.on_error.failed_to_start(exc, self.log_position) from exc
+        finally:
+            self.outside_log = False
 
     def set_role(self, role: Role) -> None:
         if role is not self.role:
             self.role = role
+            self.outside_log = True
             try:
                 self.service.on_role_change(role)
             except BaseException as exc:
                 self._service_error("on_role_change", exc)
+            finally:
+                self.outside_log = False
 
     def terminate(self) -> None:
         """``on_terminate`` (the node is stopping): an exception is logged, not raised."""
+        self.outside_log = True
         try:
             self.service.on_terminate(self)
         except BaseException as exc:
             self.cm.counters.service_errors += 1
             log.error("the service's on_terminate raised %r", exc, exc_info=exc)
+        finally:
+            self.outside_log = False
 
     # ---- the log ------------------------------------------------------------------
 
@@ -258,6 +307,8 @@ class ServiceContainer:
                     if session is not None:
                         self.applied_messages += 1
                         session.applied_sequence = message.sequence
+                        if message.reply > session.replies.confirmed:
+                            session.replies.confirm(message.reply)
                         try:
                             service.on_session_message(session, timestamp, message.payload)
                         except BaseException as exc:
@@ -281,6 +332,8 @@ class ServiceContainer:
                     self.time = message.timestamp
                     self.applied_messages += 1
                     session.applied_sequence = message.sequence
+                    if message.reply > session.replies.confirmed:
+                        session.replies.confirm(message.reply)
                     try:
                         service.on_session_message(session, message.timestamp, message.payload)
                     except BaseException as exc:
@@ -300,6 +353,8 @@ class ServiceContainer:
             if session is not None:
                 self.applied_messages += 1
                 session.applied_sequence = message.sequence
+                if message.reply > session.replies.confirmed:
+                    session.replies.confirm(message.reply)
                 try:
                     service.on_session_message(session, message.timestamp, message.payload)
                 except BaseException as exc:
@@ -356,13 +411,14 @@ class ServiceContainer:
     def _message_failed(
         self, exc: BaseException, session: _ClientSession, message: SessionMessageHeader
     ) -> None:
-        """``on_session_message`` raised on a client's message: the policy's, then (the
-        leader only: followers fake the egress) the client hears of it."""
+        """``on_session_message`` raised on a client's message: the policy's, then the
+        client hears of it, in its place among the replies (numbered and kept on every
+        member, :meth:`give`)."""
         self._service_error("on_session_message", exc, f"session {session.id}")
-        if self.role is not _LEADER or session.is_closing or session.id not in self.sessions:
+        if session.is_closing or session.id not in self.sessions:
             return
-        self.egress.send(
-            session.id,
+        self.give(
+            session,
             ServiceErrorEvent(
                 session.id,
                 self.leadership_term_id,
@@ -371,5 +427,14 @@ class ServiceContainer:
                 error_type(exc),
                 error_text(exc),
                 bytes(message.payload[:SERVICE_ERROR_REQUEST_BYTES]),
+                session.replies.last + 1,
             ),
         )
+
+
+def _decode_reply(body: bytes) -> Reply:
+    """A reply a snapshot kept (its egress encoding)."""
+    reply = EGRESS.decode(body)
+    if not isinstance(reply, (SessionMessageHeader, ServiceErrorEvent)):
+        raise EGRESS.error(ValueError(f"a snapshot kept {type(reply).__name__} as a reply"))
+    return reply

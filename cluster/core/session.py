@@ -18,6 +18,7 @@ from ..protocol.ingress import (
     SessionResumeRequest,
 )
 from .base import EgressPort, IngressSource
+from .replies import KeptReplies
 
 
 class State(enum.Enum):
@@ -138,11 +139,13 @@ class ClusterSession:
 
 class SessionProgress(Protocol):
     """What the service's side knows of a session's sequenced messages (the
-    container's client session): the highest it applied, and the highest its client
-    has been told of (a reply or a :class:`~cluster.protocol.egress.SessionAck`)."""
+    container's client session): the highest it applied, the highest its client has
+    been told of (a reply or a :class:`~cluster.protocol.egress.SessionAck`), and the
+    replies its client has not confirmed (exactly once out)."""
 
     applied_sequence: int
     told_sequence: int
+    replies: KeptReplies
 
 
 RESEND_AGAIN_NS = 200_000_000

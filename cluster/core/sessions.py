@@ -151,7 +151,8 @@ class SessionManager:
             config, egress, authenticator, log, view, counters, self.notify, self
         )
         self.resumption = SessionResumption(
-            config, egress, view, counters, self.notify, self.sessions, self.applied
+            *(config, egress, view, counters, self.notify, self.sessions),
+            lambda session_id: self.sequencing.progress(session_id),
         )
 
     # ------------------------------------------------------------------ requests
@@ -261,6 +262,9 @@ class SessionManager:
         if session is not None:
             session.egress_connected = True
             session.egress_retry_ns = None
+            progress = self.sequencing.progress(session.cluster_session_id)
+            if progress is not None:  # a new connection: what it lacks goes again
+                progress.replies.restart()
 
     def on_egress_failed(self, egress_id: int) -> None:
         """The egress connection could not be made or broke."""
@@ -341,6 +345,8 @@ class SessionManager:
             # applied of each session is what the log holds (exactly once from here)
             known = progress(session.cluster_session_id)
             session.last_sequence = 0 if known is None else known.applied_sequence
+            if known is not None:  # its client lacks what it has not confirmed
+                known.replies.restart()
             session.resend_asked_ns = None
             session.time_of_last_activity_ns = now_ns
             session.detached_since_ns = None  # a whole timeout, not a grace
@@ -397,8 +403,6 @@ class SessionManager:
         """A session event of another leader's was applied here."""
         if isinstance(message, SessionCloseEvent):
             closed = self.sessions.pop(message.cluster_session_id, None)
-            # forget its count (counted here: its client will not be told)
-            self.counters.replies_dropped += self.egress.take_dropped(message.cluster_session_id)
             if closed is not None:
                 self.resumption.remember_closed(
                     closed.cluster_session_id,
@@ -593,20 +597,23 @@ class SessionManager:
                 # and nothing else goes before it (no heartbeat before OK)
                 if session.opened_log_position <= commit:
                     self._send_open_event(session)
-            elif session.has_new_leader_event_pending and session.egress_connected:
-                if self.notify.welcome(session, self.applied(session.cluster_session_id)):
+                continue
+            if not session.egress_connected:
+                continue
+            progress = self.sequencing.progress(session.cluster_session_id)
+            if session.has_new_leader_event_pending:
+                if self.notify.welcome(session, progress):
                     work += 1
-            elif session.egress_connected and (
-                (progress := self.sequencing.progress(session.cluster_session_id)) is not None
-                and progress.applied_sequence > progress.told_sequence
-            ):  # applied since the client was last told (no reply told it): it forgets
+            elif progress is not None and progress.replies.sent < progress.replies.last:
+                # replies that found no room, or a new connection's: in order
+                work += self.notify.replies(session, progress.replies)
+            elif progress is not None and progress.applied_sequence > progress.told_sequence:
+                # applied since the client was last told (no reply told it): it forgets
                 if self.notify.ack(session, progress.applied_sequence, resend=False):
                     progress.told_sequence = progress.applied_sequence
                     work += 1
             elif (
-                session.own_connection
-                and session.egress_connected
-                and now_ns >= session.heartbeat_ns
+                session.own_connection and now_ns >= session.heartbeat_ns
             ):  # the client's sign that we still lead
                 session.heartbeat_ns = now_ns + EGRESS_HEARTBEAT_NS
                 self.notify.new_leader(session)
@@ -683,5 +690,3 @@ class SessionManager:
         sequence of its messages applied), and its egress closes."""
         self.notify.event(session, EventCode.CLOSED, reason.name, last_applied=last)
         self.egress.close(session.egress_id)
-        # forget its count (counted here: its client will not be told)
-        self.counters.replies_dropped += self.egress.take_dropped(session.egress_id)

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..protocol.codec import encode
 from ..protocol.enums import ClusterTimeUnit, SnapshotMark
 from ..protocol.snapshot import (
     ClientSession,
@@ -112,6 +113,9 @@ def take_snapshot(
             s.encoded_principal,
             s.secret_hash,
             s.applied_sequence,
+            s.replies.last,
+            s.replies.confirmed,
+            [encode(reply) for reply in s.replies.records()],
         )
         for s in sessions
     ]

@@ -67,13 +67,17 @@ class ServiceErrorEvent(Message, tag=28):
     message: str
     #: the message's payload, cut to :data:`SERVICE_ERROR_REQUEST_BYTES`
     request: bytes = b""
+    #: its number among the session's replies (exactly once out: see
+    #: :class:`~cluster.protocol.ingress.SessionMessageHeader`)
+    reply: Int64 = 0
 
 
 class RepliesDropped(Message, tag=29):
-    """Replies to this session were dropped while it had no connection (between a lost
-    connection and its resume), or found no room on it: ``count`` since the last such
-    event.  Sent once the session is reachable again; the client counts them and reports
-    them as an event (Triarch's: Aeron's egress drops them without a word)."""
+    """Replies to this session were dropped: ``count`` since the last such event
+    (Triarch's: Aeron's egress drops them without a word).  Members of protocol 2 no
+    longer send it: they keep a session's replies until its client confirms them and
+    number them, so a client sees a gap itself (past ``--max-kept-replies`` the oldest
+    go); it still decodes, and a client still counts it."""
 
     cluster_session_id: Int64
     leadership_term_id: Int64

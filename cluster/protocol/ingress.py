@@ -20,6 +20,12 @@ class SessionMessageHeader(Message, tag=1):
     the highest sequence of the session the service has applied: the client forgets
     what it kept of those.  A trailing field with a default: logs and snapshots written
     before it still decode.
+
+    ``reply`` numbers the service's replies to a session 1, 2, 3... on egress (exactly
+    once out: every member gives the same reply the same number, and the client drops a
+    number it has seen; 0: a reply given outside the log, not numbered).  On ingress and
+    in the log it is the highest reply the client received in order: every member
+    forgets the replies it kept up to it (:mod:`cluster.core.replies`).
     """
 
     leadership_term_id: Int64
@@ -27,6 +33,7 @@ class SessionMessageHeader(Message, tag=1):
     timestamp: Int64
     payload: bytes
     sequence: Int64 = 0
+    reply: Int64 = 0
 
 
 class SessionConnectRequest(Message, tag=3):
@@ -74,6 +81,9 @@ class SessionResumeRequest(Message, tag=9):
     cluster_session_id: Int64
     version: Int32
     session_secret: bytes
+    #: the highest of the session's replies the client received in order: the leader
+    #: sends what follows (exactly once out)
+    reply: Int64 = 0
 
 
 class AdminRequest(Message, tag=26):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from .._typing import Int32, Int64
 from ._base import Message
 from .enums import ClusterTimeUnit, SnapshotMark
@@ -26,6 +28,11 @@ class ClientSession(Message, tag=102):
     #: the highest sequence of the session's messages applied (0 in snapshots taken
     #: before protocol 2: none was numbered)
     last_sequence: Int64 = 0
+    #: the number of the session's last reply, and the highest its client confirmed
+    last_reply: Int64 = 0
+    confirmed_reply: Int64 = 0
+    #: the replies kept for it (exactly once out), each as its egress encoding
+    replies: list[bytes] = msgspec.field(default_factory=list)
 
 
 class ClusterSessionSnapshot(Message, tag=103):

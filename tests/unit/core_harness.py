@@ -37,12 +37,6 @@ class NullEgress:
     def close(self, egress_id: int) -> None:
         pass
 
-    def take_dropped(self, egress_id: int) -> int:
-        return 0
-
-    def put_back_dropped(self, egress_id: int, count: int) -> None:
-        pass
-
 
 class Port:
     """A ConsensusPort that records what it is given to send."""

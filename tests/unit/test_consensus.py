@@ -114,12 +114,6 @@ class RecordingEgress:
     def close(self, egress_id: int) -> None:
         self.calls.append(("close", egress_id))
 
-    def take_dropped(self, egress_id: int) -> int:
-        return self.dropped.pop(egress_id, 0)
-
-    def put_back_dropped(self, egress_id: int, count: int) -> None:
-        self.dropped[egress_id] = self.dropped.get(egress_id, 0) + count
-
     # helpers
     def messages(self, egress_id: int | None = None, kind: type | None = None) -> list[Any]:
         return [

@@ -54,12 +54,6 @@ class RecordingEgress:
         self.calls.append(("send", message.cluster_session_id, message))
         return self.accept
 
-    def take_dropped(self, egress_id: int) -> int:
-        return 0
-
-    def put_back_dropped(self, egress_id: int, count: int) -> None:
-        pass
-
     def replies(self) -> list[tuple[int, SessionMessageHeader]]:
         return [
             (c[1], c[2])
@@ -162,9 +156,13 @@ class Node:
         assert self.cm.sessions[sid].state is State.OPEN
         return sid
 
-    def send(self, sid: int, payload: bytes, dt: int = MS) -> None:
+    def send(self, sid: int, payload: bytes, dt: int = MS, reply: int = 0) -> None:
+        """A message of session ``sid`` (unsequenced), saying its client received the
+        replies up to ``reply``."""
         self.now += dt
-        assert self.cm.on_ingress_message(SessionMessageHeader(TERM, sid, 0, payload), self.now)
+        assert self.cm.on_ingress_message(
+            SessionMessageHeader(TERM, sid, 0, payload, 0, reply), self.now
+        )
 
     def log_bytes(self) -> bytes:
         batch = self.cm.take_log_batch()
@@ -265,16 +263,28 @@ def test_replies_carry_the_log_entry_timestamp_and_go_to_egress() -> None:
     assert all(node.service.offers)
 
 
-def test_offer_reports_back_pressure() -> None:
+def test_offers_that_find_no_room_are_kept_numbered_and_sent_later() -> None:
     node = Node()
     sid = node.open()
     node.send(sid, b"x")
     node.egress.accept = False
     node.apply_all()
-    assert node.service.offers == [False, False]
+    assert node.service.offers == [True, True]  # kept (exactly once out): not refused
+    session = node.container.sessions[sid]
+    assert [r.reply for r in session.replies.kept] == [1, 2]
+    assert session.replies.sent == 0
+    node.egress.accept = True
+    cm_session = node.cm.sessions[sid]
+    cm_session.egress_connected = True
+    assert node.cm.session_manager.notify.replies(cm_session, session.replies) == 2
+    assert [(r.reply, r.payload) for _, r in node.egress.replies()[-2:]] == [
+        (1, b"re:x"),
+        (2, b"again:x"),
+    ]
+    assert node.cm.session_manager.notify.replies(cm_session, session.replies) == 0
 
 
-def test_follower_fakes_offers() -> None:
+def test_a_follower_keeps_the_replies_the_leader_gives_numbered_alike() -> None:
     leader = Node()
     sid = leader.open()
     leader.send(sid, b"hello")
@@ -285,20 +295,65 @@ def test_follower_fakes_offers() -> None:
     consumed = follower.container.apply(data, 0, mirror_into_consensus=True)
     assert consumed == len(data)
     assert follower.service.offers == [True, True]
-    assert follower.egress.calls == []
-    assert follower.egress.replies() == []
+    assert follower.egress.calls == []  # followers send nothing (seed 002)...
+    kept = follower.container.sessions[sid].replies.kept
+    leader.container.apply(data, 0)
+    # ...but keep what the leader sent, numbered alike (exactly once out)
+    assert [(r.reply, r.payload) for r in kept] == [
+        (r.reply, r.payload) for _, r in leader.egress.replies()
+    ]
+    assert [r.reply for r in kept] == [1, 2]
     assert [e[0] for e in follower.service.events] == ["start", "term", "open", "message"]
     # the follower's consensus module mirrored the session (seed 000)
     assert follower.cm.sessions[sid].state is State.OPEN
     assert follower.cm.leadership_term_id == TERM
 
-    # and once it leads, the very same service code really sends
+    # once it leads, the very same service code's replies go, after the kept ones
     follower.container.set_role(Role.LEADER)
     assert follower.service.events[-1] == ("role", Role.LEADER)
     session = follower.container.get_client_session(sid)
     assert session is not None
     assert session.offer(b"now real")
-    assert [r.payload for _, r in follower.egress.replies()] == [b"now real"]
+    replies = follower.container.sessions[sid].replies
+    replies.restart()  # a new leader: the client lacks what it has not confirmed
+    cm_session = follower.cm.sessions[sid]
+    cm_session.egress_connected = True
+    follower.cm.session_manager.notify.replies(cm_session, replies)
+    assert [(r.reply, r.payload) for _, r in follower.egress.replies()] == [
+        (1, b"re:hello"),
+        (2, b"again:hello"),
+        (3, b"now real"),
+    ]
+
+
+def test_a_reply_given_outside_the_log_is_not_numbered_nor_kept() -> None:
+    node = Node()
+    sid = node.open()
+    node.apply_all()
+    session = node.container.sessions[sid]
+    node.container.outside_log = True  # as in on_role_change
+    assert session.offer(b"hello, leader here")
+    node.container.outside_log = False
+    ((_, reply),) = node.egress.replies()
+    assert reply.reply == 0
+    assert not session.replies.kept
+
+
+def test_the_client_confirms_replies_in_its_messages_and_every_member_forgets_them() -> None:
+    node = Node()
+    sid = node.open()
+    node.send(sid, b"a")
+    node.apply_all()
+    replies = node.container.sessions[sid].replies
+    assert [r.reply for r in replies.kept] == [1, 2]
+    node.send(sid, b"b", reply=1)  # it received reply 1
+    node.apply_all()
+    assert [r.reply for r in replies.kept] == [2, 3, 4]
+    assert replies.confirmed == 1
+    node.send(sid, b"c", reply=99)  # a claim past the last: confirms what there is
+    node.apply_all()
+    assert replies.confirmed == 4
+    assert [r.reply for r in replies.kept] == [5, 6]
 
 
 def test_set_role_only_notifies_on_change() -> None:

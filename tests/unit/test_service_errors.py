@@ -152,12 +152,6 @@ class Egress:
     def close(self, egress_id: int) -> None:
         pass
 
-    def take_dropped(self, egress_id: int) -> int:
-        return 0
-
-    def put_back_dropped(self, egress_id: int, count: int) -> None:
-        pass
-
     def errors(self) -> list[ServiceErrorEvent]:
         return [m for _, m in self.sent if isinstance(m, ServiceErrorEvent)]
 
@@ -258,8 +252,16 @@ def test_the_leader_tells_the_sender_a_follower_does_not() -> None:
         error_type="ValueError",
         message="bad payload b'boom'",
         request=b"boom",
+        reply=2,  # numbered among the replies (exactly once out)
     )
-    assert follower.egress.sent == []  # followers fake the egress
+    assert follower.egress.sent == []  # followers send nothing: they keep the replies
+    kept = follower.container.sessions[SID].replies.kept
+    assert [type(r).__name__ for r in kept] == [
+        "SessionMessageHeader",
+        "ServiceErrorEvent",
+        "SessionMessageHeader",
+    ]
+    assert kept[1] == event
     # every member raised on the same entry: their states are equal
     assert follower.errors == leader.errors == 1
     applied = [[e for e in m.service.seen if e[0] != "role"] for m in (leader, follower)]

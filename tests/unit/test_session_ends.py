@@ -1,8 +1,8 @@
 """How a session's client learns what became of its session (issue 32): the old
 connection of a session resumed elsewhere hears CLOSED; a resume after the session was
 closed hears its reason; SHUTDOWN and ABORT tell every session before the cluster stops;
-a leader that stalled does not blame its clients; replies dropped while a client was
-away are counted and told."""
+a leader that stalled does not blame its clients.  (Replies given while a client was away
+are kept and sent once it is back: ``test_exactly_once_out.py``.)"""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from cluster.core.consensus import ConsensusModule
 from cluster.core.resumption import MAX_CLOSED_REMEMBERED, MOVED
 from cluster.core.session import State
 from cluster.protocol import version as pv
-from cluster.protocol.egress import NewLeaderEvent, RepliesDropped, SessionEvent
+from cluster.protocol.egress import SessionEvent
 from cluster.protocol.enums import CloseReason, EventCode
 from cluster.protocol.ingress import (
     SessionCloseRequest,
@@ -165,44 +165,6 @@ def test_without_a_stall_the_timeout_is_as_before() -> None:
     assert cm.counters.leader_stalls == 0
 
 
-def test_replies_dropped_while_away_are_told_once_the_session_is_back() -> None:
-    cm, egress, reader = make()
-    sid, secret = own_session(cm, reader, T0)
-    cm.session_manager.on_source_closed(CLIENT)
-    CLIENT.closed = False
-    egress.dropped[sid] = 3  # the shell could not deliver three replies meanwhile
-    back = IngressSource(6, "127.0.0.1")
-    resume(cm, back, sid, secret, T0 + SECOND)
-    (told,) = egress.messages(sid, RepliesDropped)
-    assert (told.cluster_session_id, told.count) == (sid, 3)
-    assert egress.messages(sid, NewLeaderEvent)  # after the leader's word
-    assert sid not in egress.dropped
-    # nothing more dropped: the next heartbeats say nothing of it
-    for tick in range(1, 30):
-        cm.on_slow_tick(T0 + SECOND + tick * 100 * MS)
-    assert len(egress.messages(sid, RepliesDropped)) == 1
-
-
-def test_a_count_that_found_no_room_is_told_later() -> None:
-    cm, egress, reader = make()
-    sid, _secret = own_session(cm, reader, T0)
-    egress.dropped[sid] = 2
-    sent: list[object] = []
-
-    def send(egress_id: int, message: object) -> bool:
-        sent.append(message)
-        return not isinstance(message, RepliesDropped) or len(sent) > 2
-
-    original = egress.send
-    egress.send = send  # type: ignore[method-assign]
-    cm.on_slow_tick(T0 + 2 * SECOND)  # heartbeat goes, the count does not fit
-    assert egress.dropped[sid] == 2
-    egress.send = original  # type: ignore[method-assign]
-    cm.on_slow_tick(T0 + 4 * SECOND)
-    (told,) = egress.messages(sid, RepliesDropped)
-    assert told.count == 2
-
-
 def test_stalls_and_dropped_replies_are_exported() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
@@ -215,14 +177,3 @@ def test_stalls_and_dropped_replies_are_exported() -> None:
     text = generate_latest(registry).decode()
     assert 'triarch_leader_stalls_total{member="1"} 2.0' in text
     assert 'triarch_replies_dropped_total{member="1"} 7.0' in text
-
-
-def test_dropped_replies_of_a_closed_session_are_counted() -> None:
-    cm, egress, reader = make()
-    sid, _secret = own_session(cm, reader, T0)
-    egress.dropped[sid] = 4
-    cm.on_slow_tick(T0 + 11 * SECOND)  # timed out, never told
-    assert sid not in cm.sessions
-    commit_all(cm, reader)  # its client hears CLOSED once the close is committed
-    assert sid not in egress.dropped
-    assert cm.counters.replies_dropped == 4
