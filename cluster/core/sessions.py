@@ -677,6 +677,9 @@ class SessionManager:
         session.close_reason = reason
         session.state = State.CLOSED
         del self.sessions[session.cluster_session_id]
+        progress = self.sequencing.progress(session.cluster_session_id)
+        if progress is not None:  # replies that found no room go before CLOSED
+            self.notify.replies(session, progress.replies)
         # every message of the session in the log comes before its close: once that
         # commits, the service has applied them all, and never a later one
         last = session.last_sequence
@@ -687,6 +690,10 @@ class SessionManager:
 
     def _tell_closed(self, session: ClusterSession, reason: CloseReason, last: int) -> None:
         """A session's close is committed: its client hears CLOSED (with the last
-        sequence of its messages applied), and its egress closes."""
+        sequence of its messages applied), after the replies it was given that are
+        still to go, and its egress closes."""
+        progress = self.sequencing.progress(session.cluster_session_id)
+        if progress is not None:  # the service has not applied the close yet
+            self.notify.replies(session, progress.replies)
         self.notify.event(session, EventCode.CLOSED, reason.name, last_applied=last)
         self.egress.close(session.egress_id)
