@@ -48,6 +48,9 @@ def _size(reply: Reply) -> int:
     return len(reply.request) + len(reply.message) + REPLY_OVERHEAD  # type: ignore[union-attr]
 
 
+_Header = SessionMessageHeader  # a module global is found faster
+
+
 class KeptReplies:
     """One session's numbered replies not yet confirmed (see the module).
 
@@ -68,19 +71,24 @@ class KeptReplies:
         self.size = 0
 
     def keep(self, reply: Reply) -> int:
-        """Keep ``reply``, numbered ``last + 1`` already; returns how many unconfirmed
-        replies were dropped to make room (the oldest)."""
+        """Keep ``reply``, numbered ``last + 1`` already; returns how many replies that
+        were never sent (on a leader: that its client cannot have) were dropped to make
+        room (the oldest go)."""
         self.last = reply.reply
         self.kept.append(reply)
-        self.size += _size(reply)
+        if type(reply) is _Header:  # the hot path: _size, inline
+            self.size += len(reply.payload) + REPLY_OVERHEAD
+        else:
+            self.size += _size(reply)
         return self._trim() if self.size > self.limit else 0
 
     def _trim(self) -> int:
-        kept, dropped = self.kept, 0
+        kept, sent, unsent = self.kept, self.sent, 0
         while self.size > self.limit and len(kept) > 1:
-            self.size -= _size(kept.popleft())
-            dropped += 1
-        return dropped
+            reply = kept.popleft()
+            self.size -= _size(reply)
+            unsent += reply.reply > sent
+        return unsent
 
     def confirm(self, received: int) -> None:
         """The client received every reply up to ``received`` (a claim: a number it was

@@ -109,12 +109,17 @@ class _ClientSession:
                 self.id, SessionMessageHeader(c.leadership_term_id, self.id, c.time, payload)
             )
         applied = self.applied_sequence  # the client forgets what it kept up to here
-        c.give(
-            self,
-            SessionMessageHeader(
-                c.leadership_term_id, self.id, c.time, payload, applied, self.replies.last + 1
-            ),
+        replies = self.replies
+        number = replies.last + 1
+        reply = SessionMessageHeader(
+            c.leadership_term_id, self.id, c.time, payload, applied, number
         )
+        dropped = replies.keep(reply)  # ServiceContainer.give, inline: the hot path
+        if dropped and c.role is _LEADER:
+            c.cm.counters.replies_dropped += dropped  # never sent: its client lacks them
+        if c.role is _LEADER and replies.sent == number - 1 and c.egress.send(self.id, reply):
+            replies.sent = number
+            self.told_sequence = applied
         return True
 
     def close(self) -> bool:
@@ -208,13 +213,16 @@ class ServiceContainer:
         session manager's slow tick sends them in order when there is room)."""
         replies = session.replies
         dropped = replies.keep(reply)
-        if self.role is _LEADER:
-            if dropped:
-                self.cm.counters.replies_dropped += dropped
-            if replies.sent == reply.reply - 1 and self.egress.send(session.id, reply):
-                replies.sent = reply.reply
-                if type(reply) is SessionMessageHeader:
-                    session.told_sequence = reply.sequence
+        if dropped and self.role is _LEADER:
+            self.cm.counters.replies_dropped += dropped  # never sent: its client lacks them
+        if (
+            self.role is _LEADER
+            and replies.sent == reply.reply - 1
+            and self.egress.send(session.id, reply)
+        ):
+            replies.sent = reply.reply
+            if type(reply) is SessionMessageHeader:
+                session.told_sequence = reply.sequence
 
     def offer(self, payload: bytes) -> bool:
         """A service message into the log (sequenced by the leader, exactly once)."""
