@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
+from itertools import islice
 
 from ..protocol.egress import ServiceErrorEvent
 from ..protocol.ingress import SessionMessageHeader
@@ -109,10 +110,9 @@ class KeptReplies:
 
     def unsent(self) -> Iterator[Reply]:
         """The kept replies after ``sent``, in order (the caller moves ``sent``)."""
-        sent = self.sent
-        for reply in self.kept:
-            if reply.reply > sent:
-                yield reply
+        kept = self.kept
+        if kept:  # numbered contiguously: skip what went, in C
+            yield from islice(kept, max(0, self.sent + 1 - kept[0].reply), None)
 
     def records(self) -> list[Reply]:
         """What a snapshot keeps (the kept replies, oldest first)."""
