@@ -81,16 +81,24 @@ def follower_statuses(
 
 
 def session_statuses(cm: ConsensusModule, now_ns: int) -> list[SessionStatus]:
-    return [
-        SessionStatus(
+    progress = cm.session_manager.sequencing.progress
+    statuses = []
+    for s in sorted(cm.sessions.values(), key=lambda s: s.cluster_session_id):
+        status = SessionStatus(
             cluster_session_id=s.cluster_session_id,
             state=s.state.name,
             response_channel=s.response_channel,
             last_activity_ms_ago=(now_ns - s.time_of_last_activity_ns) // 1_000_000,
             close_reason=s.close_reason.name if s.close_reason is not None else None,
         )
-        for s in sorted(cm.sessions.values(), key=lambda s: s.cluster_session_id)
-    ]
+        known = progress(s.cluster_session_id)
+        if known is not None:
+            status.applied_sequence = known.applied_sequence
+            status.last_reply = known.replies.last
+            status.kept_replies = len(known.replies.kept)
+            status.kept_reply_bytes = known.replies.size
+        statuses.append(status)
+    return statuses
 
 
 class StatusParts(Protocol):

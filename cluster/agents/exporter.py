@@ -137,6 +137,12 @@ class StatusCollector(Collector):
                     lag.add_metric([member, str(f.member_id)], value)
             yield lag
         yield gauge("triarch_sessions", "open client sessions", len(s.sessions))
+        yield gauge(
+            "triarch_kept_reply_bytes",
+            "bytes of replies kept until their clients confirm them, all sessions "
+            "(each at most --max-kept-replies)",
+            sum(session.kept_reply_bytes for session in s.sessions),
+        )
         yield gauge("triarch_pending_sessions", "sessions connecting", s.pending_sessions)
         yield counter(
             "triarch_elections_total",

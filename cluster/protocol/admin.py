@@ -122,6 +122,14 @@ class SessionStatus(msgspec.Struct, kw_only=True):
     response_channel: str = ""
     last_activity_ms_ago: int = 0
     close_reason: str | None = None
+    applied_sequence: int = 0
+    """The highest sequence of the session's own messages this member's service applied."""
+    last_reply: int = 0
+    """The number of the last reply the service gave the session (exactly once out)."""
+    kept_replies: int = 0
+    """Replies this member keeps until the client confirms them, and their bytes
+    (payload plus 64 each; at most ``--max-kept-replies``)."""
+    kept_reply_bytes: int = 0
 
 
 class IngressStatus(msgspec.Struct, kw_only=True):

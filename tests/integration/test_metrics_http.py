@@ -104,6 +104,7 @@ def test_metrics_and_health_through_a_lost_quorum(tmp_path: Path) -> None:
                 "triarch_snapshots",
                 "triarch_disk_full",
                 "triarch_sessions",
+                "triarch_kept_reply_bytes",
             } <= set(families)
             assert families["triarch_elections"].type == "counter"
             (info,) = families["triarch_build_info"].samples

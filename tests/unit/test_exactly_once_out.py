@@ -19,6 +19,7 @@ from cluster.protocol.egress import NewLeaderEvent, ServiceErrorEvent, SessionAc
 from cluster.protocol.enums import EventCode, Role
 from cluster.protocol.ingress import SessionMessageHeader, SessionResumeRequest
 from cluster.protocol.version import PROTOCOL_VERSION
+from cluster.status import session_statuses
 
 
 def reply(number: int, payload: bytes = b"r") -> SessionMessageHeader:
@@ -166,6 +167,16 @@ def test_a_snapshot_keeps_the_replies_and_a_member_restored_from_it_sends_them()
     session = restored.container.sessions[sid]
     session.offer(b"next")
     assert session.replies.last == 3
+
+
+def test_an_operator_sees_each_sessions_replies_in_its_status() -> None:
+    node = Node()
+    sid = node.open()
+    node.cm.on_batch([node.source, header(sid, 1)], node.now)
+    node.apply_all()
+    (status,) = session_statuses(node.cm, node.now)
+    assert (status.applied_sequence, status.last_reply, status.kept_replies) == (1, 2, 2)
+    assert status.kept_reply_bytes == node.container.sessions[sid].replies.size > 0
 
 
 # ---------------------------------------------------------------------- the client
