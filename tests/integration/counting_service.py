@@ -51,3 +51,30 @@ class CountingService(ClusteredService):
                 counts[3] += 1
             counts[1] = number
         session.offer(payload)
+
+
+COUNTED = struct.Struct("<II")
+
+
+class CountingReplies(CountingService):
+    """The same counts, but each message's reply is ``<u32 number><u32 applied>``: the
+    message's own number and how many of the session's messages the service has applied
+    with it (for the replies tests of exactly once out: a reply lost, doubled or out of
+    order shows in the numbers, a message applied twice in the count)."""
+
+    def on_session_message(
+        self, session: ClientSession | None, timestamp: int, payload: bytes
+    ) -> None:
+        if session is None or payload == b"report":
+            super().on_session_message(session, timestamp, payload)
+            return
+        counts = self.counts.setdefault(session.id, [0, 0, 0, 0])
+        (number,) = NUMBER.unpack(payload)
+        counts[0] += 1
+        if number <= counts[1]:
+            counts[2] += 1
+        else:
+            if number != counts[1] + 1:
+                counts[3] += 1
+            counts[1] = number
+        session.offer(COUNTED.pack(number, counts[0]))

@@ -1,0 +1,262 @@
+"""Exactly once out across leader changes, with real processes (issue 42).
+
+A non-idempotent service that counts answers every request with the request's own
+number and how many of the session's requests it has applied
+(``counting_service.CountingReplies``).  Sessions of the real client ask with plain
+``offer()`` and read with ``receive()``, no ids or resends of their own: two wait for
+each reply before the next request, two keep bursts of requests in flight (so that
+replies given just before a leader change are in the air when it happens).  Meanwhile
+the leader of the moment is stopped with SIGTERM, moved with ``cluster-tool
+transfer-leadership``, killed with SIGKILL, or paused (SIGSTOP) for 3 s, one fault a
+test on the same three members.  Every request's reply must arrive once and in order
+(none lost, none doubled, no ``RepliesDropped``), its count must be its number (applied
+once), and the service must have applied each session's requests exactly once.  The
+longest time a session waited for a reply after the fault is printed (``pytest -s``)
+and bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+import trio
+from counting_service import COUNTED, NUMBER
+from test_exactly_once import longest_gap
+from test_handover import tool
+
+import client
+from cluster.local import LocalCluster
+
+HERE = Path(__file__).resolve().parent
+NODE_ARGS = [
+    "--leader-heartbeat-timeout",
+    "1s",
+    "--startup-canvass-timeout",
+    "5s",
+    "--election-timeout",
+    "500ms",
+    "--session-timeout",
+    "20s",
+]
+WAITING = 2  # sessions that wait for each reply before the next request (100 a second)
+PIPELINED = 2  # sessions that offer bursts of BURST requests, 10 bursts a second
+BURST = 32
+WINDOW = 4 * BURST  # requests a pipelined session has in flight at most
+HANDOVER_GAP_BOUND = 1.5  # seconds a session waits for a reply after a hand-over, at most
+FAILOVER_GAP_BOUND = 8.0  # ... after a crash or a 3 s pause (1 s heartbeat timeout)
+
+
+class Requester:
+    """One session asking numbered requests (``burst`` every ``tick`` seconds, at most
+    ``window`` unanswered) and checking each reply as it comes."""
+
+    def __init__(self, c: client.ClusterClient, *, burst: int, tick: float, window: int) -> None:
+        self.c = c
+        self.burst = burst
+        self.tick = tick
+        self.window = trio.Semaphore(window)
+        self.offered = 0
+        self.received = 0  # the highest reply number received in order
+        self.lost = 0  # numbers skipped
+        self.doubled = 0  # numbers received again
+        self.miscounted = 0  # a count that is not its number: a request applied twice
+        self.times: list[float] = []
+        self.dropped: list[client.RepliesDropped] = []
+        self.first_of_burst: trio.Event | None = None  # set at a burst's first reply
+        self.stopped = trio.Event()  # offer no more
+        self.done = trio.Event()  # offered no more
+
+    async def offer_loop(self) -> None:
+        next_at = trio.current_time()
+        try:
+            while True:
+                for _ in range(self.burst):
+                    await self.window.acquire()
+                    if self.stopped.is_set():
+                        return
+                    self.offered += 1
+                    await self.c.offer(NUMBER.pack(self.offered))
+                next_at = max(next_at + self.tick, trio.current_time())
+                with trio.move_on_at(next_at):
+                    await self.stopped.wait()
+        finally:
+            self.done.set()
+
+    async def receive_loop(self, reports: trio.MemorySendChannel[dict[str, int]]) -> None:
+        while True:
+            payload = await self.c.receive()
+            if len(payload) != COUNTED.size:  # the report
+                await reports.send(json.loads(payload))
+                continue
+            self.times.append(trio.current_time())
+            number, count = COUNTED.unpack(payload)
+            if number <= self.received:
+                self.doubled += 1
+                continue
+            self.lost += number - self.received - 1
+            self.miscounted += count != number
+            for _ in range(number - self.received):
+                self.window.release()
+            self.received = number
+            if self.first_of_burst is not None and self.offered - number == self.burst - 1:
+                self.first_of_burst.set()  # the leader is answering the rest
+
+    async def watch(self) -> None:
+        async for event in self.c.events():
+            if isinstance(event, client.RepliesDropped):
+                self.dropped.append(event)
+
+    def summary(self) -> str:
+        return (
+            f"session {self.c.cluster_session_id}: offered {self.offered}, received "
+            f"{self.received}, lost {self.lost}, doubled {self.doubled}, miscounted "
+            f"{self.miscounted}, RepliesDropped {len(self.dropped)}"
+        )
+
+
+# ---- the faults: each does it to the leader ``old``; afterwards, the test starts ``old``
+# again if it is not running
+
+
+async def sigterm(cluster: LocalCluster, old: int) -> None:
+    cluster.signal(old, signal.SIGTERM)
+
+
+async def transfer(cluster: LocalCluster, old: int) -> None:
+    done = await trio.to_thread.run_sync(lambda: tool(cluster, "transfer-leadership"))
+    assert done.returncode == 0, done.stderr
+
+
+async def sigkill(cluster: LocalCluster, old: int) -> None:
+    cluster.kill(old)
+
+
+async def sigstop(cluster: LocalCluster, old: int) -> None:
+    cluster.signal(old, signal.SIGSTOP)
+    await trio.sleep(3)
+    cluster.signal(old, signal.SIGCONT)
+
+
+FAULTS: dict[str, tuple[Callable[[LocalCluster, int], Awaitable[None]], float]] = {
+    "SIGTERM": (sigterm, HANDOVER_GAP_BOUND),
+    "transfer-leadership": (transfer, HANDOVER_GAP_BOUND),
+    "SIGKILL": (sigkill, FAILOVER_GAP_BOUND),
+    "SIGSTOP 3 s": (sigstop, FAILOVER_GAP_BOUND),
+}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Three members for the whole file (each test leaves all three running)."""
+    root = HERE.parent.parent
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", os.pathsep.join([str(root), str(HERE)]))
+        members = LocalCluster(
+            3,
+            "counting_service:CountingReplies",
+            tmp_path_factory.mktemp("replies"),
+            extra_args=NODE_ARGS,
+        )
+        members.start_all(timeout=30)
+        try:
+            yield members
+        finally:
+            for proc in members.processes.values():
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGCONT)
+            members.stop_all()
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_every_reply_arrives_once_in_order_through_a_leader_change(
+    cluster: LocalCluster, fault: str
+) -> None:
+    do_fault, gap_bound = FAULTS[fault]
+    requesters: list[Requester] = []
+    reports: list[dict[str, int]] = []
+    gap = 0.0
+
+    async def main() -> None:
+        nonlocal gap
+        async with trio.open_nursery() as nursery:
+            for i in range(WAITING + PIPELINED):
+                c = await nursery.start(_session, cluster.ingress_endpoints)
+                requesters.append(
+                    Requester(c, burst=1, tick=0.01, window=1)
+                    if i < WAITING
+                    else Requester(c, burst=BURST, tick=0.1, window=WINDOW)
+                )
+            reports_in, reports_out = trio.open_memory_channel[dict[str, int]](len(requesters))
+            for r in requesters:
+                nursery.start_soon(r.watch)
+            await trio.sleep(0.1)  # the watchers listen
+            for r in requesters:
+                nursery.start_soon(r.offer_loop)
+                nursery.start_soon(r.receive_loop, reports_in)
+            await trio.sleep(1.5)
+
+            old = requesters[0].c.leader_member_id
+            aim = requesters[-1].first_of_burst = trio.Event()
+            await aim.wait()  # the leader is busy: replies given, others to give
+            before = [r.received for r in requesters]
+            fault_at = trio.current_time()
+            await do_fault(cluster, old)
+            with trio.move_on_after(30):  # every session is answered again (else: lost)
+                while any(  # noqa: ASYNC110
+                    r.received < b + 20 for r, b in zip(requesters, before, strict=True)
+                ):
+                    await trio.sleep(0.05)
+            await trio.sleep(0.5)
+            span = trio.current_time() - fault_at
+            gap = max(longest_gap(r.times, fault_at, span) for r in requesters)
+
+            if fault in ("SIGTERM", "SIGKILL"):  # the old leader starts again
+                proc = cluster.processes.get(old)  # (SIGKILL: already reaped)
+                if proc is not None:
+                    await trio.to_thread.run_sync(proc.wait, 30)
+                cluster.start(old)
+                await trio.to_thread.run_sync(lambda: cluster.wait_ready(30, member_ids=[old]))
+
+            for r in requesters:
+                r.stopped.set()
+                r.window.release()  # one waiting for room sees it
+            for r in requesters:
+                await r.done.wait()
+            with trio.move_on_after(30):  # every request answered (else: lost)
+                while any(r.received < r.offered for r in requesters):  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+            for r in requesters:
+                await r.c.offer(b"report")
+            with trio.fail_after(30):
+                for _ in requesters:
+                    reports.append(await reports_out.receive())
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    offered = sum(r.offered for r in requesters)
+    print(
+        f"\nreplies through {fault}: {offered} requests of {len(requesters)} sessions; "
+        f"longest wait for a reply after it {gap * 1000:.0f} ms"
+    )
+    for r in requesters:
+        print("  " + r.summary())
+    for r in requesters:
+        assert (r.lost, r.doubled, r.miscounted) == (0, 0, 0), r.summary()
+        assert r.received == r.offered, r.summary()
+        assert r.dropped == [], r.summary()
+        assert r.c.replies_dropped == 0, r.summary()
+    assert sorted(r["applied"] for r in reports) == sorted(r.offered for r in requesters)
+    assert sorted(r["last"] for r in reports) == sorted(r.offered for r in requesters)
+    assert sum(r["twice"] + r["out_of_order"] for r in reports) == 0
+    assert gap < gap_bound
+
+
+async def _session(endpoints: str, *, task_status: trio.TaskStatus[client.ClusterClient]) -> None:
+    async with client.connect(endpoints, connect_timeout=30) as c:
+        task_status.started(c)
+        await trio.sleep_forever()
