@@ -56,11 +56,17 @@ class CountingService(ClusteredService):
 COUNTED = struct.Struct("<II")
 
 
+FAILING = 100
+"""``CountingReplies`` raises on every message whose number is a multiple of this."""
+
+
 class CountingReplies(CountingService):
     """The same counts, but each message's reply is ``<u32 number><u32 applied>``: the
     message's own number and how many of the session's messages the service has applied
     with it (for the replies tests of exactly once out: a reply lost, doubled or out of
-    order shows in the numbers, a message applied twice in the count)."""
+    order shows in the numbers, a message applied twice in the count).  On every
+    ``FAILING``-th message it raises once it has counted it: the client's
+    ``ServiceError`` is that message's reply, numbered among the others."""
 
     def on_session_message(
         self, session: ClientSession | None, timestamp: int, payload: bytes
@@ -77,4 +83,6 @@ class CountingReplies(CountingService):
             if number != counts[1] + 1:
                 counts[3] += 1
             counts[1] = number
+        if number % FAILING == 0:
+            raise ValueError(f"message {number} fails, as every {FAILING}th does")
         session.offer(COUNTED.pack(number, counts[0]))

@@ -10,6 +10,7 @@ transfer-leadership``, killed with SIGKILL and paused (SIGSTOP) for 3 s, each wh
 is answering a burst (replies given, others about to be: some are in the air when it
 goes).  The member stopped first starts again from a snapshot taken under the load
 (which keeps the replies not yet confirmed) and is the one leadership is transferred to.
+Every 100th request makes the service raise: the client's ``ServiceError`` is its reply.
 Afterwards every request's reply arrived once and in order (none lost, none doubled, no
 ``RepliesDropped``), its count is its number (applied once), and the service applied
 each session's requests exactly once.  The longest time a session waited for a reply
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from counting_service import COUNTED, NUMBER
+from counting_service import COUNTED, FAILING, NUMBER
 from test_exactly_once import longest_gap
 from test_handover import tool
 
@@ -94,7 +95,11 @@ class Requester:
 
     async def receive_loop(self, reports: trio.MemorySendChannel[dict[str, int]]) -> None:
         while True:
-            payload = await self.c.receive()
+            try:
+                payload = await self.c.receive()
+            except client.ServiceError as error:  # the reply to every FAILING-th request
+                (number,) = NUMBER.unpack(error.request)
+                payload = COUNTED.pack(number, number if number % FAILING == 0 else 0)
             if len(payload) != COUNTED.size:  # the report
                 await reports.send(json.loads(payload))
                 continue
