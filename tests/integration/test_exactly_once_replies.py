@@ -71,6 +71,7 @@ class Requester:
         self.miscounted = 0  # a count that is not its number: a request applied twice
         self.times: list[float] = []
         self.phase = "before the faults"  # the last fault begun
+        self.last_phase = self.phase  # ... when the last reply came
         self.anomalies: list[str] = []  # what went wrong, and after which fault
         self.dropped: list[client.RepliesDropped] = []
         self.first_of_burst: trio.Event | None = None  # set at a burst's first reply
@@ -118,6 +119,7 @@ class Requester:
             for _ in range(number - self.received):
                 self.window.release()
             self.received = number
+            self.last_phase = self.phase
             if self.first_of_burst is not None and self.offered - number == self.burst - 1:
                 self.first_of_burst.set()  # the leader is answering the rest
 
@@ -131,7 +133,8 @@ class Requester:
         return (
             f"session {self.c.cluster_session_id}: offered {self.offered}, received "
             f"{self.received}, lost {self.lost}, doubled {self.doubled}, miscounted "
-            f"{self.miscounted}, RepliesDropped {len(self.dropped)} {self.anomalies[:5]}"
+            f"{self.miscounted}, RepliesDropped {len(self.dropped)}, the last reply after "
+            f"{self.last_phase} {self.anomalies[:5]}"
         )
 
 
