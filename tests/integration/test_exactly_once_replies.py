@@ -32,7 +32,9 @@ from test_exactly_once import longest_gap
 from test_handover import tool
 
 import client
+from cluster.config import parse_members
 from cluster.local import LocalCluster
+from cluster.tool.client import describe_all, find_leader
 
 pytestmark = pytest.mark.slow
 
@@ -187,7 +189,7 @@ def test_every_reply_arrives_once_in_order_through_every_kind_of_leader_change(
             await trio.to_thread.run_sync(proc.wait, 30)
         cluster.start(member_id)
         await trio.to_thread.run_sync(lambda: cluster.wait_ready(30, member_ids=[member_id]))
-        await trio.sleep(1)  # it catches up, under the load
+        await _caught_up(cluster, member_id)  # under the load
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -257,6 +259,27 @@ def test_every_reply_arrives_once_in_order_through_every_kind_of_leader_change(
         assert gaps[kind] < HANDOVER_GAP_BOUND, gaps
     for kind in ("SIGKILL", "SIGSTOP 3 s"):
         assert gaps[kind] < FAILOVER_GAP_BOUND, gaps
+
+
+async def _caught_up(cluster: LocalCluster, member_id: int) -> None:
+    """Until ``member_id`` follows the leader and its log holds what the leader had
+    committed (a transfer to a member still catching up is given up after the election
+    timeout)."""
+    members = parse_members(cluster.members)
+    with trio.fail_after(60):
+        while True:
+            described = await describe_all(members, 2.0)
+            statuses = {r.member.member_id: r.status for r in described}
+            me, leader = statuses.get(member_id), statuses.get(find_leader(described))
+            if (
+                me is not None
+                and leader is not None
+                and me.role == "FOLLOWER"
+                and me.leadership_term_id == leader.leadership_term_id
+                and me.append_position >= leader.commit_position
+            ):
+                return
+            await trio.sleep(0.1)
 
 
 async def _signal(cluster: LocalCluster, member_id: int, signum: int) -> None:
