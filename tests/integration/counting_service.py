@@ -51,3 +51,38 @@ class CountingService(ClusteredService):
                 counts[3] += 1
             counts[1] = number
         session.offer(payload)
+
+
+COUNTED = struct.Struct("<II")
+
+
+FAILING = 100
+"""``CountingReplies`` raises on every message whose number is a multiple of this."""
+
+
+class CountingReplies(CountingService):
+    """The same counts, but each message's reply is ``<u32 number><u32 applied>``: the
+    message's own number and how many of the session's messages the service has applied
+    with it (for the replies tests of exactly once out: a reply lost, doubled or out of
+    order shows in the numbers, a message applied twice in the count).  On every
+    ``FAILING``-th message it raises once it has counted it: the client's
+    ``ServiceError`` is that message's reply, numbered among the others."""
+
+    def on_session_message(
+        self, session: ClientSession | None, timestamp: int, payload: bytes
+    ) -> None:
+        if session is None or payload == b"report":
+            super().on_session_message(session, timestamp, payload)
+            return
+        counts = self.counts.setdefault(session.id, [0, 0, 0, 0])
+        (number,) = NUMBER.unpack(payload)
+        counts[0] += 1
+        if number <= counts[1]:
+            counts[2] += 1
+        else:
+            if number != counts[1] + 1:
+                counts[3] += 1
+            counts[1] = number
+        if number % FAILING == 0:
+            raise ValueError(f"message {number} fails, as every {FAILING}th does")
+        session.offer(COUNTED.pack(number, counts[0]))
