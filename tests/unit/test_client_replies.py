@@ -80,6 +80,10 @@ def test_its_messages_and_its_resume_say_how_far_it_received() -> None:
     (resume,) = [INGRESS.decode(body) for body in FrameDecoder().feed(session.resume_frame(1))]
     assert isinstance(resume, SessionResumeRequest)
     assert resume.reply == 2  # the leader resumes after it
+    session.resend(0)  # a leader asked for its messages again: they say so too
+    (again,) = [INGRESS.decode(body) for body in FrameDecoder().feed(session.pending)]
+    assert isinstance(again, SessionMessageHeader)
+    assert (again.sequence, again.reply) == (1, 2)
 
 
 @pytest.mark.parametrize("first", [reply(1), error(1)])

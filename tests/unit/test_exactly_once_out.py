@@ -1,21 +1,18 @@
 """Exactly once out (issue 42): every member keeps a session's replies, numbered, until
-its client confirms them; a new leader sends what the client lacks; the client drops a
-number it has seen.  The core and the client's sans-IO session, with no I/O."""
+its client confirms them; a new leader sends what the client lacks.  The core, with no
+I/O (the client's side: ``test_client_replies.py``)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from test_client_session import open_session
 from test_exactly_once_core import header
 from test_service_container import TERM, Node
 
-from client._session import Dropped
 from cluster.core.base import IngressSource
 from cluster.core.replies import REPLY_OVERHEAD, KeptReplies
 from cluster.core.snapshot import load_snapshot, parse_snapshot, take_snapshot
-from cluster.protocol import INGRESS, FrameDecoder
-from cluster.protocol.egress import NewLeaderEvent, ServiceErrorEvent, SessionAck
+from cluster.protocol.egress import NewLeaderEvent, SessionAck
 from cluster.protocol.enums import EventCode, Role
 from cluster.protocol.ingress import SessionMessageHeader, SessionResumeRequest
 from cluster.protocol.version import PROTOCOL_VERSION
@@ -177,46 +174,3 @@ def test_an_operator_sees_each_sessions_replies_in_its_status() -> None:
     (status,) = session_statuses(node.cm, node.now)
     assert (status.applied_sequence, status.last_reply, status.kept_replies) == (1, 2, 2)
     assert status.kept_reply_bytes == node.container.sessions[sid].replies.size > 0
-
-
-# ---------------------------------------------------------------------- the client
-
-
-def test_the_client_drops_a_reply_it_has_and_counts_a_gap() -> None:
-    session = open_session()
-    assert session.on_egress(reply(1, b"a")) is None
-    assert session.on_egress(reply(1, b"a")) is None  # a new leader sent it again
-    assert session.on_egress(reply(2, b"b")) is None
-    assert session.on_egress(reply(5, b"e")) == Dropped(2)  # 3 and 4 are gone for good
-    assert session.on_egress(reply(4, b"d")) is None  # too late: dropped
-    assert session.on_egress(reply(0, b"unnumbered")) is None  # given outside the log
-    assert [m.payload for m in session.backlog] == [b"a", b"b", b"e", b"unnumbered"]
-    assert (session.received_reply, session.replies_dropped) == (5, 2)
-
-
-def test_the_services_errors_are_numbered_with_the_replies() -> None:
-    session = open_session()
-    error = ServiceErrorEvent(7, TERM, 10, 0, "ValueError", "no", b"x", 1)
-    assert session.on_egress(error) is None
-    assert session.on_egress(error) is None  # sent again: not raised twice
-    assert session.errors_waiting == 1
-    assert session.on_egress(reply(2)) is None
-    assert session.received_reply == 2
-
-
-def test_what_the_client_sends_says_which_replies_it_received() -> None:
-    session = open_session()
-    session.on_egress(reply(1))
-    session.on_egress(reply(2))
-    session.offer_message(b"m")
-    (body,) = FrameDecoder().feed(session.pending)
-    sent = INGRESS.decode(body)
-    assert isinstance(sent, SessionMessageHeader)
-    assert (sent.sequence, sent.reply) == (1, 2)
-    resume = INGRESS.decode(session.resume_frame(9)[4:])
-    assert isinstance(resume, SessionResumeRequest)
-    assert resume.reply == 2
-    session.resend(0)  # a leader asked again: what goes again says so too
-    (again,) = [INGRESS.decode(b) for b in FrameDecoder().feed(session.pending)]
-    assert isinstance(again, SessionMessageHeader)
-    assert again.reply == 2
