@@ -68,19 +68,23 @@ class KeptReplies:
         self.size = 0
 
     def keep(self, reply: Reply) -> int:
-        """Keep ``reply``, numbered ``last + 1`` already; returns how many unconfirmed
-        replies were dropped to make room (the oldest)."""
+        """Keep ``reply``, numbered ``last + 1`` already; returns how many of the replies
+        dropped to make room (the oldest, unconfirmed) were never sent on the client's
+        present connection (``sent``, the leader's): those its client lacks for good.
+        One that was sent most likely arrived: a client that only receives confirms
+        nothing, and its oldest replies go past the bound though it has them."""
         self.last = reply.reply
         self.kept.append(reply)
         self.size += _size(reply)
         return self._trim() if self.size > self.limit else 0
 
     def _trim(self) -> int:
-        kept, dropped = self.kept, 0
+        kept, lost, sent = self.kept, 0, self.sent
         while self.size > self.limit and len(kept) > 1:
-            self.size -= _size(kept.popleft())
-            dropped += 1
-        return dropped
+            oldest = kept.popleft()
+            self.size -= _size(oldest)
+            lost += oldest.reply > sent
+        return lost
 
     def confirm(self, received: int) -> None:
         """The client received every reply up to ``received`` (a claim: a number it was
