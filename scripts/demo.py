@@ -70,7 +70,7 @@ async def write_through_failover(
     """Write keys one by one; SIGKILL the leader a quarter of the way through.
 
     Returns (failover seconds, old leader, new leader, session id changes)."""
-    async with client.connect(endpoints) as c, KeyValueClient(c, retry_interval=0.5) as kv:
+    async with client.connect(endpoints) as c, KeyValueClient(c) as kv:
         session = c.cluster_session_id
         old_leader = c.leader_member_id
         killed_at = failover = 0.0

@@ -129,7 +129,7 @@ async def drill(args: argparse.Namespace, cluster: LocalCluster) -> dict[str, An
                 if attempt == 3:
                     raise
                 say(args, f"connect attempt {attempt} timed out, retrying: {exc}")
-        kv = await stack.enter_async_context(KeyValueClient(c, retry_interval=args.retry_interval))
+        kv = await stack.enter_async_context(KeyValueClient(c))
         session = c.cluster_session_id
         load = Load(kv, interval=1.0 / args.rate)
         say(args, f"session {session}, leader {c.leader_member_id} (term {c.leadership_term_id})")
@@ -217,9 +217,6 @@ def main() -> int:
     p.add_argument(
         "--load-seconds", type=float, default=1.0, help="load before each kill (default 1)"
     )
-    p.add_argument(
-        "--retry-interval", type=float, default=0.5, help="KV client resend interval (s)"
-    )
     p.add_argument("--dir", help="data directory, kept afterwards (default: a temporary one)")
     p.add_argument("--json", action="store_true", help="print a JSON summary only")
     args = p.parse_args()
@@ -228,8 +225,8 @@ def main() -> int:
         parse_duration_ns(args.election_timeout)
     except (ConfigError, ValueError) as exc:
         p.error(str(exc))
-    if args.rounds < 1 or args.rate <= 0 or args.load_seconds < 0 or args.retry_interval <= 0:
-        p.error("--rounds, --rate and --retry-interval must be positive")
+    if args.rounds < 1 or args.rate <= 0 or args.load_seconds < 0:
+        p.error("--rounds and --rate must be positive, --load-seconds not negative")
     node_args = [
         "--leader-heartbeat-timeout",
         args.heartbeat_timeout,

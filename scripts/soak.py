@@ -163,7 +163,7 @@ async def writer(
     busy: set[int] = set()
     async with AsyncExitStack() as stack:
         c = await stack.enter_async_context(connect_with_retries(endpoints))
-        kv = await stack.enter_async_context(KeyValueClient(c, retry_interval=1.0, timeout=60))
+        kv = await stack.enter_async_context(KeyValueClient(c, timeout=60))
 
         async def put(k: int) -> None:
             key = f"w{index}-{k}"
@@ -252,7 +252,7 @@ async def churn(endpoints: str, per_second: float, stats: Stats, rng: random.Ran
                 return
             with trio.fail_after(30):
                 async with connect_with_retries(endpoints, attempts=3) as c:
-                    async with KeyValueClient(c, retry_interval=1.0) as kv:
+                    async with KeyValueClient(c) as kv:
                         await kv.put(f"churn-{n % 1000}", b"x")
             stats.sessions_opened += 1
         except (client.ClusterClientError, TimeoutError, OSError):
@@ -477,7 +477,7 @@ async def soak(
     explained: dict[str, str] = {}
     async with (
         connect_with_retries(endpoints) as c,
-        KeyValueClient(c, retry_interval=1.0, timeout=60) as kv,
+        KeyValueClient(c, timeout=60) as kv,
     ):
         limiter = trio.CapacityLimiter(64)
 

@@ -72,9 +72,11 @@ class KeptReplies:
         self.size = 0
 
     def keep(self, reply: Reply) -> int:
-        """Keep ``reply``, numbered ``last + 1`` already; returns how many replies that
-        were never sent (on a leader: that its client cannot have) were dropped to make
-        room (the oldest go)."""
+        """Keep ``reply``, numbered ``last + 1`` already; returns how many of the replies
+        dropped to make room (the oldest, unconfirmed) were never sent on the client's
+        present connection (``sent``, the leader's): those its client lacks for good.
+        One that was sent most likely arrived: a client that only receives confirms
+        nothing, and its oldest replies go past the bound though it has them."""
         self.last = reply.reply
         self.kept.append(reply)
         if type(reply) is _Header:  # the hot path: _size, inline

@@ -4,6 +4,11 @@ Requests and responses are msgspec Structs encoded with MessagePack; every reque
 client-chosen ``request_id`` that its response echoes, so a client may keep many
 requests in flight on one session.  Keys are strings, values bytes.
 
+Neither side does anything about leader changes: the session applies each request
+exactly once, in the order sent, and delivers each response once, in order, whatever
+leader changes happen while it is open (issue 42).  So the client has no resend timer
+and the service no memory of past responses.
+
 Run it::
 
     python -m cluster.node --service cluster.examples.kv:KeyValueService
@@ -18,6 +23,7 @@ and use it::
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -79,39 +85,55 @@ class KeyValueError(Exception):
     """The service refused a request (bad request bytes, for instance)."""
 
 
-DEDUPE_WINDOW = 4096
-"""Responses remembered per session, so a retried request is applied only once."""
+class ResponseLostError(KeyValueError):
+    """The request was applied, but its response never reached this client: the members
+    keep a session's unconfirmed responses only up to ``--max-kept-replies`` bytes, and
+    more than that were given while the client was away (the oldest went).  A later
+    response arrived, so this one is known lost, not late."""
 
-DEDUPE_BYTES = 1 << 20
-"""...and at most this many bytes of them per session (the oldest go first).  Replies
-to reads are not remembered at all: a retried read is simply read again."""
 
+class _Snapshot(msgspec.Struct, array_like=True, tag=2):
+    """The service's state (tagged: a snapshot of the first layout starts with a map
+    where this one has its tag, so neither is ever read as the other)."""
 
-class _Snapshot(msgspec.Struct, array_like=True):
     store: dict[str, bytes]
-    recent: dict[int, dict[int, bytes]]
     expiries: dict[int, str]  # timer correlation id -> key
     next_timer_id: int
+
+
+class _SnapshotV1(msgspec.Struct, array_like=True):
+    """The first layout, from when the service remembered each session's recent
+    responses (``recent``) to answer a client's resends: still read, that part ignored
+    (the session's kept replies do that job now)."""
+
+    store: dict[str, bytes]
+    recent: dict[int, dict[int, bytes]]
+    expiries: dict[int, str]
+    next_timer_id: int
+
+
+def _read_snapshot(snapshot: bytes) -> _Snapshot:
+    try:
+        return msgspec.msgpack.decode(snapshot, type=_Snapshot)
+    except msgspec.ValidationError:
+        old = msgspec.msgpack.decode(snapshot, type=_SnapshotV1)
+        return _Snapshot(old.store, old.expiries, old.next_timer_id)
 
 
 class KeyValueService(ClusteredService):
     """The replicated store: every member applies the same requests in log order.
 
-    A client may resend a request whose response it did not get (its leader died before
-    answering); the service remembers the last :data:`DEDUPE_WINDOW` responses of each
-    session (at most :data:`DEDUPE_BYTES` of them; reads are not remembered) and answers
-    a duplicate from there instead of applying it again.  Keys put with a TTL expire
-    through cluster timers.  All of it is in the snapshot.
+    Each request is answered once, as it is applied; it remembers no responses: the
+    cluster applies a session's request once and keeps the response until the client
+    has it, across leader changes.  Keys put with a TTL expire through cluster timers.
+    All of it is in the snapshot.
     """
 
     def __init__(self) -> None:
         self.store: dict[str, bytes] = {}
         self.requests = 0
         self.bad_requests = 0
-        self.duplicates = 0
         self.expired = 0
-        self._recent: dict[int, dict[int, bytes]] = {}
-        self._recent_bytes: dict[int, int] = {}
         self._expiries: dict[int, str] = {}
         self._key_timers: dict[str, int] = {}
         self._next_timer_id = 1
@@ -120,22 +142,14 @@ class KeyValueService(ClusteredService):
     def on_start(self, cluster: Cluster, snapshot: bytes | None) -> None:
         self.cluster = cluster
         if snapshot:
-            state = msgspec.msgpack.decode(snapshot, type=_Snapshot)
+            state = _read_snapshot(snapshot)
             self.store = state.store
-            self._recent = state.recent
-            self._recent_bytes = {
-                sid: sum(map(len, responses.values())) for sid, responses in state.recent.items()
-            }
             self._expiries = state.expiries
             self._key_timers = {key: cid for cid, key in state.expiries.items()}
             self._next_timer_id = state.next_timer_id
 
     def on_take_snapshot(self) -> bytes:
-        return _encode(_Snapshot(self.store, self._recent, self._expiries, self._next_timer_id))
-
-    def on_session_close(self, session: ClientSession, timestamp: int, close_reason: Any) -> None:
-        self._recent.pop(session.id, None)
-        self._recent_bytes.pop(session.id, None)
+        return _encode(_Snapshot(self.store, self._expiries, self._next_timer_id))
 
     def on_timer_event(self, correlation_id: int, timestamp: int) -> None:
         key = self._expiries.pop(correlation_id, None)
@@ -157,24 +171,7 @@ class KeyValueService(ClusteredService):
             rid = _request_id_of(payload)
             session.offer(_encode(Response(rid, False, None, f"bad request: {exc}")))
             return
-        recent = self._recent.setdefault(session.id, {})
-        cached = recent.get(request.request_id)
-        if cached is not None:
-            self.duplicates += 1
-            session.offer(cached)
-            return
-        response = _encode(self.apply(request, timestamp))
-        if type(request) is not Get:  # a read is answered again, not remembered
-            recent[request.request_id] = response
-            size = self._recent_bytes.get(session.id, 0) + len(response)
-            while len(recent) > DEDUPE_WINDOW or (size > DEDUPE_BYTES and len(recent) > 1):
-                size -= len(recent.pop(next(iter(recent))))
-            self._recent_bytes[session.id] = size
-        session.offer(response)
-
-    def remembered_bytes(self) -> int:
-        """Bytes of responses remembered for retries, every session together."""
-        return sum(self._recent_bytes.values())
+        session.offer(_encode(self.apply(request, timestamp)))
 
     def _forget_timer(self, key: str) -> None:
         correlation_id = self._key_timers.pop(key, None)
@@ -224,26 +221,27 @@ class KeyValueClient:
     """Typed requests over a :class:`client.ClusterClient`, many in flight at once.
 
     Use as an async context manager: it runs a task that matches responses to requests
-    by ``request_id``.  Where the service raised on a request, that request raises
-    :class:`client.ServiceError` (matched by the request it carries back); the session
-    and every other request go on.
+    by ``request_id``.  Each request is sent once and waits for its response: the
+    session applies it exactly once and delivers the response once, in order, whatever
+    leader changes happen meanwhile, so there is nothing to resend and no duplicate to
+    filter.  The ids are correlation ids for the many requests in flight, not for
+    leader changes; they also make a response dropped past ``--max-kept-replies`` fail
+    its own request (:class:`ResponseLostError`) where matching responses by their order
+    alone would hand every later response to the wrong request.  Where the service
+    raised on a request, that request raises :class:`client.ServiceError` (matched by
+    the request it carries back); the session and every other request go on.
     """
 
-    def __init__(
-        self,
-        cluster_client: ClusterClient,
-        *,
-        retry_interval: float | None = 2.0,
-        timeout: float | None = None,
-    ) -> None:
-        """``retry_interval``: resend a request (same id) when no response came in this
-        many seconds, e.g. because the leader died before committing it; the service
-        applies it once.  ``timeout``: give up on a request after this long
-        (``TimeoutError``); None waits as long as the session lives."""
+    def __init__(self, cluster_client: ClusterClient, *, timeout: float | None = None) -> None:
+        """``timeout``: stop waiting for a response after this long (``TimeoutError``; the
+        request may still be applied, and its response is then dropped when it comes);
+        None waits as long as the session lives."""
         self.client = cluster_client
-        self.retry_interval = retry_interval
         self.timeout = timeout
+        self.unmatched = 0  # responses no request waited for (it timed out, or a bug)
         self._ids = itertools.count(1)
+        self._sent: deque[int] = deque()  # ids offered, in order, whose response is due
+        self._send_lock: anyio.Lock | None = None
         self._waiting: dict[int, Any] = {}
         self._results: dict[int, Response] = {}
         self._failures: dict[int, Exception] = {}
@@ -254,6 +252,7 @@ class KeyValueClient:
     async def __aenter__(self) -> KeyValueClient:
         import anyio
 
+        self._send_lock = anyio.Lock()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._tg.start_soon(self._receive_loop)
@@ -286,13 +285,13 @@ class KeyValueClient:
                     payload = await self.client.receive()
                 except ServiceError as exc:  # the service raised on one request: its own
                     request_id = _request_id_of(exc.request)
-                    event = self._waiting.pop(request_id, None)
+                    event = self._answered(request_id)
                     if event is not None:
                         self._failures[request_id] = exc
                         event.set()
                     continue
                 response = _response_decoder.decode(payload)
-                event = self._waiting.pop(response.request_id, None)
+                event = self._answered(response.request_id)
                 if event is not None:
                     self._results[response.request_id] = response
                     event.set()
@@ -302,10 +301,37 @@ class KeyValueClient:
                 event.set()
             self._waiting.clear()
 
+    def _answered(self, request_id: int) -> Any:
+        """Take the waiter of request ``request_id``, whose response came (None if none
+        waits).  Responses come in the order the requests were offered, so a request
+        offered before it and still due will get none: its response was dropped (more
+        than ``--max-kept-replies`` were given while the client was away), and it fails
+        with :class:`ResponseLostError` rather than wait for ever."""
+        sent = self._sent
+        if sent and sent[0] == request_id:
+            sent.popleft()
+        elif request_id in sent:
+            while (lost := sent.popleft()) != request_id:
+                event = self._waiting.pop(lost, None)
+                if event is not None:
+                    self._failures[lost] = ResponseLostError(
+                        f"request {lost} was applied, but its response was dropped: more "
+                        "than --max-kept-replies of this session's responses were given "
+                        "while the client was away"
+                    )
+                    event.set()
+        else:  # not ours, or a second response: the contract sends none
+            self.unmatched += 1
+            return None
+        event = self._waiting.pop(request_id, None)
+        if event is None:  # it timed out, or was cancelled
+            self.unmatched += 1
+        return event
+
     async def request(self, build: Any, *args: Any) -> Response:
         import anyio
 
-        if self._tg is None:
+        if self._tg is None or self._send_lock is None:
             raise RuntimeError(
                 "KeyValueClient "
                 + ("is closed" if self._closed else "must be entered first")
@@ -313,23 +339,21 @@ class KeyValueClient:
             )
         if self._error is not None:
             raise self._error
-        request_id = next(self._ids)
-        payload = _encode(build(request_id, *args))
-        try:  # what the service would refuse is refused here, before it is sent
-            _request_decoder.decode(payload)
-        except msgspec.ValidationError as exc:
-            raise TypeError(f"bad {build.__name__} request: {exc}") from None
         event = anyio.Event()
-        self._waiting[request_id] = event
+        request_id = 0
         try:
             with anyio.fail_after(self.timeout):
-                await self.client.offer(payload)
-                while True:
-                    with anyio.move_on_after(self.retry_interval):
-                        await event.wait()
-                    if event.is_set():
-                        break
-                    await self.client.offer(payload)  # lost with a failed leader? resend
+                async with self._send_lock:  # offered in id order: the responses come so
+                    request_id = next(self._ids)
+                    payload = _encode(build(request_id, *args))
+                    try:  # what the service would refuse is refused here, before it is sent
+                        _request_decoder.decode(payload)
+                    except msgspec.ValidationError as exc:
+                        raise TypeError(f"bad {build.__name__} request: {exc}") from None
+                    self._waiting[request_id] = event
+                    self._sent.append(request_id)
+                    await self.client.offer(payload)
+                await event.wait()
         except TimeoutError:
             raise TimeoutError(
                 f"no response to {build.__name__} request {request_id} within {self.timeout:g} s"
@@ -338,7 +362,7 @@ class KeyValueClient:
             self._waiting.pop(request_id, None)
         failure = self._failures.pop(request_id, None)
         if failure is not None:
-            raise failure  # client.ServiceError: the session and other requests go on
+            raise failure  # client.ServiceError, ResponseLostError: the session goes on
         response = self._results.pop(request_id, None)
         if response is None:
             raise self._error or KeyValueError("no response")

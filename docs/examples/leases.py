@@ -14,8 +14,6 @@ Run it on a three-member cluster::
 
 from __future__ import annotations
 
-import itertools
-
 import anyio
 import msgspec
 
@@ -27,7 +25,6 @@ from cluster.service import ClientSession, CloseReason, Cluster, ClusteredServic
 class Acquire(msgspec.Struct, tag="acquire", array_like=True):
     """Take the lease ``name`` for ``ttl_ms``; if this session holds it, extend it."""
 
-    request_id: int
     name: str
     ttl_ms: int
 
@@ -35,14 +32,12 @@ class Acquire(msgspec.Struct, tag="acquire", array_like=True):
 class Release(msgspec.Struct, tag="release", array_like=True):
     """Give the lease ``name`` back (only its holder can)."""
 
-    request_id: int
     name: str
 
 
 class Reply(msgspec.Struct, array_like=True):
-    """The answer to a request: ``request_id`` says which one."""
+    """The answer to a request: each request gets one, in the order they were sent."""
 
-    request_id: int
     granted: bool
     holder: int = 0  # the session that holds the lease now (0: nobody)
     expires: int = 0  # when it ends, in cluster time (epoch ms)
@@ -101,18 +96,18 @@ class LeaseService(ClusteredService):
         try:
             request = request_decoder.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            session.offer(encode(Reply(-1, False, error=f"bad request: {exc}")))
+            session.offer(encode(Reply(False, error=f"bad request: {exc}")))
             return
         lease = self.leases.get(request.name)
         if lease is not None and lease.holder != session.id:
-            reply = Reply(request.request_id, False, lease.holder, lease.expires)
+            reply = Reply(False, lease.holder, lease.expires)
         elif isinstance(request, Acquire):
             lease = self._grant(request.name, session.id, timestamp + request.ttl_ms)
-            reply = Reply(request.request_id, True, session.id, lease.expires)
+            reply = Reply(True, session.id, lease.expires)
         else:  # a Release by the holder, or of a lease nobody holds
             if lease is not None:
                 self._end(request.name)
-            reply = Reply(request.request_id, lease is not None)
+            reply = Reply(lease is not None)
         session.offer(encode(reply))
 
     # --8<-- [end:requests]
@@ -153,35 +148,30 @@ class LeaseService(ClusteredService):
 class LeaseClient:
     """A :class:`LeaseService`'s requests over one session, one at a time.
 
-    A request that gets no reply within ``retry_interval`` is sent again: its leader may
-    have died before committing it.  That is safe because both requests are idempotent:
-    acquiring a lease you hold extends it, releasing one you do not hold does nothing.
+    Each request is sent once, and its reply is the next one the session receives: the
+    cluster applies a session's messages exactly once, in the order sent, and hands
+    the service's replies over once, in order, whatever leader changes happen
+    meanwhile.  No request id, no timer to resend on, nothing to deduplicate.
     """
 
-    def __init__(self, cluster_client: ClusterClient, retry_interval: float = 1.0) -> None:
+    def __init__(self, cluster_client: ClusterClient) -> None:
         self.client = cluster_client
-        self.retry_interval = retry_interval
-        self._ids = itertools.count(1)
+        self._one_at_a_time = anyio.Lock()  # two callers must not take each other's reply
 
     async def acquire(self, name: str, ttl: float) -> Reply:
         """Take (or extend) the lease ``name`` for ``ttl`` seconds."""
-        return await self._call(Acquire(next(self._ids), name, int(ttl * 1000)))
+        return await self._call(Acquire(name, int(ttl * 1000)))
 
     async def release(self, name: str) -> Reply:
-        return await self._call(Release(next(self._ids), name))
+        return await self._call(Release(name))
 
     async def _call(self, request: Acquire | Release) -> Reply:
-        payload = encode(request)
-        while True:
-            await self.client.offer(payload)
-            with anyio.move_on_after(self.retry_interval):
-                while True:
-                    reply = reply_decoder.decode(await self.client.receive())
-                    if reply.request_id == request.request_id:
-                        return reply
-                    if reply.error:  # the service could not read what we sent
-                        raise ValueError(reply.error)
-                    # a late reply to a request already answered: skip it
+        async with self._one_at_a_time:
+            await self.client.offer(encode(request))
+            reply = reply_decoder.decode(await self.client.receive())
+        if reply.error:  # the service could not read what we sent
+            raise ValueError(reply.error)
+        return reply
 
 
 # --8<-- [end:client]

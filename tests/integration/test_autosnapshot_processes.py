@@ -118,7 +118,7 @@ def test_snapshots_take_themselves_on_every_member_and_bound_the_log(tmp_path: P
         acked: dict[str, bytes] = {}
         async with (
             client.connect(cluster.ingress_endpoints, connect_timeout=30) as c,
-            KeyValueClient(c, retry_interval=0.5) as kv,
+            KeyValueClient(c) as kv,
         ):
             for r in range(ROUNDS):
                 await write_round(kv, r, acked)

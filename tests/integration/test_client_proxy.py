@@ -149,7 +149,7 @@ def test_a_client_behind_proxies_keeps_to_them_across_a_leader_change(tmp_path: 
             given = ",".join(f"{i}={HOST}:{p.port}" for i, p in proxies.items())
             async with (
                 client.connect(given, connect_timeout=30) as c,
-                KeyValueClient(c, retry_interval=0.5) as kv,
+                KeyValueClient(c) as kv,
             ):
                 await kv.put("before", b"1")
                 await trio.sleep(0.5)  # the leader's NewLeaderEvent, heartbeats

@@ -145,7 +145,7 @@ async def kv_session(endpoints: str) -> AsyncIterator[KeyValueClient]:
             except client.ConnectTimeoutError:
                 if attempt >= 3:
                     raise
-        kv = await stack.enter_async_context(KeyValueClient(c, retry_interval=0.5))
+        kv = await stack.enter_async_context(KeyValueClient(c))
         await kv.put("warm-up", b"1")
         yield kv
 

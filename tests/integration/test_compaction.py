@@ -149,7 +149,7 @@ def test_compaction_bounds_the_archive_and_a_wiped_follower_is_rebuilt_by_snapsh
         acked: dict[str, bytes] = {}
         async with (
             client.connect(cluster.ingress_endpoints, connect_timeout=30) as c,
-            KeyValueClient(c, retry_interval=0.5) as kv,
+            KeyValueClient(c) as kv,
         ):
             await kv.put("warm-up", b"1")
             sizes: list[list[int]] = []

@@ -81,7 +81,7 @@ async def leader_of(endpoints: str) -> int:
     for attempt in range(1, 4):
         try:
             async with client.connect(endpoints, connect_timeout=8) as c:
-                async with KeyValueClient(c, retry_interval=0.5) as kv:
+                async with KeyValueClient(c) as kv:
                     await kv.put("warm-up", b"1")
                 return c.leader_member_id
         except client.ConnectTimeoutError as exc:
@@ -94,7 +94,7 @@ async def connect_put_get(endpoints: str, key: str, connect_timeout: float) -> t
     start = trio.current_time()
     async with client.connect(endpoints, connect_timeout=connect_timeout) as c:
         elapsed = trio.current_time() - start
-        async with KeyValueClient(c, retry_interval=0.5) as kv:
+        async with KeyValueClient(c) as kv:
             value = f"value-of-{key}".encode()
             await kv.put(key, value)
             assert await kv.get(key) == value

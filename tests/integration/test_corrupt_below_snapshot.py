@@ -66,7 +66,7 @@ def test_a_rebuilt_follower_catches_up_above_a_corrupt_record_by_snapshot(
         acked: dict[str, bytes] = {}
         async with (
             client.connect(cluster.ingress_endpoints, connect_timeout=30) as c,
-            KeyValueClient(c, retry_interval=0.5) as kv,
+            KeyValueClient(c) as kv,
         ):
             await put_batch(kv, "before", acked)
             response = await c.request_snapshot(timeout=20)
@@ -125,7 +125,7 @@ def test_a_follower_without_room_refuses_the_snapshot_and_the_leader_says_so(
         acked: dict[str, bytes] = {}
         async with (
             client.connect(cluster.ingress_endpoints, connect_timeout=30) as c,
-            KeyValueClient(c, retry_interval=0.5) as kv,
+            KeyValueClient(c) as kv,
         ):
             for k in range(3):  # the log start moves past 0: a wiped member needs a snapshot
                 await put_batch(kv, f"b{k}", acked)

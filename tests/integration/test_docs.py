@@ -105,10 +105,10 @@ def test_the_lease_snapshot_is_loaded_back_whole() -> None:
     service = leases.LeaseService()
     service.on_start(cluster, None)
     alice, bob = Session(1), Session(2)
-    service.on_session_message(alice, 1000, leases.encode(leases.Acquire(1, "a", 500)))
-    service.on_session_message(alice, 1100, leases.encode(leases.Acquire(2, "a", 500)))  # renew
-    service.on_session_message(bob, 1200, leases.encode(leases.Acquire(1, "b", 900)))
-    service.on_session_message(bob, 1300, leases.encode(leases.Acquire(2, "a", 900)))
+    service.on_session_message(alice, 1000, leases.encode(leases.Acquire("a", 500)))
+    service.on_session_message(alice, 1100, leases.encode(leases.Acquire("a", 500)))  # renew
+    service.on_session_message(bob, 1200, leases.encode(leases.Acquire("b", 900)))
+    service.on_session_message(bob, 1300, leases.encode(leases.Acquire("a", 900)))
     assert [leases.reply_decoder.decode(r).granted for r in alice.replies + bob.replies] == [
         *(True, True, True, False)
     ]

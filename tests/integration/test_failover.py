@@ -46,7 +46,6 @@ NODE_ARGS = [
     "10s",
 ]
 FAILOVER_BOUND = 10.0  # seconds, with a 1 s heartbeat timeout
-RETRY_INTERVAL = 0.5  # KeyValueClient resends an unanswered request this often
 CONNECT_TIMEOUT = 24.0
 
 
@@ -222,7 +221,7 @@ async def kv_session(
                 if attempt >= attempts:
                     raise
                 print(f"\n[failover] connect attempt {attempt} timed out, retrying: {exc}")
-        kv = await stack.enter_async_context(KeyValueClient(c, retry_interval=RETRY_INTERVAL))
+        kv = await stack.enter_async_context(KeyValueClient(c))
         await kv.put("warm-up", b"1")  # the session is open and a leader commits
         yield c, kv
 

@@ -247,7 +247,7 @@ async def test_a_flood_from_many_addresses_keeps_no_one_out(
                 client.connect(
                     member.ingress_endpoints, certs_dir=pki / "client-app", connect_timeout=20
                 ) as c,
-                KeyValueClient(c, retry_interval=1.0) as kv,
+                KeyValueClient(c) as kv,
             ):
                 for i in range(20):
                     await kv.put(f"flood-{i}", b"x")

@@ -130,7 +130,7 @@ class CountingSession:
             await original(payload)
 
         self.client.offer = counting_offer  # type: ignore[method-assign]
-        self.kv = KeyValueClient(self.client, retry_interval=0.5)
+        self.kv = KeyValueClient(self.client)
         await self.kv.__aenter__()
         return self.kv, self.record
 
