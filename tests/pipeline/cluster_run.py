@@ -41,6 +41,9 @@ NODE_ARGS = [
     "10s",
     "--segment-size",
     "16KiB",  # several segment files per member: several partitions each
+    "--archive-retention",
+    "0",  # the whole log: the tables count every message the clients sent (a first
+    # segment wholly below the SNAPSHOT's position would otherwise go at SHUTDOWN's)
 ]
 CONNECT_TIMEOUT = 24.0
 PRINCIPAL = "app"
