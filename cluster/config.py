@@ -132,6 +132,18 @@ def _port(text: Any) -> int:
     return value
 
 
+MAX_KEPT_REPLIES = 16 << 20
+"""The most ``--max-kept-replies`` may be: a session's kept replies go into one snapshot
+record, and a record is at most 64 MiB."""
+
+
+def _kept_replies(text: Any) -> int:
+    value = _positive(parse_size)(text)
+    if value > MAX_KEPT_REPLIES:
+        raise ValueError(f"must be at most 16MiB (a snapshot record holds them), got {text!r}")
+    return value
+
+
 def _retention(text: Any) -> int:
     value = _int(text)
     if value < 0:
@@ -434,7 +446,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max-kept-replies",
         256 << 10,
-        _positive(parse_size),
+        _kept_replies,
         "bytes of a session's replies every member keeps until its client confirms them "
         "(each reply's payload plus 64), so a new leader sends what the client lacks; "
         "past it the oldest go and the client sees the gap",

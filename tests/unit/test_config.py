@@ -531,3 +531,11 @@ def test_automatic_snapshots_default_to_64mib_of_log_and_no_interval() -> None:
             load_config(["--snapshot-log-bytes", bad], {})
     with pytest.raises(ConfigError, match="snapshot-interval"):
         load_config(["--snapshot-interval", "soon"], {})
+
+
+def test_kept_replies_past_what_a_snapshot_record_holds_are_refused() -> None:
+    """A session's kept replies go into one snapshot record (at most 64 MiB)."""
+    assert load_config(["--max-kept-replies", "16MiB"], {}).max_kept_replies == 16 << 20
+    for bad in ("17MiB", "0", "-1"):
+        with pytest.raises(ConfigError, match="max-kept-replies"):
+            load_config(["--max-kept-replies", bad], {})
