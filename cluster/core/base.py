@@ -120,6 +120,8 @@ class Counters:
     :mod:`cluster.core.lease`)."""
     queries: int = 0
     """Queries this member answered from the service (:mod:`cluster.core.reads`)."""
+    read_rounds: int = 0
+    """Read rounds this leader began (the queries of a duty cycle share one)."""
     query_errors: int = 0
     """Queries whose ``on_query`` raised (or a service that answers none)."""
     queries_refused: int = 0

@@ -53,10 +53,19 @@ from .session import ClusterSession, State
 class Query:
     """One query held by the leader until it is answered."""
 
-    __slots__ = ("correlation_id", "payload", "read_index", "round", "session_id")
+    __slots__ = ("correlation_id", "payload", "read_index", "round", "session_id", "source")
 
-    def __init__(self, session_id: int, correlation_id: int, payload: bytes, read_index: int):
+    def __init__(
+        self,
+        session_id: int,
+        correlation_id: int,
+        payload: bytes,
+        read_index: int,
+        source: IngressSource | None = None,
+    ) -> None:
         self.session_id = session_id
+        self.source = source
+        """The connection it came on (a refusal goes back there)."""
         self.correlation_id = correlation_id
         self.payload = payload
         self.read_index = read_index
@@ -136,7 +145,13 @@ class ReadIndex:
     # ------------------------------------------------------------------ arrival
 
     def add(
-        self, session_id: int, correlation_id: int, payload: bytes, *, ready: bool
+        self,
+        session_id: int,
+        correlation_id: int,
+        payload: bytes,
+        *,
+        ready: bool,
+        source: IngressSource | None = None,
     ) -> QueryStatus | None:
         """Hold a query of an open session that arrived at this leader (``ready``: it
         has committed an entry of its term); BUSY past the bounds (not held)."""
@@ -145,7 +160,7 @@ class ReadIndex:
             return QueryStatus.BUSY
         self._per_session[session_id] = per_session + 1
         read_index = self.log.commit_position if ready else -1
-        self._unsent.append(Query(session_id, correlation_id, payload, read_index))
+        self._unsent.append(Query(session_id, correlation_id, payload, read_index, source))
         return None
 
     def on_query(self, msg: QueryRequest, source: IngressSource | None, now_ns: int) -> None:
@@ -170,7 +185,9 @@ class ReadIndex:
         elif leader != self.config.member_id:
             message, status = "this member does not lead: ask the leader", QueryStatus.NOT_LEADER
         else:
-            busy = self.add(session_id, correlation_id, msg.payload, ready=view.is_ready_leader)
+            busy = self.add(
+                session_id, correlation_id, msg.payload, ready=view.is_ready_leader, source=source
+            )
             if busy is None:
                 return
             status = busy
@@ -180,7 +197,7 @@ class ReadIndex:
                 f"session, {config.max_queries} per member): try again later"
             )
         self.counters.queries_refused += 1
-        self.refuse(session_id, correlation_id, status, message, leader)
+        self.refuse(session_id, correlation_id, status, message, leader, source)
 
     def start_round(self) -> bool:
         """A ready leader's cycle: begin a round for the queries that arrived since the
@@ -190,6 +207,7 @@ class ReadIndex:
         if not unsent:
             return False
         self.round += 1
+        self.counters.read_rounds += 1
         number = self.round
         commit = self.log.commit_position
         for query in unsent:
@@ -271,6 +289,7 @@ class ReadIndex:
                 QueryStatus.NOT_LEADER,
                 "this member no longer leads: ask the leader",
                 leader_member_id,
+                query.source,
             )
         return len(held)
 
@@ -281,17 +300,21 @@ class ReadIndex:
         status: QueryStatus,
         message: str,
         leader_member_id: int = -1,
+        source: IngressSource | None = None,
     ) -> None:
-        """Answer a query with ``status`` instead of the service's answer."""
-        self.egress.send(
+        """Answer a query with ``status`` instead of the service's answer: on the
+        connection it came on while that is open (a member that has just stepped down
+        has closed the sessions' egress), else on the session's egress."""
+        response = QueryResponse(
             session_id,
-            QueryResponse(
-                session_id,
-                correlation_id,
-                self.view.leadership_term_id,
-                status,
-                self.log.applied_position,
-                message=message,
-                leader_member_id=leader_member_id,
-            ),
+            correlation_id,
+            self.view.leadership_term_id,
+            status,
+            self.log.applied_position,
+            message=message,
+            leader_member_id=leader_member_id,
         )
+        if source is not None and not source.closed:
+            self.egress.reply(source, response)
+        else:
+            self.egress.send(session_id, response)

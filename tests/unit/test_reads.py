@@ -31,6 +31,10 @@ class Recorder:
         self.sent.append((egress_id, message))
         return True
 
+    def reply(self, source: Any, message: Any) -> bool:
+        self.sent.append((message.cluster_session_id, message))
+        return True
+
     def close(self, egress_id: int) -> None:
         pass
 
