@@ -132,6 +132,57 @@ def test_queries_with_real_processes(tmp_path: Path, monkeypatch: pytest.MonkeyP
             assert isinstance(counters_after, dict)
             assert counters_after["queries"] - counters_before["queries"] >= 200
 
+            # -- bounds: one session asking 400 at once passes its bound (256 in
+            # flight): the rest are answered BUSY and asked again by the client
+            burst: list[bytes] = []
+
+            async def one() -> None:
+                burst.append(await c.query(b"count"))
+
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+                    for _ in range(400):
+                        nursery.start_soon(one)
+            assert len(burst) == 400
+            assert all(int(answer) >= 1 for answer in burst)
+            flooded = await trio.to_thread.run_sync(describe, cluster, leader)
+            counters_flooded = flooded["counters"]
+            assert isinstance(counters_flooded, dict)
+            busy = counters_flooded["queries_refused"] - counters_after["queries_refused"]
+            rounds = counters_flooded["read_rounds"] - counters_after["read_rounds"]
+            answered = counters_flooded["queries"] - counters_after["queries"]
+            print(
+                f"\n400 queries at once: {busy} answered BUSY and asked again; "
+                f"{answered} answered in {rounds} read rounds"
+            )
+            assert busy >= 1
+            assert rounds < answered  # rounds are shared
+
+            # -- writes go on under a flood of queries (16 readers in closed loops)
+            write_times: list[float] = []
+            async with client.connect(cluster.ingress_endpoints, connect_timeout=30) as w:
+                with trio.fail_after(60):
+                    async with trio.open_nursery() as nursery:
+
+                        async def flood() -> None:
+                            while True:
+                                await c.query(b"get x")
+
+                        for _ in range(16):
+                            nursery.start_soon(flood)
+                        for i in range(20):
+                            began = trio.current_time()
+                            await w.offer(b"set y %d" % i)
+                            assert await w.receive() == b"ok"
+                            write_times.append(trio.current_time() - began)
+                        nursery.cancel_scope.cancel()
+            write_times.sort()
+            print(
+                f"20 writes under the flood: median {write_times[10] * 1000:.1f} ms, "
+                f"slowest {write_times[-1] * 1000:.1f} ms"
+            )
+            assert await c.query(b"get y") == b"19"
+
         # -- the stale leader: paused, replaced, written past, resumed and asked at
         # once, three times (which the resumed member reads first, the query or the new
         # leader's messages, is up to its scheduler: each time, the answer must be new)
