@@ -143,7 +143,8 @@ class ClusteredService(abc.ABC):
     :meth:`on_start` and :meth:`on_take_snapshot` are abstract and must be implemented
     together: whatever ``on_take_snapshot`` returns is what ``on_start`` gets back after a
     restart (or ``None`` when there is no snapshot yet).  Every other callback does
-    nothing by default; override what you need.  A service without state derives from
+    nothing by default (``on_query`` answers that the service answers no queries);
+    override what you need.  A service without state derives from
     :class:`StatelessService` instead.
 
     A callback that raises does not stop the member (unless ``--on-service-error stop``):
