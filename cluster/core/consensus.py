@@ -656,7 +656,7 @@ class ConsensusModule:
                 return work
         if not self.is_ready_leader:
             return 0
-        self.reads.start_round()  # the queries of this cycle
+        self.reads.start_round(now_ns)  # the queries of this cycle
         if self.handover.active or not self.control.active:
             return 0  # a leader handing over, or SUSPENDED, takes no new work
         return append_due(

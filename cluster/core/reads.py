@@ -19,10 +19,11 @@ holds.  The leader answers it in three steps:
    paused or cut off and replaced never completes a round (it is told the later term
    and steps down, and its queries are answered NOT_LEADER: the client asks the new
    leader).  Rounds are numbered 1, 2, 3... and a member's answer to round ``r``
-   answers every round before it (it was sent after them); the queries that arrive in
-   one duty cycle share one round (a batch: :meth:`ReadIndex.start_round` runs once per
-   cycle), and a round is confirmed once a quorum's highest answers reach it
-   (:func:`~cluster.core.quorum.committed`, as etcd-io/raft's ``readOnly`` counts).
+   answers every round before it (it was sent after them); a round is confirmed once a
+   quorum's highest answers reach it (:func:`~cluster.core.quorum.committed`, as
+   etcd-io/raft's ``readOnly`` counts).  One round is in flight at a time: the queries
+   that arrive while it is share the next, begun as soon as it ends (a batch:
+   :meth:`ReadIndex.start_round`, once per duty cycle).
 3. **Answer.**  Once its round is confirmed and the service has applied the log up to
    the read index, the query is answered from the service's state
    (:meth:`~cluster.core.service_container.ServiceContainer.answer_queries`, called by
@@ -31,7 +32,7 @@ holds.  The leader answers it in three steps:
 **Bounds.**  A session has at most ``max_session_queries`` queries in flight here, a
 member ``max_queries``; one past either is answered BUSY at once (the client waits
 and asks again).  Queries never enter the log, so they hold no log room, no disk and no
-replication from writes; their cost per duty cycle is one heartbeat to each follower.
+replication from writes; their cost is one heartbeat to each follower per round.
 
 Everything here is the leader's: on any other member a query is answered NOT_LEADER,
 and a leader that steps down answers every query it holds so.
@@ -87,6 +88,7 @@ class ReadIndex:
     __slots__ = (
         "_acks",
         "_per_session",
+        "_round_sent_ns",
         "_unsent",
         "_waiting",
         "config",
@@ -134,6 +136,7 @@ class ReadIndex:
         """Confirmed, waiting for the service to apply up to their read index (in read
         index order: rounds and commit positions only grow)."""
         self._per_session: dict[int, int] = {}
+        self._round_sent_ns = 0
 
     def __len__(self) -> int:
         return len(self._unsent) + len(self._waiting) + len(self.ready)
@@ -199,13 +202,25 @@ class ReadIndex:
         self.counters.queries_refused += 1
         self.refuse(session_id, correlation_id, status, message, leader, source)
 
-    def start_round(self) -> bool:
+    def start_round(self, now_ns: int) -> bool:
         """A ready leader's cycle: begin a round for the queries that arrived since the
         last one began (each arrived before it: it confirms them), on the commit
-        heartbeat to every follower.  True if one began."""
+        heartbeat to every follower; True if one began.  One round is in flight at a
+        time: the queries that arrive meanwhile wait for it to end and share the next
+        (under load a round serves many queries, and costs each follower one wake-up).
+        A round unanswered for a heartbeat interval (a message lost with a link) is
+        sent again, or overtaken by a new one: an answer to a later round answers it."""
         unsent = self._unsent
-        if not unsent:
+        if self._waiting:
+            if now_ns - self._round_sent_ns < self.config.leader_heartbeat_interval_ns:
+                return False
+            if not unsent:
+                self._round_sent_ns = now_ns
+                self.replication.send_commit_position(every=True, read_round=self.round)
+                return False
+        elif not unsent:
             return False
+        self._round_sent_ns = now_ns
         self.round += 1
         self.counters.read_rounds += 1
         number = self.round

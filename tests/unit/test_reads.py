@@ -121,6 +121,49 @@ def test_a_round_that_began_before_the_query_does_not_confirm_it() -> None:
     assert answered(c, me) == [1, 2]
 
 
+def test_one_round_is_in_flight_and_the_next_takes_all_that_waited() -> None:
+    c = Cluster(3, seed=12)
+    leader = c.leader_with_a_committed_entry()
+    me = leader.config.member_id
+    reads = leader.reads
+    reads.add(7, 1, b"q", ready=True)
+    leader.consensus_work(c.now)
+    first = reads.round
+    reads.add(7, 2, b"q", ready=True)
+    reads.add(8, 3, b"q", ready=True)
+    leader.consensus_work(c.now)
+    assert reads.round == first  # waits for the round in flight
+    deliver(c)
+    deliver(c)
+    assert answered(c, me) == [1]
+    leader.consensus_work(c.now)
+    assert reads.round == first + 1  # one round for both
+    deliver(c)
+    deliver(c)
+    assert answered(c, me) == [1, 2, 3]
+
+
+def test_a_lost_round_is_sent_again_after_a_heartbeat_interval() -> None:
+    c = Cluster(3, seed=13)
+    leader = c.leader_with_a_committed_entry()
+    me = leader.config.member_id
+    reads = leader.reads
+    reads.add(7, 1, b"q", ready=True)
+    leader.consensus_work(c.now)
+    number = reads.round
+    c.net.queue.clear()  # lost with the links
+    c.now += leader.config.leader_heartbeat_interval_ns // 2
+    leader.consensus_work(c.now)
+    assert c.net.queue == []  # not yet
+    c.now += leader.config.leader_heartbeat_interval_ns
+    leader.consensus_work(c.now)
+    again = {m.read_round for _, _, m in c.net.queue if isinstance(m, CommitPosition)}
+    assert again == {number}  # the same round: nothing arrived since it began
+    deliver(c)
+    deliver(c)
+    assert answered(c, me) == [1]
+
+
 def test_answers_wait_for_the_service_to_apply_the_read_index() -> None:
     c = Cluster(3, seed=4)
     leader = c.leader_with_a_committed_entry()
