@@ -148,3 +148,30 @@ def test_the_client_matches_answers_by_correlation_id() -> None:
     assert queries.seen_position == 41
     queries.wake_all()
     assert sorted(woken) == [1, 2, 2]
+
+
+def test_the_session_routes_answers_and_wakes_queries_when_it_moves() -> None:
+    from client._connect import ConnectResult
+    from client._endpoints import parse_endpoints
+    from client._session import Reconnect, Session
+    from cluster.protocol.egress import NewLeaderEvent
+
+    endpoints = parse_endpoints("0=127.0.0.1:9010,1=127.0.0.1:9011")
+    session = Session(
+        endpoints,
+        max_frame_size=1 << 20,
+        max_egress_backlog=100,
+        wake_writer=lambda: None,
+        wake_receivers=lambda: None,
+    )
+    session.on_granted(ConnectResult(7, 3, 1, 2, endpoints, b"s" * 16), endpoints[1])
+    woken: list[int] = []
+    waiter = session.queries.add(5, lambda: woken.append(5))
+    assert session.on_egress(QueryResponse(8, 5, 3, QueryStatus.OK, 1, b"x")) is None  # not ours
+    assert waiter.response is None
+    assert isinstance(session.on_egress(NewLeaderEvent(4, 7, 0, "")), Reconnect)
+    assert woken == [5]  # asked again, to go to the new leader
+    assert waiter.response is None
+    session.on_egress(QueryResponse(7, 5, 4, QueryStatus.OK, 1, b"x"))
+    assert waiter.response is not None
+    assert waiter.response.payload == b"x"
