@@ -13,6 +13,7 @@ running ``register_service.py``, one cluster for the file.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -191,19 +192,57 @@ def test_queries_with_real_processes(tmp_path: Path, monkeypatch: pytest.MonkeyP
             exercised += await stale_leader_round(value)
         print(f"\nthe stale leader took the query into a read round {exercised} of 3 times")
 
+        # -- the leader killed (SIGKILL) under a loop of queries: every answer is the
+        # last value written, and the client carries on at the new leader by itself.
+        # The leader killed is PATIENT (the others, with their short heartbeat timeout,
+        # elect the next at once; PATIENT would refuse to vote for 30 s)
+        async with client.connect(cluster.ingress_endpoints, connect_timeout=30) as c:
+            await lead_with_patient(c)
+            times: list[float] = []
+            warm, recovered = trio.Event(), trio.Event()
+            killed_at = float("inf")
+
+            async def loop() -> None:
+                while True:
+                    assert await c.query(b"get x") == b"4"
+                    now = trio.current_time()
+                    times.append(now)
+                    if len(times) >= 20:
+                        warm.set()
+                    if now > killed_at + 1.0:
+                        recovered.set()
+
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(loop)
+                    await warm.wait()
+                    killed = c.leader_member_id
+                    killed_at = trio.current_time()
+                    await trio.to_thread.run_sync(cluster.kill, killed)
+                    await recovered.wait()
+                    nursery.cancel_scope.cancel()
+            assert c.leader_member_id != killed
+            gap = max(b - a for a, b in itertools.pairwise(times))
+            print(f"the leader killed: the longest wait between two answers {gap:.2f} s")
+
+    async def lead_with_patient(c: client.ClusterClient) -> None:
+        """Leadership moved to PATIENT, and ``c``'s session with it."""
+        if c.leader_member_id != PATIENT:
+            moved = await trio.to_thread.run_sync(
+                lambda: tool(cluster, "transfer-leadership", "--to", str(PATIENT))
+            )
+            assert moved.returncode == 0, moved.stderr
+        for _ in range(600):  # 30 s at most
+            if c.leader_member_id == PATIENT:
+                return
+            await trio.sleep(0.05)
+        raise AssertionError(f"the session did not follow the leadership to {PATIENT}")
+
     async def stale_leader_round(value: bytes) -> int:
         """One pause of the leader; returns 1 if it took the query into a read round
         (it read the query before it heard of the new leader), else 0."""
         async with client.connect(cluster.ingress_endpoints, connect_timeout=30) as stale:
-            if stale.leader_member_id != PATIENT:
-                moved = await trio.to_thread.run_sync(
-                    lambda: tool(cluster, "transfer-leadership", "--to", str(PATIENT))
-                )
-                assert moved.returncode == 0, moved.stderr
-            for _ in range(600):  # 30 s at most
-                if stale.leader_member_id == PATIENT:
-                    break
-                await trio.sleep(0.05)
+            await lead_with_patient(stale)
             old = stale.leader_member_id
             await stale.query(b"get x")  # the session is connected to the leader
             before = await trio.to_thread.run_sync(describe, cluster, old)
