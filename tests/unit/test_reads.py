@@ -341,3 +341,29 @@ def test_queries_hold_up_under_random_faults() -> None:
                 assert query.read_index >= highest_commit_at_arrival[(i, query.correlation_id)]
                 assert applied >= query.read_index
         assert total > 100
+
+
+def test_a_catch_up_member_answering_does_not_make_a_quorum() -> None:
+    """A member whose state is new or lost counts toward no quorum: its answer to a
+    read round confirms nothing while the other voter is cut off."""
+    c = Cluster(3, seed=14)
+    leader = c.leader_with_a_committed_entry()
+    me = leader.config.member_id
+    wiped, other = leader.config.others
+    c.wipe(wiped)  # restarts on an empty disk: a catch-up member
+    c.stuck.add(wiped)  # and stays one (its disk takes nothing: it never catches up)
+    c.run_until(lambda: not next(p for p in leader.followers if p.member_id == wiped).voter)
+    c.net.cut |= {(me, other), (other, me)}
+    leader.reads.add(7, 1, b"q", ready=True)
+    leader.consensus_work(c.now)
+    deliver(c)
+    deliver(c)
+    assert leader.reads._acks.get(wiped) == leader.reads.round  # it did answer
+    assert not next(p for p in leader.followers if p.member_id == wiped).voter
+    assert answered(c, me) == []
+    c.net.cut.clear()
+    c.now += leader.config.leader_heartbeat_interval_ns  # the round is sent again
+    leader.consensus_work(c.now)
+    deliver(c)
+    deliver(c)
+    assert answered(c, me) == [1]
