@@ -59,6 +59,7 @@ from ._endpoints import Endpoint, format_endpoints
 from ._handshake import Handshake
 from ._ingress import RECEIVE_SIZE, RETRY_DELAY_MIN, Ingress, IngressWriter
 from ._outbox import ENTRY_OVERHEAD
+from ._query import ask, query_level
 from ._session import Action, Dropped, Reconnect, Redial, Session
 from ._sync import Backend, Broadcast
 from .errors import ConnectTimeoutError, TlsRequiredError
@@ -362,6 +363,28 @@ class ClusterClient:
         while not self._backlog_ready():
             await self._egress_ready.wait()
         return self._session.take_payloads(max_messages)
+
+    async def query(self, payload: bytes, *, consistency: str = "linearizable") -> bytes:
+        """Ask the service a read-only question; return its ``on_query`` answer.
+
+        No log entry, no disk write: the leader answers from the service's state once
+        it has confirmed it still leads (a heartbeat round to a quorum, begun after the
+        query arrived) and applied every write acknowledged before the query was sent
+        (``consistency="linearizable"``, the default: ReadIndex).  ``"follower"``: never
+        older than what this client has seen (today the leader answers it as a
+        linearizable one).  See ``docs/queries.md``.  A query changes nothing, so it is
+        asked again by itself across leader changes and lost connections.
+
+        Raises :class:`ServiceError` when ``on_query`` raises or the service answers no
+        queries, :class:`QueryRefusedError` when the cluster cannot answer it as asked,
+        :class:`ValueError` for an unknown ``consistency`` or a payload over
+        ``max_frame_size``, :class:`SessionClosedError` once the session is closed."""
+        if type(payload) is not bytes:
+            _check_payload(payload)
+            payload = bytes(payload)
+        level = query_level(consistency)
+        await self._backend.checkpoint_if_cancelled()
+        return await ask(self._session, payload, level, self._next_correlation_id())
 
     async def request_snapshot(self, *, timeout: float = 5.0) -> AdminResponse:  # noqa: ASYNC109
         """Ask the cluster to take a snapshot; return the matching ``AdminResponse``.

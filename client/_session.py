@@ -46,6 +46,7 @@ from cluster.protocol import INGRESS, FrameDecoder, encode_frame, encode_frames_
 from cluster.protocol.egress import (
     AdminResponse,
     NewLeaderEvent,
+    QueryResponse,
     RepliesDropped,
     ServiceErrorEvent,
     SessionAck,
@@ -62,6 +63,7 @@ from cluster.protocol.version import PROTOCOL_VERSION
 from ._connect import ConnectResult
 from ._endpoints import Endpoint, merge_endpoints, parse_endpoints
 from ._outbox import Outbox
+from ._query import Queries
 from .errors import (
     EgressBacklogExceededError,
     NotConnectedError,
@@ -157,6 +159,7 @@ class Session:
         "open",
         "outbox",
         "pending",
+        "queries",
         "received_reply",
         "replies_dropped",
         "session_secret",
@@ -211,6 +214,8 @@ class Session:
         self.received_reply = 0
         self.backlog_exceeded = False
         self._admin: dict[int, AdminWaiter] = {}
+        self.queries = Queries()
+        """The queries in flight (``query()``), by correlation id."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -263,6 +268,7 @@ class Session:
             self.lost = lost
         for waiter in self._admin.values():
             waiter.wake()
+        self.queries.wake_all()
 
     # ------------------------------------------------------------------ ingress queue
 
@@ -461,6 +467,9 @@ class Session:
         elif isinstance(message, NewLeaderEvent):
             if message.cluster_session_id == session_id:
                 return self._on_new_leader(message)
+        elif isinstance(message, QueryResponse):
+            if message.cluster_session_id == session_id:
+                self.queries.on_response(message)
         elif isinstance(message, AdminResponse) and message.cluster_session_id == session_id:
             waiter = self._admin.get(message.correlation_id)
             if waiter is not None and waiter.response is None:
@@ -534,6 +543,7 @@ class Session:
         self.leader_endpoint = endpoint
         if term_changed and self.pending:  # queued messages name the new term
             self.pending = self.retarget(self.pending)
+        self.queries.wake_all()  # asked again, to go to the leader
         return Reconnect(event.leader_member_id, endpoint)
 
     def _on_new_leader(self, event: NewLeaderEvent) -> Reconnect | None:
@@ -556,6 +566,7 @@ class Session:
         if term_changed and self.pending:
             self.pending = self.retarget(self.pending)
         self.leader_endpoint = endpoint
+        self.queries.wake_all()  # asked again, to go to the new leader
         return Reconnect(event.leader_member_id, self.leader_endpoint)
 
 

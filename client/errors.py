@@ -95,17 +95,34 @@ class ServiceError(ClusterClientError):
     """
 
     def __init__(
-        self, error_type: str, message: str, log_position: int, timestamp: int, request: bytes
+        self,
+        error_type: str,
+        message: str,
+        log_position: int,
+        timestamp: int,
+        request: bytes,
+        *,
+        query: bool = False,
     ) -> None:
+        """``query``: raised by ``query()``: the service's ``on_query`` raised (or it
+        answers no queries), on the state at ``log_position``; nothing changed."""
+        what = "on_query" if query else "on this session's message"
         super().__init__(
-            f"the service raised {error_type} on this session's message "
-            f"(log position {log_position}): {message}"
+            f"the service raised {error_type} {what} (log position {log_position}): {message}"
         )
         self.error_type = error_type
         self.message = message
         self.log_position = log_position
         self.timestamp = timestamp
         self.request = request
+
+
+class QueryRefusedError(ClusterClientError):
+    """The cluster cannot answer a query as asked (``query()``): ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"query refused: {reason}")
+        self.reason = reason
 
 
 class ConnectTimeoutError(ClusterClientError, TimeoutError):

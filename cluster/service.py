@@ -143,7 +143,8 @@ class ClusteredService(abc.ABC):
     :meth:`on_start` and :meth:`on_take_snapshot` are abstract and must be implemented
     together: whatever ``on_take_snapshot`` returns is what ``on_start`` gets back after a
     restart (or ``None`` when there is no snapshot yet).  Every other callback does
-    nothing by default; override what you need.  A service without state derives from
+    nothing by default (``on_query`` answers that the service answers no queries);
+    override what you need.  A service without state derives from
     :class:`StatelessService` instead.
 
     A callback that raises does not stop the member (unless ``--on-service-error stop``):
@@ -206,6 +207,24 @@ class ClusteredService(abc.ABC):
         consensus module's part of the snapshot already, but the service's own record of
         them (which key a timer expires, what a session was doing) is not.  Raising, or
         returning anything but bytes, fails the snapshot with an error."""
+
+    def on_query(self, payload: bytes) -> bytes:
+        """Answer a client's query (``await client.query(payload)``) from the state,
+        without the log: no entry is appended, nothing is written to disk.
+
+        **Read-only**: it must not change the state, schedule timers, offer messages or
+        reply to sessions.  A query is answered on one member only (the leader, once it
+        has confirmed it still leads and has applied every write acknowledged before
+        the query was sent: ``docs/queries.md``), so a change made here would exist on
+        that member alone.  Its ``cluster.time`` and ``cluster.log_position`` are those
+        of the last entry applied.
+
+        Return the answer as bytes.  An exception raised here reaches the client as
+        ``client.ServiceError`` (its type and text); the member goes on.  By default a
+        service answers no queries: this raises, and the client is told so."""
+        raise NotImplementedError(
+            f"{type(self).__qualname__} answers no queries: it does not implement on_query()"
+        )
 
     def on_role_change(self, new_role: Role) -> None:  # noqa: B027
         """This member's role changed."""

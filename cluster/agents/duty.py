@@ -182,6 +182,9 @@ class DutyCycle:
         self.links.flush()
         self.egress.flush()
 
+    def answer_queries(self) -> None:
+        self.container.answer_queries(self.log_buffer.applied)
+
     def on_event(self, event: Event) -> None:
         if isinstance(event, RoleChanged):
             self._on_role_change(event.role)

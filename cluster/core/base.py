@@ -44,6 +44,11 @@ class ConsensusConfig:
     election_timeout_ns: int = 1_000_000_000
     election_status_interval_ns: int = 100_000_000
     startup_canvass_timeout_ns: int = 500_000_000
+    max_session_queries: int = 256
+    """Queries of one session a leader holds at once (waiting for their read round or
+    for the service to apply); one past it is answered BUSY (:mod:`cluster.core.reads`)."""
+    max_queries: int = 8192
+    """Queries a leader holds at once, all sessions together; one past it is BUSY."""
 
     @property
     def member_count(self) -> int:
@@ -113,6 +118,15 @@ class Counters:
     """Messages of a later term ignored because this member has a live leader and they
     came from a member it had not been hearing from (a forged or stray message:
     :mod:`cluster.core.lease`)."""
+    queries: int = 0
+    """Queries this member answered from the service (:mod:`cluster.core.reads`)."""
+    read_rounds: int = 0
+    """Read rounds this leader began (the queries of a duty cycle share one)."""
+    query_errors: int = 0
+    """Queries whose ``on_query`` raised (or a service that answers none)."""
+    queries_refused: int = 0
+    """Queries answered BUSY (past a bound) or NOT_LEADER (not the ready leader, or it
+    stepped down holding them): their clients ask again."""
 
 
 class IngressSource:

@@ -17,6 +17,7 @@ function per role, to the part that owns the work:
 * :class:`~cluster.core.handover.Handover`: a leader handing leadership over;
 * :class:`~cluster.core.lease.Lease`: whether this member has a live leader, which a
   member of a later term is then not let depose;
+* :class:`~cluster.core.reads.ReadIndex`: the leader's queries (no log: read rounds);
 * the :class:`~cluster.core.timers.TimerService` and the
   :class:`~cluster.core.pending.PendingServiceMessageTracker`.
 
@@ -55,14 +56,11 @@ from ..protocol.enums import ModuleState, Role
 from ..protocol.ingress import (
     AdminRequest,
     IngressMessage,
+    QueryRequest,
     SessionMessageHeader,
 )
 from ..protocol.log import (
-    ClusterActionRequest,
     LogMessage,
-    NewLeadershipTermEvent,
-    SessionCloseEvent,
-    SessionOpenEvent,
 )
 from .auth import Authenticator, AuthorisationService
 from .base import (
@@ -88,6 +86,8 @@ from .handover import Handover
 from .lease import LATER_TERM_MESSAGES, Lease
 from .log import ReplicatedLog
 from .pending import PendingServiceMessageTracker
+from .reads import ReadIndex
+from .replay import mirror_entry
 from .replication import LeaderReplication
 from .session import CLIENT_REQUESTS, State
 from .sessions import SessionManager
@@ -167,6 +167,7 @@ class ConsensusModule:
         )
         self.timers = TimerService()
         self.service_messages = PendingServiceMessageTracker()
+        self.reads = ReadIndex(config, self, self.replication, self.sessions, egress, self.counters)
         self.ready_position = -1
         """A leader takes client work once it has applied the log up to here."""
         self.last_leader_heard_ns = 0
@@ -317,6 +318,7 @@ class ConsensusModule:
             self.become_leader(election.won_term, now_ns)
 
     def _step_down(self) -> None:
+        self.counters.queries_refused += self.reads.step_down(-1)
         self.handover.clear()
         self.session_manager.step_down()
         self.replication.stop()
@@ -341,6 +343,7 @@ class ConsensusModule:
         self.storage.record_term(leadership_term_id, position, rlog.timestamp)
         self.service_messages.reset_appended()
         self.replication.start(position, now_ns)
+        self.reads.new_term()
         if self.election is None:
             self.election = self._new_election(now_ns, False, "won")
         self.election.state = ElectionState.LEADER_LOG_REPLICATION
@@ -409,6 +412,8 @@ class ConsensusModule:
             self.on_ingress_message(message, now_ns)
         elif type(message) is IngressSource:
             self._source = message
+        elif type(message) is QueryRequest:
+            self.reads.on_query(message, self._source, now_ns)
         elif isinstance(message, CLIENT_REQUESTS):
             source = self._source
             if source is None or source.closed:
@@ -531,6 +536,10 @@ class ConsensusModule:
                 self.replica.advance_commit(message.log_position)
                 if self.voting.catching_up:
                     self.replica.check_caught_up(now_ns)
+                if message.read_round:  # a read round: this member still follows it
+                    self.replica.report(now_ns, force=True, read_round=message.read_round)
+            elif message.read_round and message.leadership_term_id < self.leadership_term_id:
+                self.replica.refuse_read_round(message.leader_member_id, self.candidate_term_id)
             elif message.leadership_term_id > self.candidate_term_id:
                 self._accept_leader(message.leadership_term_id, message.leader_member_id, now_ns)
         elif isinstance(message, AppendPosition):
@@ -572,6 +581,8 @@ class ConsensusModule:
         if self.role is not Role.LEADER or msg.leadership_term_id != self.leadership_term_id:
             return
         acknowledged = self.replication.on_append_position(msg, now_ns)
+        if msg.read_round and acknowledged is not None:
+            self.reads.on_ack(msg.follower_member_id, msg.read_round)
         if acknowledged:
             self._maybe_commit()
             if self.handover.active:
@@ -643,7 +654,10 @@ class ConsensusModule:
                 work = election.do_work(now_ns)
                 self._after_election(now_ns)
                 return work
-        if not self.is_ready_leader or self.handover.active or not self.control.active:
+        if not self.is_ready_leader:
+            return 0
+        self.reads.start_round(now_ns)  # the queries of this cycle
+        if self.handover.active or not self.control.active:
             return 0  # a leader handing over, or SUSPENDED, takes no new work
         return append_due(
             self.log, self.leadership_term_id, self.service_messages, self.timers, now_ns
@@ -679,22 +693,6 @@ class ConsensusModule:
     # ------------------------------------------------- log replay (followers, recovery)
 
     def on_replay_log_message(self, message: Any, position: int, now_ns: int) -> None:
-        """Mirror the leader's session bookkeeping from a committed log entry."""
-        rlog = self.log
-        if isinstance(message, SessionMessageHeader):
-            rlog.observe_timestamp(message.timestamp)  # a new leader must not stamp earlier
-            return
-        if isinstance(message, (SessionOpenEvent, SessionCloseEvent)):
-            self.session_manager.mirror(message, position, now_ns)
-        elif isinstance(message, NewLeadershipTermEvent):
-            # Only ever forward: a leader re-applying its log from earlier terms (or a
-            # follower replaying at start-up) must not move back to an old term.
-            if (
-                message.leadership_term_id > self.leadership_term_id
-                and self.role is not Role.LEADER
-            ):
-                self.leadership_term_id = message.leadership_term_id
-                self.leader_member_id = message.leader_member_id
-        elif isinstance(message, ClusterActionRequest):
-            self.control.apply(message.action)  # SUSPEND and RESUME change the module state
-        rlog.observe_timestamp(message.timestamp)
+        """Mirror the leader's session bookkeeping from a committed log entry
+        (:mod:`cluster.core.replay`)."""
+        mirror_entry(self, message, position, now_ns)

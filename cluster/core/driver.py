@@ -12,7 +12,10 @@ until nothing is left to do:
    it has just written leaves before it applies anything;
 4. the committed log is applied, one chunk at a time (:meth:`Shell.apply`), each chunk
    reported (``on_applied``) and followed by the module's cycle work (leader
-   readiness, timers, service messages), which may produce more to persist and apply.
+   readiness, timers, service messages, read rounds), which may produce more to
+   persist and apply;
+5. queries whose read round is confirmed and whose read index is applied are answered
+   from the service (:meth:`Shell.answer_queries`, :mod:`cluster.core.reads`).
 
 The node, the deterministic simulator (which runs real nodes) and the unit harness of
 the core all use this loop; only their shells differ.  Nothing here blocks: a shell
@@ -47,6 +50,10 @@ class Shell(Protocol):
     def flush(self) -> None:
         """Send what is queued for members and clients."""
 
+    def answer_queries(self) -> None:
+        """Answer the confirmed queries (``cm.reads.ready``) the service has applied
+        far enough for."""
+
 
 def drive(cm: ConsensusModule, shell: Shell, now_ns: int) -> None:
     """Carry out everything the consensus module has for the shell (see above)."""
@@ -61,4 +68,6 @@ def drive(cm: ConsensusModule, shell: Shell, now_ns: int) -> None:
             break
         cm.on_applied(shell.applied_position, now_ns)
         cm.consensus_work(now_ns)
+    if cm.reads.ready:
+        shell.answer_queries()
     shell.flush()

@@ -248,9 +248,10 @@ class FollowerReplica:
             self.storage.remove_terms_from(position)
         self.verified_end = min(self.verified_end, position)
 
-    def report(self, now_ns: int, *, force: bool) -> None:
+    def report(self, now_ns: int, *, force: bool, read_round: int = 0) -> None:
         """Tell the leader how far this log is durable and verified: at once when
-        ``force``d or changed, else once a heartbeat interval."""
+        ``force``d or changed, else once a heartbeat interval.  ``read_round``: the
+        answer to the leader's read round (:mod:`cluster.core.reads`), sent at once."""
         view = self.view
         if view.leader_member_id < 0 or view.leader_member_id == self.config.member_id:
             return  # no leader, or this member leads
@@ -260,13 +261,25 @@ class FollowerReplica:
         else:
             position, verified = rlog.published_position, False
         key = (view.leadership_term_id, position if verified else -position - 1)
-        if force or key != self._last_reported or now_ns >= self._next_report_ns:
-            self.send_position(view.leader_member_id, position, verified)
+        if force or read_round or key != self._last_reported or now_ns >= self._next_report_ns:
+            self.send_position(view.leader_member_id, position, verified, read_round=read_round)
             self._last_reported = key
             self._next_report_ns = now_ns + self.config.leader_heartbeat_interval_ns
 
+    def refuse_read_round(self, leader: int, term: int) -> None:
+        """A read round of a leader of a term before this member's (:mod:`cluster.core.reads`):
+        it is deposed, and may not know it (it was paused or cut off): it is told the
+        later ``term`` (it steps down), and its round is never answered here."""
+        self.send_position(leader, self.log.published_position, False, term=term)
+
     def send_position(
-        self, member: int, position: int, verified: bool, *, term: int | None = None
+        self,
+        member: int,
+        position: int,
+        verified: bool,
+        *,
+        term: int | None = None,
+        read_round: int = 0,
     ) -> None:
         if member < 0 or member == self.config.member_id:
             return
@@ -278,5 +291,6 @@ class FollowerReplica:
                 follower_member_id=self.config.member_id,
                 flags=(APPEND_POSITION_VERIFIED if verified else 0)
                 | (APPEND_POSITION_CATCHING_UP if self.voting.catching_up else 0),
+                read_round=read_round,
             ),
         )

@@ -288,10 +288,11 @@ class LeaderReplication:
         boundary = self.log.terms.next_base_after(start)
         return limit if boundary is None else min(limit, boundary)
 
-    def send_commit_position(self, *, every: bool = False) -> None:
+    def send_commit_position(self, *, every: bool = False, read_round: int = 0) -> None:
         """A CommitPosition to each follower that no AppendRequest has told the current
         commit position (every slow tick, so followers learn it within one, and before a
-        leader stops), or to ``every`` follower (the heartbeat)."""
+        leader stops), or to ``every`` follower (the heartbeat; with ``read_round``, a
+        read round that each follower answers at once: :mod:`cluster.core.reads`)."""
         position = self.log.commit_position
         message: CommitPosition | None = None
         for progress in self.progress:
@@ -301,6 +302,7 @@ class LeaderReplication:
                         leadership_term_id=self.view.leadership_term_id,
                         log_position=position,
                         leader_member_id=self.config.member_id,
+                        read_round=read_round,
                     )
                 progress.reachable = self.consensus.send(progress.member_id, message)
                 progress.sent_commit(position)

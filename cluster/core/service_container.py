@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterator
 
 from ..archive.record import RECORD_HEADER, RECORD_HEADER_LENGTH, iter_records
 from ..protocol.codec import DECODE_ERRORS, EGRESS, LOG
-from ..protocol.egress import SERVICE_ERROR_REQUEST_BYTES, ServiceErrorEvent
-from ..protocol.enums import CloseReason, Role
+from ..protocol.egress import SERVICE_ERROR_REQUEST_BYTES, QueryResponse, ServiceErrorEvent
+from ..protocol.enums import CloseReason, QueryStatus, Role
 from ..protocol.ingress import SessionMessageHeader
 from ..protocol.log import (
     ClusterActionRequest,
@@ -407,6 +407,51 @@ class ServiceContainer:
                 self._service_error("on_new_leadership_term_event", exc)
         elif isinstance(message, ClusterActionRequest) and self.on_cluster_action:
             self.on_cluster_action(position, message)
+
+    # ---- queries (cluster.core.reads) ---------------------------------------------
+
+    def answer_queries(self, applied: int) -> int:
+        """Answer, from the service's ``on_query``, each confirmed query whose read
+        index the log applied up to ``applied`` reaches (the leader's: no log, no disk);
+        returns how many.  What ``on_query`` raises goes back to its client as
+        SERVICE_ERROR (counted in ``query_errors``, logged at DEBUG): the member goes
+        on, and the service's log callbacks' policy does not apply (nothing changed)."""
+        queries = self.cm.reads.take_answerable(applied)
+        if not queries:
+            return 0
+        service, send, counters = self.service, self.egress.send, self.cm.counters
+        term, position = self.cm.leadership_term_id, applied
+        for query in queries:
+            try:
+                answer = service.on_query(query.payload)
+                if type(answer) is not bytes:
+                    if not isinstance(answer, bytearray | memoryview):
+                        raise TypeError(f"on_query() returned {type(answer).__name__}, not bytes")
+                    answer = bytes(answer)
+            except BaseException as exc:  # as the log callbacks': see the module
+                counters.query_errors += 1
+                log.debug("on_query raised %r", exc)
+                response = QueryResponse(
+                    query.session_id,
+                    query.correlation_id,
+                    term,
+                    QueryStatus.SERVICE_ERROR,
+                    position,
+                    error_type=error_type(exc),
+                    message=error_text(exc),
+                )
+            else:
+                counters.queries += 1
+                response = QueryResponse(
+                    query.session_id,
+                    query.correlation_id,
+                    term,
+                    QueryStatus.OK,
+                    position,
+                    answer,
+                )
+            send(query.session_id, response)
+        return len(queries)
 
     # ---- service errors (never on the hot path) -----------------------------------
 

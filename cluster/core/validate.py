@@ -176,10 +176,14 @@ def check_consensus_message(
     if isinstance(message, AppendPosition):
         if not _term(message.leadership_term_id) or not _position(message.log_position):
             return "term or position out of range"
+        if message.read_round < 0:
+            return "read round out of range"
         return None if member(message.follower_member_id) else "follower member is not the sender"
     if isinstance(message, CommitPosition):
         if not _term(message.leadership_term_id) or not _position(message.log_position):
             return "term or position out of range"
+        if message.read_round < 0:
+            return "read round out of range"
         return None if member(message.leader_member_id) else "leader member is not the sender"
     if isinstance(message, CanvassPosition):
         if not (_term(message.log_leadership_term_id) and _term(message.leadership_term_id)):

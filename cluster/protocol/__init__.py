@@ -18,6 +18,7 @@ from .enums import (
     ClusterAction,
     ClusterTimeUnit,
     EventCode,
+    QueryStatus,
     Role,
     SnapshotMark,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "EventCode",
     "FrameDecoder",
     "ProtocolError",
+    "QueryStatus",
     "Role",
     "SnapshotMark",
     "codec",

@@ -81,16 +81,27 @@ replicates to it but counts it toward no quorum."""
 
 
 class AppendPosition(Message, tag=54):
+    """A follower's report of its log.  ``read_round``: the answer to the leader's
+    :class:`CommitPosition` of that read round (0: none), which tells the leader this
+    member still follows it in its term (ReadIndex, :mod:`cluster.core.reads`)."""
+
     leadership_term_id: Int64
     log_position: Int64
     follower_member_id: Int32
     flags: Int32 = 0
+    read_round: Int64 = 0
 
 
 class CommitPosition(Message, tag=55):
+    """The leader's commit heartbeat.  ``read_round`` > 0: a read round (ReadIndex,
+    :mod:`cluster.core.reads`): each follower of this leader in this term answers at
+    once with an :class:`AppendPosition` of the same ``read_round``; one of a later
+    term answers with its term, so a deposed leader learns it at once."""
+
     leadership_term_id: Int64
     log_position: Int64
     leader_member_id: Int32
+    read_round: Int64 = 0
 
 
 class CatchupPosition(Message, tag=56):

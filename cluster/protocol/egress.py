@@ -1,10 +1,10 @@
-"""Egress channel: cluster -> client (Aeron template ids 1, 2, 6, 7, 27; Triarch's own 28-30)."""
+"""Egress channel: cluster -> client (Aeron template ids 1, 2, 6, 7, 27; Triarch's own 28-31)."""
 
 from __future__ import annotations
 
 from .._typing import Int32, Int64
 from ._base import Message
-from .enums import AdminRequestType, AdminResponseCode, EventCode
+from .enums import AdminRequestType, AdminResponseCode, EventCode, QueryStatus
 from .ingress import SessionMessageHeader
 
 
@@ -99,6 +99,26 @@ class SessionAck(Message, tag=30):
     resend: bool = False
 
 
+class QueryResponse(Message, tag=31):
+    """The answer to the :class:`~cluster.protocol.ingress.QueryRequest` of
+    ``correlation_id`` (Triarch's).  ``status`` OK: ``payload`` is what the service's
+    ``on_query`` returned, from its state at ``log_position`` (the log it had applied).
+    SERVICE_ERROR: ``on_query`` raised (``error_type``, ``message``), or the service
+    answers no queries.  NOT_LEADER: ask the leader (``leader_member_id``, -1 while
+    none is known); BUSY: too many queries in flight, try again later; REFUSED: not
+    answerable as asked (``message`` says why)."""
+
+    cluster_session_id: Int64
+    correlation_id: Int64
+    leadership_term_id: Int64
+    status: QueryStatus
+    log_position: Int64
+    payload: bytes = b""
+    error_type: str = ""
+    message: str = ""
+    leader_member_id: Int32 = -1
+
+
 EgressMessage = (
     SessionMessageHeader
     | SessionEvent
@@ -108,4 +128,5 @@ EgressMessage = (
     | ServiceErrorEvent
     | RepliesDropped
     | SessionAck
+    | QueryResponse
 )

@@ -15,6 +15,20 @@ class EventCode(enum.IntEnum):
     CLOSED = 4
 
 
+class QueryStatus(enum.IntEnum):
+    """Outcome carried by a :class:`~cluster.protocol.egress.QueryResponse` (Triarch's)."""
+
+    OK = 0
+    #: the service's ``on_query`` raised, or the service answers no queries
+    SERVICE_ERROR = 1
+    #: this member does not lead (or no longer does, or is not ready yet): ask the leader
+    NOT_LEADER = 2
+    #: too many queries in flight (the session's or the member's bound): try again later
+    BUSY = 3
+    #: the request cannot be answered as asked (an unknown consistency level)
+    REFUSED = 4
+
+
 class CloseReason(enum.IntEnum):
     """Why a ClusterSession was closed."""
 

@@ -86,6 +86,29 @@ class SessionResumeRequest(Message, tag=9):
     reply: Int64 = 0
 
 
+QUERY_LINEARIZABLE = 0
+"""QueryRequest consistency: the leader answers after confirming it still leads (ReadIndex)."""
+
+QUERY_FOLLOWER = 1
+"""QueryRequest consistency: any member answers, never older than ``min_position``."""
+
+
+class QueryRequest(Message, tag=10):
+    """A read-only query of the service (Triarch's): answered by the service's
+    ``on_query`` with a :class:`~cluster.protocol.egress.QueryResponse` of the same
+    ``correlation_id``, without the log.  ``consistency``: :data:`QUERY_LINEARIZABLE` or
+    :data:`QUERY_FOLLOWER`; ``min_position``: the highest log position the client has
+    seen (a follower read waits until it has applied that far).  A query changes
+    nothing, so a client resends it freely (after a leader change, a lost answer)."""
+
+    leadership_term_id: Int64
+    cluster_session_id: Int64
+    correlation_id: Int64
+    payload: bytes
+    consistency: Int32 = QUERY_LINEARIZABLE
+    min_position: Int64 = 0
+
+
 class AdminRequest(Message, tag=26):
     leadership_term_id: Int64
     cluster_session_id: Int64
@@ -102,4 +125,5 @@ IngressMessage = (
     | ChallengeResponse
     | SessionResumeRequest
     | AdminRequest
+    | QueryRequest
 )

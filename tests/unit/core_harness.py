@@ -111,6 +111,10 @@ class MemoryShell:
         self.events = on_event
         self.stuck = False
         """The archive takes no writes (a full or failing disk)."""
+        self.answered: list[tuple[Any, int]] = []
+        """The queries answered, with the applied position they were answered at."""
+        self.lagging = False
+        """The service applies nothing for now (it lags behind the commit position)."""
 
     @property
     def applied_position(self) -> int:
@@ -136,13 +140,17 @@ class MemoryShell:
             cm.on_archive_position(len(self.disk), self.now)
 
     def apply(self, commit_position: int) -> bool:
-        if commit_position <= self.applied[self.member]:
+        if self.lagging or commit_position <= self.applied[self.member]:
             return False
         self.applied[self.member] = commit_position
         return True
 
     def flush(self) -> None:
         pass
+
+    def answer_queries(self) -> None:
+        applied = self.applied_position
+        self.answered.extend((query, applied) for query in self.cm.reads.take_answerable(applied))
 
 
 def ship_log(
@@ -180,6 +188,10 @@ class Cluster:
         """Members whose archive takes no writes (a full or failing disk)."""
         self.ever_committed = b""
         """The longest log prefix any member has ever had committed (never lost)."""
+        self.answered: dict[int, list[tuple[Any, int]]] = {i: [] for i in range(n)}
+        """Per member, the queries it answered and the applied position it did at."""
+        self.lagging: set[int] = set()
+        """Members whose service applies nothing for now."""
         for i in range(n):
             self._start(i, catching_up=catching_up)
 
@@ -239,6 +251,8 @@ class Cluster:
         """Drive member ``i`` with the driver the node uses (its shell: a bytearray)."""
         shell = MemoryShell(self.members[i], self.disk[i], self.applied, self.now)
         shell.stuck = i in self.stuck
+        shell.answered = self.answered.setdefault(i, [])
+        shell.lagging = i in self.lagging
         drive(self.members[i], shell, self.now)
 
     def step(self, dt: int = 10 * MS) -> None:
