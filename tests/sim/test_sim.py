@@ -415,7 +415,7 @@ def test_session_survives_an_egress_connection_reset(tmp_path: Path) -> None:
 
     async def scenario(sim: SimCluster) -> None:
         leader = await sim.wait_for_leader()
-        client = sim.new_client(window=1, max_silent_timeouts=10**6)
+        client = sim.new_client(window=1, egress_silence=None)
         sim.spawn_client(client)
         await sim.wait_for("no write acknowledged", lambda: len(sim.history.acked) >= 3, 5.0)
         sim.net.reset(client.name, sim.nodes[leader].host)  # ingress and egress
@@ -433,6 +433,50 @@ def test_exact_deadline_wakeups_do_not_livelock(tmp_path: Path) -> None:
     """Was: Replicator.run slept until ``last_send + interval`` but tested
     ``now - last_send >= interval``, so a wake-up exactly on the deadline spun."""
     _sim(1, 3, tmp_path, clock_overshoot=0.0)
+
+
+# ---------------------------------------------------------------------- exactly once out (#42)
+
+
+@pytest.mark.parametrize("own_egress", [True, False], ids=["own-egress", "listening"])
+def test_replies_given_before_a_leader_crash_reach_the_client_once(
+    tmp_path: Path, own_egress: bool
+) -> None:
+    """Replies the leader gave but could not send (its way to the client blackholed)
+    are kept by every member: once it crashes, the new leader sends them, and the
+    client gets each once, in order, on the same session (invariant 8 checks every
+    step; the end, that none is missing)."""
+
+    async def scenario(sim: SimCluster) -> None:
+        leader = await sim.wait_for_leader()
+        client = sim.new_client(window=4, own_egress=own_egress, egress_silence=None)
+        sim.add_client(client)
+        await sim.wait_for("no write acknowledged", lambda: len(sim.history.acked) >= 5, 5.0)
+        session = client.session_id
+        sim.net.one_way(sim.nodes[leader].host, client.name)
+        await sim.wait_for(
+            "no reply given to the cut-off client",
+            lambda: sim.checker.replies_undelivered(client) >= 3,
+            5.0,
+        )
+        given = len(sim.checker.replies[session])
+        received = client.received_reply
+        await sim.crash(leader)
+        await sim.wait_for(
+            "the replies kept were not sent by the new leader",
+            lambda: client.received_reply >= given,
+            10.0,
+        )
+        assert client.session_id == session
+        assert [n for n, _ in sim.history.delivered[session]] == list(
+            range(1, client.received_reply + 1)
+        )
+        assert client.received_reply - received >= 3
+        sim.heal()
+        await sim.restart(leader)
+        await sim.sleep(1.0)
+
+    _sim(8, 3, tmp_path, scenario, clients=0)
 
 
 # ---------------------------------------------------------------------- compaction (#19)
