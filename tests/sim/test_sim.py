@@ -479,6 +479,42 @@ def test_replies_given_before_a_leader_crash_reach_the_client_once(
     _sim(8, 3, tmp_path, scenario, clients=0)
 
 
+def test_replies_past_the_kept_bound_are_a_gap_the_client_counts(tmp_path: Path) -> None:
+    """With room for two replies kept, a client cut off from its leader while four were
+    given gets the last two from the next leader: a gap of two it counts (the members
+    dropped them), never a reply twice or out of order; the session goes on."""
+
+    async def scenario(sim: SimCluster) -> None:
+        leader = await sim.wait_for_leader()
+        client = sim.new_client(window=4, own_egress=True, egress_silence=None)
+        sim.add_client(client)
+        await sim.wait_for("no write acknowledged", lambda: len(sim.history.acked) >= 5, 5.0)
+        session = client.session_id
+        sim.net.one_way(sim.nodes[leader].host, client.name)
+        await sim.wait_for(
+            "no reply given to the cut-off client",
+            lambda: sim.checker.replies_undelivered(client) >= 4,
+            5.0,
+        )
+        given, received = len(sim.checker.replies[session]), client.received_reply
+        await sim.crash(leader)
+        await sim.wait_for(
+            "the replies kept were not sent by the new leader",
+            lambda: client.received_reply >= given,
+            10.0,
+        )
+        assert client.session_id == session
+        assert session in sim.checker.replies_trimmed
+        assert sim.history.reply_gaps[session] == given - 2 - received >= 2
+        numbers = [n for n, _ in sim.history.delivered[session]]
+        assert numbers == [*range(1, received + 1), given - 1, given]
+        sim.heal()
+        await sim.restart(leader)
+
+    # two KV replies (about 10 bytes each, and REPLY_OVERHEAD) fit, not three
+    _sim(8, 3, tmp_path, scenario, clients=0, max_kept_replies=170)
+
+
 # ---------------------------------------------------------------------- compaction (#19)
 
 
