@@ -632,6 +632,51 @@ def test_crash_in_the_middle_of_a_snapshot_transfer(tmp_path: Path, wipe: bool) 
     _sim(12, 3, tmp_path, scenario, clients=3, latency=(0.004, 0.012), segment_size=4 << 10)
 
 
+def test_a_compaction_past_the_snapshot_being_sent_sends_the_latest(tmp_path: Path) -> None:
+    """The member receiving a snapshot stalls (paused) while the leader takes another
+    and compacts past the first: once it has installed the first it still needs log the
+    leader purged, and is sent the latest.  Was (sim seed 161): the leader went on
+    probing with the snapshot the member already held, and the member never caught up."""
+
+    async def scenario(sim: SimCluster) -> None:
+        await sim.start_workload()
+        leader = await sim.wait_for_leader()
+        await sim.sleep(1.0)
+        lagger = (leader + 2) % 3
+        behind = _node(sim, leader).archive.position
+        await sim.wipe(lagger)
+        for _ in range(4):  # until the leader no longer has the log the lagger needs
+            if await _compact_without(sim, lagger) > behind:
+                break
+        await sim.restart(lagger)
+        await _in_the_middle_of_a_transfer(sim, lagger)
+        sending = _node(sim, leader).recording_log.snapshots()[-1].log_position
+        sim.pause(lagger, 2.0)
+        for _ in range(6):  # until the leader's log begins past the snapshot being sent
+            await _take_snapshot(sim)
+            if _node(sim, leader).archive.start_position > sending:
+                break
+            await sim.sleep(0.3)
+        assert _node(sim, leader).archive.start_position > sending
+        await sim.wait_for(
+            "the member installs the latest snapshot after the one it was sent",
+            lambda: _installs(sim, lagger) >= 2,
+            10.0,
+        )
+        await sim.sleep(1.0)
+
+    _sim(
+        12,
+        3,
+        tmp_path,
+        scenario,
+        clients=3,
+        latency=(0.004, 0.012),
+        segment_size=4 << 10,
+        archive_retention=1,
+    )
+
+
 def test_compaction_racing_a_lagging_follower(tmp_path: Path) -> None:
     """A follower keeps falling behind (its links clogged) while the leader snapshots
     and compacts every few hundred milliseconds with retention 1: catch-up reads race
