@@ -83,7 +83,7 @@ from cluster.node import Node
 from cluster.protocol import LOG
 from cluster.protocol.enums import ClusterAction, Role
 from cluster.protocol.ingress import SessionMessageHeader
-from cluster.protocol.log import SessionCloseEvent, SessionOpenEvent
+from cluster.protocol.log import ClusterActionRequest, SessionCloseEvent, SessionOpenEvent
 from cluster.service import ClientSession, Cluster
 from cluster.transport.sim import SimNetwork
 
@@ -295,6 +295,26 @@ class SimKV(KeyValueService):
 
 
 # ---------------------------------------------------------------------- nodes
+
+
+class _ObservedNode(Node):
+    """A node that notes the term it is in when it applies each cluster action: (6)
+    judges a member's stop by the term in which it decided to stop, not the one it is
+    in once the snapshot it takes first is written (a new term may come meanwhile)."""
+
+    action_terms: dict[int, int]
+
+    def _build(self) -> None:
+        super()._build()
+        self.action_terms = {}
+        decide = self.container.on_cluster_action
+        assert decide is not None
+
+        def noted(position: int, action: ClusterActionRequest) -> None:
+            self.action_terms[position] = self.cm.leadership_term_id
+            decide(position, action)
+
+        self.container.on_cluster_action = noted
 
 
 @dataclass
@@ -919,7 +939,7 @@ class SimCluster:
             )
         )
         sn.incarnation += 1
-        node = Node(
+        node = _ObservedNode(
             self._node_config(sn.index),
             service,
             authenticator=(
@@ -969,10 +989,12 @@ class SimCluster:
         position, action = stopped_by
         if position <= node.snapshots.recovered_position:
             self._fail(f"n{i} stopped for the action at {position}, replayed at start-up")
-        if action.leadership_term_id != node.cm.leadership_term_id:
+        assert isinstance(node, _ObservedNode)
+        term = node.action_terms.get(position, node.cm.leadership_term_id)
+        if action.leadership_term_id != term:
             self._fail(
-                f"n{i} in term {node.cm.leadership_term_id} stopped for the action at "
-                f"{position} of term {action.leadership_term_id}"
+                f"n{i} in term {term} stopped for the action at {position} of term "
+                f"{action.leadership_term_id}"
             )
         if (i, position) in self.stops_seen:
             self._fail(f"n{i} stopped twice for the action at log position {position}")
