@@ -273,6 +273,18 @@ class CatchUp:
         refusals = 0
         try:
             while replication.needs_snapshot(member_id) and cm.leadership_term_id == term:
+                if replication.holds(member_id, entry.log_position):
+                    # it installed this snapshot, yet needs log below the start still: a
+                    # compaction purged past it meanwhile (a later snapshot was taken):
+                    # the replicator's next call sends that one
+                    log.info(
+                        "member %d has snapshot %s, but the log now begins at %d: "
+                        "sending it the latest",
+                        member_id,
+                        path.name,
+                        cm.log.start_position,
+                    )
+                    return
                 if not link.is_connected:
                     await link.connected.wait()
                     continue

@@ -181,6 +181,11 @@ class LeaderReplication:
             member_id, -1
         )
 
+    def holds(self, member_id: int, position: int) -> bool:
+        """Does ``member_id``'s log hold ``position`` (as far as this leader knows)?"""
+        progress = self.progress.get(member_id)
+        return progress is not None and progress.next_position >= position
+
     def fall_back_to_snapshot(self, member_id: int, bad_position: int, snapshot: int) -> bool:
         """``member_id``'s next append, at ``bad_position``, cannot be shipped (the record
         there is corrupt in this archive): send it the snapshot at log position

@@ -274,6 +274,12 @@ class SessionManager:
             return
         session.egress_connected = False
         session.egress_up_since_ns = None
+        progress = self.sequencing.progress(session.cluster_session_id)
+        if progress is not None:
+            # what the broken connection took is lost: a reply given from now on may
+            # go at once only after those (a connection dialled again queues it before
+            # it is up, and the restart when it is up sends them again, in order)
+            progress.replies.restart()
         if session.state is State.OPEN and self.view.is_ready_leader:
             # The client may still be there (a reset connection): dial it again after a
             # back-off (set at the next check); if it is gone, the session times out.

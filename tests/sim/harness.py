@@ -36,7 +36,12 @@ within a bound, then all members converged).  :class:`Checker` tests the invaria
    sequences 1, 2, 3... with no gap and no duplicate, each the payload its client
    numbered so (a prefix of what it offered), and each member applies a session's
    messages in that order, none twice; a CLOSED told the last one applied; at the end
-   of the run, every session that stayed open has all it offered applied.
+   of the run, every session that stayed open has all it offered applied;
+8. exactly once out (issue 42): every member gives a session's reply number n the same
+   bytes (replies are deterministic), and each session's application got its replies
+   numbered 1, 2, 3... in order, none twice, with no gap while the members' kept bound
+   was not exceeded, each the bytes the members gave under its number; at the end of
+   the run, every session that stayed open has got every reply given to it.
 
 A task that keeps running while virtual time stands still (a spin on a deadline) fails
 the run as a livelock instead of hanging it.
@@ -73,12 +78,12 @@ from cluster.archive.segments import FsyncPolicy, list_segments
 from cluster.config import NodeConfig
 from cluster.core.replication import LeaderReplication
 from cluster.examples.auth import SharedSecretAuthenticator, SharedSecretCredentials
-from cluster.examples.kv import DEDUPE_WINDOW, KeyValueService, Put, Request, Response
+from cluster.examples.kv import KeyValueService, Put
 from cluster.node import Node
 from cluster.protocol import LOG
 from cluster.protocol.enums import ClusterAction, Role
 from cluster.protocol.ingress import SessionMessageHeader
-from cluster.protocol.log import SessionCloseEvent, SessionOpenEvent
+from cluster.protocol.log import ClusterActionRequest, SessionCloseEvent, SessionOpenEvent
 from cluster.service import ClientSession, Cluster
 from cluster.transport.sim import SimNetwork
 
@@ -165,7 +170,6 @@ class SimConfig:
     torn_probability: float = 0.5
     max_crashed: int = 1
     client_window: int = 2
-    request_timeout: float = 1.5
     disk_latency: tuple[float, float] = (0.0001, 0.001)
     segment_size: int = 64 << 10
     clock_skew_ms: tuple[int, ...] = ()
@@ -235,25 +239,27 @@ def ingress_endpoints(nodes: int) -> str:
 # ---------------------------------------------------------------------- the service
 
 
+ReplyGiven = Callable[[int, int, bytes, bool], None]
+"""(session id, reply number, payload, whether the kept bound dropped unconfirmed ones:
+the oldest kept is past the first the client has not confirmed)."""
+
+
 class SimKV(KeyValueService):
     """The KV service, journaling every message it gets: (log position, session, payload),
-    and counting the requests it really applies (not answered from its dedupe cache)."""
+    counting the requests it applies, and telling ``on_reply`` each numbered reply it
+    gives (exactly once out: the checker compares them with what clients receive)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_reply: ReplyGiven | None = None) -> None:
         super().__init__()
         self.journal: list[tuple[int, int, bytes]] = []
         self.applications: dict[int, int] = {}
+        self.on_reply = on_reply
         self.cluster: Cluster | None = None
         self.installed_at = 0
         """Where the journal stands when a snapshot from the leader was installed."""
         self.install_points: list[int] = []
         """Where the journal stood at each install (the messages in the snapshot were
         never applied here)."""
-
-    def apply(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        rid = request.request_id
-        self.applications[rid] = self.applications.get(rid, 0) + 1
-        return super().apply(request, *args, **kwargs)
 
     def on_start(self, cluster: Cluster, snapshot: bytes | None) -> None:
         if self.cluster is not None:
@@ -268,13 +274,47 @@ class SimKV(KeyValueService):
     def on_session_message(
         self, session: ClientSession | None, timestamp: int, payload: bytes
     ) -> None:
-        if session is not None:
-            assert self.cluster is not None
-            self.journal.append((self.cluster.log_position, session.id, bytes(payload)))
+        if session is None:
+            super().on_session_message(session, timestamp, payload)
+            return
+        assert self.cluster is not None
+        self.journal.append((self.cluster.log_position, session.id, bytes(payload)))
+        rid = _decode_put(payload).request_id
+        self.applications[rid] = self.applications.get(rid, 0) + 1
+        # the container numbers and keeps each reply the service gives (every member)
+        replies = session.replies  # type: ignore[attr-defined]
+        before = replies.last
         super().on_session_message(session, timestamp, payload)
+        if self.on_reply is not None and replies.last > before:
+            kept = replies.kept
+            trimmed = bool(kept) and kept[0].reply > replies.confirmed + 1
+            for reply in kept:
+                if reply.reply > before:
+                    assert type(reply) is SessionMessageHeader
+                    self.on_reply(session.id, reply.reply, reply.payload, trimmed)
 
 
 # ---------------------------------------------------------------------- nodes
+
+
+class _ObservedNode(Node):
+    """A node that notes the term it is in when it applies each cluster action: (6)
+    judges a member's stop by the term in which it decided to stop, not the one it is
+    in once the snapshot it takes first is written (a new term may come meanwhile)."""
+
+    action_terms: dict[int, int]
+
+    def _build(self) -> None:
+        super()._build()
+        self.action_terms = {}
+        decide = self.container.on_cluster_action
+        assert decide is not None
+
+        def noted(position: int, action: ClusterActionRequest) -> None:
+            self.action_terms[position] = self.cm.leadership_term_id
+            decide(position, action)
+
+        self.container.on_cluster_action = noted
 
 
 @dataclass
@@ -330,6 +370,12 @@ class Checker:
         #: (node, (incarnation, installs), session) -> its last sequence applied there
         self.applied_sequences: dict[tuple[int, tuple[int, int], int], int] = {}
         self.max_term: dict[tuple[int, int], int] = {}
+        #: (8) session -> the payloads of the replies given to it, by number (from 1)
+        self.replies: dict[int, list[bytes]] = {}
+        #: (8) sessions some member dropped unconfirmed replies of (the kept bound)
+        self.replies_trimmed: set[int] = set()
+        #: (8) session -> how many of its delivered replies were checked
+        self.delivered_checked: dict[int, int] = {}
         self.checks = 0
         self.elections_seen = 0
 
@@ -498,38 +544,98 @@ class Checker:
         self.checks += 1
         for sn in self.sim.nodes:
             self.check_node(sn)
+        self._check_delivered()
+
+    # -- exactly once out (8) ----------------------------------------------------------
+
+    def reply_given(
+        self, member: int, session_id: int, number: int, payload: bytes, trimmed: bool
+    ) -> None:
+        """Member ``member`` gave ``session_id`` its reply ``number`` while applying an
+        entry (called at once, before anything can send it): the same bytes on every
+        member, and numbered after the one before it."""
+        given = self.replies.setdefault(session_id, [])
+        if trimmed:
+            self.replies_trimmed.add(session_id)
+        if number <= len(given):
+            if given[number - 1] != payload:
+                self.fail(
+                    f"n{member}: session {session_id}'s reply {number} is {payload!r:.80}, "
+                    f"another member gave {given[number - 1]!r:.80} (replies deterministic)"
+                )
+        elif number == len(given) + 1:
+            given.append(payload)
+        else:
+            self.fail(
+                f"n{member}: gave session {session_id} reply {number}, but no member gave "
+                f"more than {len(given)} before it"
+            )
+
+    def _check_delivered(self) -> None:
+        """(8) each session's application got its replies in order, once, each the bytes
+        the members gave under its number; a gap only where the kept bound dropped some."""
+        for session_id, delivered in self.sim.history.delivered.items():
+            checked = self.delivered_checked.get(session_id, 0)
+            if checked == len(delivered):
+                continue
+            given = self.replies.get(session_id, [])
+            last = delivered[checked - 1][0] if checked else 0
+            for number, payload in delivered[checked:]:
+                if number <= last:
+                    self.fail(
+                        f"session {session_id}: its client got reply {number} after "
+                        f"{last} (twice, or out of order)"
+                    )
+                if number != last + 1 and session_id not in self.replies_trimmed:
+                    self.fail(
+                        f"session {session_id}: its client got reply {number} after {last}: "
+                        "a gap, with every reply kept (exactly once out)"
+                    )
+                if number > len(given):
+                    self.fail(
+                        f"session {session_id}: its client got reply {number}, but the "
+                        f"members gave {len(given)}"
+                    )
+                if payload != given[number - 1]:
+                    self.fail(
+                        f"session {session_id}: its client got {payload!r:.80} as reply "
+                        f"{number}, the members gave {given[number - 1]!r:.80}"
+                    )
+                last = number
+            self.delivered_checked[session_id] = len(delivered)
+
+    def replies_undelivered(self, client: SimClient) -> int:
+        """How many replies given to ``client``'s session it has not received."""
+        if client.session_id < 0:
+            return 0
+        return len(self.replies.get(client.session_id, [])) - client.received_reply
 
     # -- end of run ------------------------------------------------------------------
 
     def expected_store(
         self, upto: int, count_from: int = 0
     ) -> tuple[dict[str, bytes], dict[int, int], dict[int, int]]:
-        """Apply the committed log up to ``upto`` as the KV service does (with its
-        per-session dedupe): the store, applications per request id of the entries after
-        ``count_from``, and how often each request id is in the log."""
+        """Apply the committed log up to ``upto`` as the KV service does (every message
+        of an open session, once: exactly once in needs no dedupe of the service's): the
+        store, applications per request id of the entries after ``count_from``, and how
+        often each request id is in the log."""
         store: dict[str, bytes] = {}
         applied: dict[int, int] = {}
         in_log: dict[int, int] = {}
-        sessions: dict[int, dict[int, None]] = {}
+        sessions: set[int] = set()
         for end, record in self.records.items():
             if end > upto:
                 break
             if isinstance(record, SessionOpenEvent):
-                sessions[record.cluster_session_id] = {}
+                sessions.add(record.cluster_session_id)
             elif isinstance(record, SessionCloseEvent):
-                sessions.pop(record.cluster_session_id, None)
+                sessions.discard(record.cluster_session_id)
             elif type(record) is SessionMessageHeader:
-                recent = sessions.get(record.cluster_session_id)
-                if recent is None:
+                if record.cluster_session_id not in sessions:
                     continue
                 put = _decode_put(record.payload)
                 rid = put.request_id
                 in_log[rid] = in_log.get(rid, 0) + 1
-                if rid in recent:
-                    continue
-                recent[rid] = None
-                if len(recent) > DEDUPE_WINDOW:
-                    del recent[next(iter(recent))]
                 store[put.key] = put.value
                 if end > count_from:
                     applied[rid] = applied.get(rid, 0) + 1
@@ -556,6 +662,15 @@ class Checker:
                 self.fail(
                     f"session {session_id} stayed open, but of the {offered} messages its "
                     f"client offered {self.sequences.get(session_id, 0)} are committed"
+                )
+            # (8) ...and got every reply given to it
+            given = len(self.replies.get(session_id, []))
+            delivered = history.delivered.get(session_id, [])
+            got = delivered[-1][0] if delivered else 0
+            if got != given:
+                self.fail(
+                    f"session {session_id} stayed open, but of the {given} replies the "
+                    f"members gave it its client got {got}"
                 )
         _, applied_counts, log_counts = self.expected_store(len(self.committed))
         for request_id, count in log_counts.items():
@@ -817,9 +932,14 @@ class SimCluster:
         self, sn: SimNode, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         skew = self.config.clock_skew_ms[sn.index] if self.config.clock_skew_ms else 0
-        service = SimKV()
+        checker, member = self.checker, sn.index
+        service = SimKV(
+            lambda session_id, number, payload, trimmed: checker.reply_given(
+                member, session_id, number, payload, trimmed
+            )
+        )
         sn.incarnation += 1
-        node = Node(
+        node = _ObservedNode(
             self._node_config(sn.index),
             service,
             authenticator=(
@@ -869,10 +989,12 @@ class SimCluster:
         position, action = stopped_by
         if position <= node.snapshots.recovered_position:
             self._fail(f"n{i} stopped for the action at {position}, replayed at start-up")
-        if action.leadership_term_id != node.cm.leadership_term_id:
+        assert isinstance(node, _ObservedNode)
+        term = node.action_terms.get(position, node.cm.leadership_term_id)
+        if action.leadership_term_id != term:
             self._fail(
-                f"n{i} in term {node.cm.leadership_term_id} stopped for the action at "
-                f"{position} of term {action.leadership_term_id}"
+                f"n{i} in term {term} stopped for the action at {position} of term "
+                f"{action.leadership_term_id}"
             )
         if (i, position) in self.stops_seen:
             self._fail(f"n{i} stopped twice for the action at log position {position}")
@@ -1021,7 +1143,6 @@ class SimCluster:
         index = self._next_client
         self._next_client += 1
         options.setdefault("window", self.config.client_window)
-        options.setdefault("request_timeout", self.config.request_timeout)
         # half the clients take their egress on their ingress connection (the default
         # of the real client), half listen for it (the seeds' response channel)
         options.setdefault("own_egress", index % 2 == 1)
@@ -1061,14 +1182,15 @@ class SimCluster:
         with scope:
             await client.run()
 
+    def add_client(self, client: SimClient) -> None:
+        """Run ``client`` as one of the workload's: the liveness phase stops it, waits
+        for what it offered and the replies to it, and the end checks its session."""
+        self.clients.append(client)
+        self._client_scopes.append(self.spawn_client(client))
+
     async def start_workload(self) -> None:
-        assert self._nursery is not None
         for _ in range(self.config.clients):
-            client = self.new_client()
-            scope = trio.CancelScope()
-            self.clients.append(client)
-            self._client_scopes.append(scope)
-            self._nursery.start_soon(self._run_client, client, scope)
+            self.add_client(self.new_client())
 
     def stop_workload(self) -> None:
         for scope in self._client_scopes:
@@ -1161,7 +1283,8 @@ class SimCluster:
 
     async def liveness_phase(self) -> None:
         """Heal, restart everyone, require a leader, a write, every open session's
-        messages confirmed (exactly once in: its client kept none back), and convergence."""
+        messages confirmed (exactly once in: its client kept none back) and every reply
+        given to it received (exactly once out), and convergence."""
         for client in self.clients:
             client.stop()  # no new writes; what they hold goes on
         self.heal()
@@ -1174,6 +1297,11 @@ class SimCluster:
         await self.wait_for(
             "a session's offered messages were not all confirmed",
             lambda: all(c.session_id < 0 or not c.outbox.unconfirmed for c in self.clients),
+            timeout,
+        )
+        await self.wait_for(
+            "a session's replies were not all received",
+            lambda: not any(map(self.checker.replies_undelivered, self.clients)),
             timeout,
         )
         self.stop_workload()

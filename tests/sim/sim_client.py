@@ -17,12 +17,18 @@ the simulated network, so this small shell drives :class:`client._connect.AsyncC
 * numbers its session's messages and keeps them until the cluster confirms them
   (:class:`client._outbox.Outbox`, the real client's), sending the rest again when a
   leader asks (a ``SessionAck`` with ``resend``): exactly once in (issue 42);
-* retries a request that got no response within ``request_timeout`` with the **same**
-  request id, key and value as a new message (a reply may still be lost: the first
-  attempt is *indeterminate*); opens a new session when the old one is closed or
-  unreachable.
+* takes the service's numbered replies as the real client does
+  (:meth:`client._session.Session.on_egress`): a number it has received is a duplicate
+  and dropped, a number past the next is a gap (counted), and every message it sends
+  says how far it received (``reply``): exactly once out;
+* offers each request once on a session, with no timer of its own: the session's
+  contract delivers it and its reply whatever leader changes happen.  Only when a
+  session is lost (closed by the cluster, or unreachable) does it offer what is still
+  unanswered again on the next one, with the **same** request id, key and value (the
+  first attempt is then *indeterminate*).
 
-Every request is recorded in a shared :class:`History` with virtual timestamps.
+Every request is recorded in a shared :class:`History` with virtual timestamps, and
+every reply the application saw (each session's, in order) in ``History.delivered``.
 """
 
 from __future__ import annotations
@@ -43,7 +49,13 @@ from client._endpoints import Endpoint, parse_endpoints
 from client._outbox import Outbox
 from cluster.examples.kv import Put, Response
 from cluster.protocol import EGRESS, FrameDecoder, ProtocolError, encode_frame
-from cluster.protocol.egress import AdminResponse, NewLeaderEvent, SessionAck, SessionEvent
+from cluster.protocol.egress import (
+    AdminResponse,
+    NewLeaderEvent,
+    ServiceErrorEvent,
+    SessionAck,
+    SessionEvent,
+)
 from cluster.protocol.enums import AdminRequestType, EventCode
 from cluster.protocol.ingress import (
     AdminRequest,
@@ -73,8 +85,8 @@ class Op:
     invoked_at: float
     acked_at: float | None = None
     sends: int = 0
-    timeouts: int = 0
-    last_sent_at: float = -1.0
+    """How often it was offered: once on each session it was offered on."""
+    offered_at: float = -1.0
     sessions: list[int] = field(default_factory=list)
 
     @property
@@ -92,6 +104,12 @@ class History:
     """Each session's messages in the order its client numbered them (sequence 1 first)."""
     closed_told: dict[int, int] = field(default_factory=dict)
     """The last applied sequence each session's CLOSED told its client."""
+    delivered: dict[int, list[tuple[int, bytes]]] = field(default_factory=dict)
+    """Each session's replies its application got, in that order: (number, payload)."""
+    duplicate_replies: int = 0
+    """Replies dropped as numbered like one already received (a new leader's, a resume's)."""
+    reply_gaps: dict[int, int] = field(default_factory=dict)
+    """Each session's replies it never got (skipped numbers: dropped by the kept bound)."""
 
     @property
     def acked(self) -> list[Op]:
@@ -101,7 +119,11 @@ class History:
         ops = list(self.ops.values())
         acked = sum(op.acked for op in ops)
         retried = sum(op.sends > 1 for op in ops)
-        return f"{len(ops)} writes, {acked} acknowledged, {retried} retried"
+        replies = sum(map(len, self.delivered.values()))
+        return (
+            f"{len(ops)} writes, {acked} acknowledged, {retried} offered again on a new "
+            f"session, {replies} replies delivered, {self.duplicate_replies} duplicates dropped"
+        )
 
 
 class SessionLost(Exception):
@@ -120,21 +142,20 @@ class SimClient:
         history: History,
         *,
         trace: Trace | None = None,
-        request_timeout: float = 2.0,
         connect_timeout: float = 3.0,
         keepalive_interval: float = 0.5,
         window: int = 2,
         think: tuple[float, float] = (0.0, 0.05),
         max_ops: int | None = None,
         leader_retry_time: float = 2.0,
-        max_silent_timeouts: int = 2,
+        egress_silence: float | None = 3.0,
         own_egress: bool = False,
         credentials: CredentialsSupplier | None = None,
     ) -> None:
         self.own_egress = own_egress
         self.credentials = credentials if credentials is not None else StaticCredentials()
         self._confirmed = True  # the ingress connection is the leader's (own_egress)
-        self._redirected = False  # a member named another leader (own_egress)
+        self._redial_leader = False  # a member named the leader: dial it (own_egress)
         self.index = index
         self.name = f"c{index}"
         self.host = net.host(self.name)
@@ -142,14 +163,13 @@ class SimClient:
         self.rng = rng
         self.history = history
         self._trace = trace
-        self.request_timeout = request_timeout
         self.connect_timeout = connect_timeout
         self.keepalive_interval = keepalive_interval
         self.window = window
         self.think = think
         self.max_ops = max_ops
         self.leader_retry_time = leader_retry_time
-        self.max_silent_timeouts = max_silent_timeouts
+        self.egress_silence = egress_silence
         self.response_channel = ""
         self._correlation_ids = itertools.count(index * 1_000_000 + 1)
         self._op_numbers = itertools.count()
@@ -162,12 +182,12 @@ class SimClient:
         self._session_lost = False
         self.outbox = Outbox()
         self._resend_after: int | None = None  # a leader asked for what follows this
+        self.received_reply = 0  # the highest reply number received in order
         # ingress
         self._ingress: trio.abc.Stream | None = None
         self._ingress_member = -1
         self._last_send = -1.0
         self._last_heard = -1.0
-        self._silent_timeouts = 0
         # connect handshake
         self._ac: AsyncConnect | None = None
         self._ac_actions: list[Any] = []
@@ -192,7 +212,7 @@ class SimClient:
         self._wake.set()
 
     def stop(self) -> None:
-        """Issue no new writes (outstanding ones are still retried)."""
+        """Issue no new writes (outstanding ones still get their replies)."""
         self.stopping = True
         self._wake.set()
 
@@ -246,11 +266,11 @@ class SimClient:
                 return
         if getattr(message, "cluster_session_id", None) == self.session_id:
             self._last_heard = trio.current_time()
-            self._silent_timeouts = 0
-        if type(message) is SessionMessageHeader:
-            if message.cluster_session_id == self.session_id:
-                self.outbox.confirm(message.sequence)
-            self._on_response(message)
+        if type(message) is SessionMessageHeader or type(message) is ServiceErrorEvent:
+            if message.cluster_session_id == self.session_id >= 0:
+                if type(message) is SessionMessageHeader:
+                    self.outbox.confirm(message.sequence)
+                self._on_reply(message)
         elif isinstance(message, SessionAck):
             if message.cluster_session_id == self.session_id and self.session_id >= 0:
                 self.outbox.confirm(message.applied)
@@ -281,13 +301,19 @@ class SimClient:
             and message.code is EventCode.REDIRECT
             and message.cluster_session_id == self.session_id >= 0
         ):
+            # a member that does not lead names the leader (none: an election is on,
+            # it will say who wins): a new one, or the one this client has (which it
+            # could not reach or went silent), to dial again (the real client's Redial)
             leader = message.leader_member_id
             term = message.leadership_term_id
-            if leader >= 0 and term >= self.term and (leader != self.leader_id or term > self.term):
-                self.trace("redirect", message.leadership_term_id, leader)
-                self.term = message.leadership_term_id
-                self.leader_id = leader
-                self._redirected = True
+            if leader >= 0 and term >= self.term:
+                if leader != self.leader_id or term > self.term:
+                    self.trace("redirect", message.leadership_term_id, leader)
+                    self.term = message.leadership_term_id
+                    self.leader_id = leader
+                    self._redial_leader = True
+                elif self._ingress_member != leader:
+                    self._redial_leader = True
             self._wake.set()
         elif isinstance(message, SessionEvent) and (
             message.cluster_session_id == self.session_id
@@ -300,6 +326,30 @@ class SimClient:
                 self.history.closed_told[self.session_id] = message.last_applied
             self._session_lost = True
             self._wake.set()
+
+    def _on_reply(self, message: SessionMessageHeader | ServiceErrorEvent) -> None:
+        """A reply to this session, as the real client takes it (``Session.on_egress``):
+        a number received already is dropped, one past the next leaves a gap."""
+        number, session_id = message.reply, self.session_id
+        if number <= 0:
+            # the KV service replies only while applying the log: every reply numbered
+            self.history.bad_responses.append(f"{self.name}: unnumbered reply {message!r:.200}")
+            return
+        if number <= self.received_reply:
+            self.history.duplicate_replies += 1
+            self.trace("reply-duplicate", session_id, number)
+            return
+        if number != self.received_reply + 1:
+            gaps = self.history.reply_gaps
+            gaps[session_id] = gaps.get(session_id, 0) + number - self.received_reply - 1
+            self.trace("reply-gap", session_id, self.received_reply, number)
+        self.received_reply = number
+        if isinstance(message, ServiceErrorEvent):
+            self.history.delivered[session_id].append((number, b""))
+            self.history.bad_responses.append(f"{self.name}: service error {message!r:.200}")
+            return
+        self.history.delivered[session_id].append((number, message.payload))
+        self._on_response(message)
 
     def _on_response(self, message: SessionMessageHeader) -> None:
         try:
@@ -314,9 +364,11 @@ class SimClient:
         if not response.ok or response.error:
             self.history.bad_responses.append(f"{self.name}: refused {response}")
             return
-        if op.acked_at is None:
-            op.acked_at = trio.current_time()
-            self.trace("ack", op.request_id, message.cluster_session_id)
+        if op.acked_at is not None:  # offered once per session, answered once
+            self.history.bad_responses.append(f"{self.name}: answered twice {response}")
+            return
+        op.acked_at = trio.current_time()
+        self.trace("ack", op.request_id, message.cluster_session_id)
         self.outstanding.pop(op.request_id, None)
         self._wake.set()
 
@@ -430,13 +482,14 @@ class SimClient:
                     self.session_id = result.cluster_session_id
                     self.outbox = Outbox()
                     self._resend_after = None
+                    self.received_reply = 0
                     self.history.offered[self.session_id] = []
+                    self.history.delivered[self.session_id] = []
                     self.session_secret = result.session_secret
                     self.term = result.leadership_term_id
                     self.leader_id = result.leader_member_id
                     self.endpoints = dict(result.endpoints)
                     self._session_lost = False
-                    self._silent_timeouts = 0
                     self._last_heard = trio.current_time()
                     self.sessions_opened += 1
                     self._ac = None
@@ -468,18 +521,32 @@ class SimClient:
         self.ops_started += 1
         return op
 
-    async def _send_op(self, op: Op) -> bool:
+    def _header(self, payload: bytes, sequence: int) -> SessionMessageHeader:
+        """A message of this session, saying how far its replies were received."""
+        return SessionMessageHeader(
+            self.term, self.session_id, 0, payload, sequence, self.received_reply
+        )
+
+    def _resume(self) -> SessionResumeRequest:
+        return SessionResumeRequest(
+            next(self._correlation_ids),
+            self.session_id,
+            PROTOCOL_VERSION,
+            self.session_secret,
+            self.received_reply,
+        )
+
+    async def _offer(self, op: Op) -> bool:
+        """Offer ``op`` on this session, once: accepted, it is applied once and answered
+        once whatever happens to the leaders (the outbox sends it again when a leader
+        asks); whether this first send went out only says whether to go on sending."""
         payload = _encode(Put(op.request_id, op.key, op.value))
-        sequence = self.outbox.add(payload)  # accepted: applied once, whatever happens
+        sequence = self.outbox.add(payload)
         self.history.offered[self.session_id].append(payload)
-        header = SessionMessageHeader(self.term, self.session_id, 0, payload, sequence)
-        op.sends += 1  # offered: whether this send or a resend takes it there
+        op.sends += 1
         op.sessions.append(self.session_id)
-        if not await self._send(header):
-            op.last_sent_at = -1.0  # resend as soon as there is an ingress again
-            return False
-        op.last_sent_at = trio.current_time()
-        return True
+        op.offered_at = trio.current_time()
+        return await self._send(self._header(payload, sequence))
 
     async def _ensure_own_ingress(self, nursery: trio.Nursery) -> None:
         """Egress on the ingress connection: resume at the leader, else at each other
@@ -491,32 +558,38 @@ class SimClient:
                 raise SessionLost("closed by the cluster")
             # the leader sends at least every second: 3 s of silence means it is gone
             silent = trio.current_time() - self._last_heard > 3.0
-            if self._ingress is not None and self._confirmed and not self._redirected:
-                if not silent:
-                    return
-                self.trace("leader-silent", self._ingress_member)
-            if self._ingress is None or self._redirected or silent:
-                if not self._redirected and self._ingress is not None:
+            if (
+                self._ingress is not None
+                and self._confirmed
+                and not self._redial_leader
+                and not silent
+            ):
+                return
+            if self._ingress is None or self._redial_leader or silent:
+                if silent and self._ingress is not None:
+                    self.trace("silent", self._ingress_member)
                     rotation += 1  # that member said nothing: the next one
-                self._redirected = False
                 await self._drop_ingress()
-                order = [self.leader_id, *sorted(m for m in self.endpoints if m != self.leader_id)]
-                member = order[rotation % len(order)]
+                if self._redial_leader:
+                    self._redial_leader = False
+                    member = self.leader_id
+                else:
+                    order = [
+                        self.leader_id,
+                        *sorted(m for m in self.endpoints if m != self.leader_id),
+                    ]
+                    member = order[rotation % len(order)]
                 stream = await self._dial(member)
                 if stream is None:
+                    self.trace("dial-failed", member)
                     rotation += 1
                     await trio.sleep(self.rng.uniform(0.05, 0.2))
                     continue
                 await self._use_ingress(nursery, member, stream)
+                self.trace("resume-at", member, self.received_reply)
                 self._confirmed = False
                 self._last_heard = trio.current_time()
-                resume = SessionResumeRequest(
-                    next(self._correlation_ids),
-                    self.session_id,
-                    PROTOCOL_VERSION,
-                    self.session_secret,
-                )
-                await self._send(resume)
+                await self._send(self._resume())
             self._wake = trio.Event()
             with trio.move_on_after(0.25):
                 await self._wake.wait()
@@ -539,19 +612,22 @@ class SimClient:
                 if leader == self.leader_id:
                     await self._use_ingress(nursery, leader, stream)
                     # the new connection proves it holds the session first
-                    resume = SessionResumeRequest(
-                        next(self._correlation_ids),
-                        self.session_id,
-                        PROTOCOL_VERSION,
-                        self.session_secret,
-                    )
-                    if await self._send(resume):
+                    if await self._send(self._resume()):
                         return
                     continue
                 await trio.aclose_forcefully(stream)
                 continue
             await trio.sleep(self.rng.uniform(0.05, 0.2))
         raise SessionLost(f"leader {self.leader_id} unreachable")
+
+    def _silent_since(self) -> float | None:
+        """With a listening egress: since when a reply has been awaited with nothing at
+        all heard (None: nothing awaited).  A member dials that egress and does not
+        send it heartbeats, so only an awaited reply tells that it is gone."""
+        if self.own_egress or self.egress_silence is None or not self.outstanding:
+            return None
+        offered = min(op.offered_at for op in self.outstanding.values())
+        return max(self._last_heard, offered)
 
     async def _work(self, nursery: trio.Nursery) -> None:
         next_op_at = trio.current_time()
@@ -562,8 +638,7 @@ class SimClient:
             if self._resend_after is not None:
                 logged, self._resend_after = self._resend_after, None
                 for sequence, payload in list(self.outbox.after(logged)):
-                    header = SessionMessageHeader(self.term, self.session_id, 0, payload, sequence)
-                    if not await self._send(header):
+                    if not await self._send(self._header(payload, sequence)):
                         break  # the next connection's resume asks again
             if self.snapshot_requested:
                 request = AdminRequest(
@@ -575,21 +650,10 @@ class SimClient:
                 if await self._send(request):
                     self.snapshot_requested = False
                     self.trace("snapshot-request", self.term)
-            now = trio.current_time()
-            # retry what timed out, with the same request id, key and value
+            # what a lost session left unanswered is offered on this one (same request)
             for op in list(self.outstanding.values()):
-                if op.last_sent_at < 0 or now >= op.last_sent_at + self.request_timeout:
-                    if op.last_sent_at >= 0:
-                        op.timeouts += 1
-                        self.trace("timeout", op.request_id)
-                        if self._last_heard < op.last_sent_at:
-                            self._silent_timeouts += 1
-                        if self._silent_timeouts >= self.max_silent_timeouts:
-                            # Nothing at all on egress: its connection may be gone for
-                            # good (a node does not re-dial a broken egress), so start over.
-                            raise SessionLost("no egress")
-                    if not await self._send_op(op):
-                        break
+                if op.sessions[-1] != self.session_id:
+                    await self._offer(op)
             # new writes
             while (
                 not self.stopping
@@ -599,9 +663,17 @@ class SimClient:
             ):
                 op = self._new_op()
                 self.outstanding[op.request_id] = op
-                if not await self._send_op(op):
-                    break
+                sent = await self._offer(op)
                 next_op_at = trio.current_time() + self.rng.uniform(*self.think)
+                if not sent:
+                    break
+            silent_since = self._silent_since()
+            if silent_since is not None and self.egress_silence is not None:
+                silent_until = silent_since + self.egress_silence
+                if trio.current_time() >= silent_until:
+                    # Nothing at all on egress: its connection may be gone for good
+                    # (or its leader cut off from this client only), so start over.
+                    raise SessionLost("no egress")
             if (
                 self._ingress is not None
                 and trio.current_time() >= self._last_send + self.keepalive_interval
@@ -614,11 +686,8 @@ class SimClient:
                 continue
             # sleep until something happens or a timer is due
             wake_at = self._last_send + self.keepalive_interval
-            if self.outstanding:
-                wake_at = min(
-                    wake_at,
-                    min(op.last_sent_at for op in self.outstanding.values()) + self.request_timeout,
-                )
+            if silent_since is not None and self.egress_silence is not None:
+                wake_at = min(wake_at, silent_since + self.egress_silence)
             if not self.stopping and len(self.outstanding) < self.window:
                 wake_at = min(wake_at, next_op_at)
             if self._resend_after is not None:

@@ -415,7 +415,7 @@ def test_session_survives_an_egress_connection_reset(tmp_path: Path) -> None:
 
     async def scenario(sim: SimCluster) -> None:
         leader = await sim.wait_for_leader()
-        client = sim.new_client(window=1, max_silent_timeouts=10**6)
+        client = sim.new_client(window=1, egress_silence=None)
         sim.spawn_client(client)
         await sim.wait_for("no write acknowledged", lambda: len(sim.history.acked) >= 3, 5.0)
         sim.net.reset(client.name, sim.nodes[leader].host)  # ingress and egress
@@ -433,6 +433,86 @@ def test_exact_deadline_wakeups_do_not_livelock(tmp_path: Path) -> None:
     """Was: Replicator.run slept until ``last_send + interval`` but tested
     ``now - last_send >= interval``, so a wake-up exactly on the deadline spun."""
     _sim(1, 3, tmp_path, clock_overshoot=0.0)
+
+
+# ---------------------------------------------------------------------- exactly once out (#42)
+
+
+@pytest.mark.parametrize("own_egress", [True, False], ids=["own-egress", "listening"])
+def test_replies_given_before_a_leader_crash_reach_the_client_once(
+    tmp_path: Path, own_egress: bool
+) -> None:
+    """Replies the leader gave but could not send (its way to the client blackholed)
+    are kept by every member: once it crashes, the new leader sends them, and the
+    client gets each once, in order, on the same session (invariant 8 checks every
+    step; the end, that none is missing)."""
+
+    async def scenario(sim: SimCluster) -> None:
+        leader = await sim.wait_for_leader()
+        client = sim.new_client(window=4, own_egress=own_egress, egress_silence=None)
+        sim.add_client(client)
+        await sim.wait_for("no write acknowledged", lambda: len(sim.history.acked) >= 5, 5.0)
+        session = client.session_id
+        sim.net.one_way(sim.nodes[leader].host, client.name)
+        await sim.wait_for(
+            "no reply given to the cut-off client",
+            lambda: sim.checker.replies_undelivered(client) >= 3,
+            5.0,
+        )
+        given = len(sim.checker.replies[session])
+        received = client.received_reply
+        await sim.crash(leader)
+        await sim.wait_for(
+            "the replies kept were not sent by the new leader",
+            lambda: client.received_reply >= given,
+            10.0,
+        )
+        assert client.session_id == session
+        assert [n for n, _ in sim.history.delivered[session]] == list(
+            range(1, client.received_reply + 1)
+        )
+        assert client.received_reply - received >= 3
+        sim.heal()
+        await sim.restart(leader)
+        await sim.sleep(1.0)
+
+    _sim(8, 3, tmp_path, scenario, clients=0)
+
+
+def test_replies_past_the_kept_bound_are_a_gap_the_client_counts(tmp_path: Path) -> None:
+    """With room for two replies kept, a client cut off from its leader while four were
+    given gets the last two from the next leader: a gap of two it counts (the members
+    dropped them), never a reply twice or out of order; the session goes on."""
+
+    async def scenario(sim: SimCluster) -> None:
+        leader = await sim.wait_for_leader()
+        client = sim.new_client(window=4, own_egress=True, egress_silence=None)
+        sim.add_client(client)
+        await sim.wait_for("no write acknowledged", lambda: len(sim.history.acked) >= 5, 5.0)
+        session = client.session_id
+        sim.net.one_way(sim.nodes[leader].host, client.name)
+        await sim.wait_for(
+            "no reply given to the cut-off client",
+            lambda: sim.checker.replies_undelivered(client) >= 4,
+            5.0,
+        )
+        given, received = len(sim.checker.replies[session]), client.received_reply
+        await sim.crash(leader)
+        await sim.wait_for(
+            "the replies kept were not sent by the new leader",
+            lambda: client.received_reply >= given,
+            10.0,
+        )
+        assert client.session_id == session
+        assert session in sim.checker.replies_trimmed
+        assert sim.history.reply_gaps[session] == given - 2 - received >= 2
+        numbers = [n for n, _ in sim.history.delivered[session]]
+        assert numbers == [*range(1, received + 1), given - 1, given]
+        sim.heal()
+        await sim.restart(leader)
+
+    # two KV replies (about 10 bytes each, and REPLY_OVERHEAD) fit, not three
+    _sim(8, 3, tmp_path, scenario, clients=0, max_kept_replies=170)
 
 
 # ---------------------------------------------------------------------- compaction (#19)
@@ -550,6 +630,51 @@ def test_crash_in_the_middle_of_a_snapshot_transfer(tmp_path: Path, wipe: bool) 
         await sim.sleep(1.0)
 
     _sim(12, 3, tmp_path, scenario, clients=3, latency=(0.004, 0.012), segment_size=4 << 10)
+
+
+def test_a_compaction_past_the_snapshot_being_sent_sends_the_latest(tmp_path: Path) -> None:
+    """The member receiving a snapshot stalls (paused) while the leader takes another
+    and compacts past the first: once it has installed the first it still needs log the
+    leader purged, and is sent the latest.  Was (sim seed 161): the leader went on
+    probing with the snapshot the member already held, and the member never caught up."""
+
+    async def scenario(sim: SimCluster) -> None:
+        await sim.start_workload()
+        leader = await sim.wait_for_leader()
+        await sim.sleep(1.0)
+        lagger = (leader + 2) % 3
+        behind = _node(sim, leader).archive.position
+        await sim.wipe(lagger)
+        for _ in range(4):  # until the leader no longer has the log the lagger needs
+            if await _compact_without(sim, lagger) > behind:
+                break
+        await sim.restart(lagger)
+        await _in_the_middle_of_a_transfer(sim, lagger)
+        sending = _node(sim, leader).recording_log.snapshots()[-1].log_position
+        sim.pause(lagger, 2.0)
+        for _ in range(6):  # until the leader's log begins past the snapshot being sent
+            await _take_snapshot(sim)
+            if _node(sim, leader).archive.start_position > sending:
+                break
+            await sim.sleep(0.3)
+        assert _node(sim, leader).archive.start_position > sending
+        await sim.wait_for(
+            "the member installs the latest snapshot after the one it was sent",
+            lambda: _installs(sim, lagger) >= 2,
+            10.0,
+        )
+        await sim.sleep(1.0)
+
+    _sim(
+        12,
+        3,
+        tmp_path,
+        scenario,
+        clients=3,
+        latency=(0.004, 0.012),
+        segment_size=4 << 10,
+        archive_retention=1,
+    )
 
 
 def test_compaction_racing_a_lagging_follower(tmp_path: Path) -> None:

@@ -326,6 +326,27 @@ def test_a_follower_keeps_the_replies_the_leader_gives_numbered_alike() -> None:
     ]
 
 
+def test_a_reply_given_while_the_egress_is_dialled_again_goes_after_those_lost() -> None:
+    """Was (sim seed 1022): replies sent on a dialled egress that then broke were lost
+    with it; the next reply, given while the leader dialled the client again, followed
+    the last one sent and so was queued at once for the new connection: it reached the
+    client before the lost ones went again (a gap, then those dropped as duplicates)."""
+    node = Node()
+    sid = node.open()
+    node.send(sid, b"a")
+    node.apply_all()
+    assert [r.reply for _, r in node.egress.replies()] == [1, 2]
+    node.cm.session_manager.on_egress_failed(sid)  # 1 and 2 were lost with it
+    node.send(sid, b"b")
+    node.apply_all()  # 3 and 4 given while the client is dialled again
+    assert [r.reply for _, r in node.egress.replies()] == [1, 2]
+    node.tick()
+    assert ("connect", sid, CHANNEL) in node.egress.calls
+    node.cm.session_manager.on_egress_connected(sid)
+    node.tick()  # what the client has not confirmed goes again, in order
+    assert [r.reply for _, r in node.egress.replies()] == [1, 2, 1, 2, 3, 4]
+
+
 def test_a_reply_given_outside_the_log_is_not_numbered_nor_kept() -> None:
     node = Node()
     sid = node.open()
