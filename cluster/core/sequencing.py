@@ -57,3 +57,17 @@ class SessionSequencing:
             return
         if self.notify.ack(session, self.applied(session.cluster_session_id), resend=True):
             session.resend_asked_ns = now_ns
+
+    def restart_replies(self, session: ClusterSession, received: int = 0) -> None:
+        """The session's client has a new connection, or lost one: the replies it has
+        not confirmed (after ``received``, if it said) go again, in order, before any
+        given from now on (:meth:`~cluster.core.replies.KeptReplies.restart`)."""
+        progress = self.progress(session.cluster_session_id)
+        if progress is not None:
+            progress.replies.restart(received)
+
+    def send_replies(self, session: ClusterSession) -> int:
+        """Send the session's replies still to go, in order, while its egress takes
+        them (none once the service applied its close); returns how many went."""
+        progress = self.progress(session.cluster_session_id)
+        return 0 if progress is None else self.notify.replies(session, progress.replies)

@@ -262,9 +262,7 @@ class SessionManager:
         if session is not None:
             session.egress_connected = True
             session.egress_retry_ns = None
-            progress = self.sequencing.progress(session.cluster_session_id)
-            if progress is not None:  # a new connection: what it lacks goes again
-                progress.replies.restart()
+            self.sequencing.restart_replies(session)  # a new connection lacks them
 
     def on_egress_failed(self, egress_id: int) -> None:
         """The egress connection could not be made or broke."""
@@ -274,12 +272,10 @@ class SessionManager:
             return
         session.egress_connected = False
         session.egress_up_since_ns = None
-        progress = self.sequencing.progress(session.cluster_session_id)
-        if progress is not None:
-            # what the broken connection took is lost: a reply given from now on may
-            # go at once only after those (a connection dialled again queues it before
-            # it is up, and the restart when it is up sends them again, in order)
-            progress.replies.restart()
+        # what the broken connection took is lost: a reply given from now on may go at
+        # once only after those (a connection dialled again queues it before it is up,
+        # and the restart when it is up sends them again, in order)
+        self.sequencing.restart_replies(session)
         if session.state is State.OPEN and self.view.is_ready_leader:
             # The client may still be there (a reset connection): dial it again after a
             # back-off (set at the next check); if it is gone, the session times out.
@@ -683,9 +679,7 @@ class SessionManager:
         session.close_reason = reason
         session.state = State.CLOSED
         del self.sessions[session.cluster_session_id]
-        progress = self.sequencing.progress(session.cluster_session_id)
-        if progress is not None:  # replies that found no room go before CLOSED
-            self.notify.replies(session, progress.replies)
+        self.sequencing.send_replies(session)  # those that found no room go before CLOSED
         # every message of the session in the log comes before its close: once that
         # commits, the service has applied them all, and never a later one
         last = session.last_sequence
@@ -698,8 +692,6 @@ class SessionManager:
         """A session's close is committed: its client hears CLOSED (with the last
         sequence of its messages applied), after the replies it was given that are
         still to go, and its egress closes."""
-        progress = self.sequencing.progress(session.cluster_session_id)
-        if progress is not None:  # the service has not applied the close yet
-            self.notify.replies(session, progress.replies)
+        self.sequencing.send_replies(session)  # unless the service applied the close
         self.notify.event(session, EventCode.CLOSED, reason.name, last_applied=last)
         self.egress.close(session.egress_id)
