@@ -2,8 +2,11 @@
 
 The container is Aeron's ClusteredServiceAgent in miniature: it decodes each committed
 record, keeps the service's view of client sessions, stamps egress replies with the
-timestamp of the log entry being processed (seed 002), fakes egress on followers, and
-routes the service's requests (close a session, timers) to the consensus module.
+timestamp of the log entry being processed (seed 002), numbers each session's replies
+and keeps them on every member until the client confirms them (where Aeron's followers
+fake the egress: exactly once out, :mod:`cluster.core.replies`), answers the leader's
+confirmed queries (:mod:`cluster.core.reads`), and routes the service's requests (close a
+session, timers) to the consensus module.
 
 An exception a service callback raises is caught around the call, on every member
 alike: the entry counts as applied (the log position moves past it as if the callback
