@@ -335,6 +335,19 @@ SETTINGS: tuple[Setting, ...] = (
         "newcomer's",
     ),
     Setting(
+        "max-session-queries",
+        256,
+        _positive(_int),
+        "queries (reads without the log) one session may have waiting at the leader; one "
+        "more is answered BUSY and the client asks again",
+    ),
+    Setting(
+        "max-queries",
+        8192,
+        _positive(_int),
+        "queries all sessions together may have waiting at the leader; one more is answered BUSY",
+    ),
+    Setting(
         "resume-grace",
         250_000_000,
         _not_negative(parse_duration_ns),
@@ -528,6 +541,8 @@ class NodeConfig:
     max_concurrent_sessions: int = 10
     max_pending_sessions: int = 16
     max_pending_per_address: int = 4
+    max_session_queries: int = 256
+    max_queries: int = 8192
     resume_grace: int = 250_000_000
     memory_trim_interval: int = 30_000_000_000
     max_connections: int = 1024
@@ -590,14 +605,16 @@ class NodeConfig:
         raise ConfigError(f"--member-id {self.member_id} is not in --members {self.members!r}")
 
     def session_limits(self) -> dict[str, Any]:
-        """The consensus module's bounds on client sessions, as ``ConsensusConfig``
-        keywords (nanoseconds, counts)."""
+        """The consensus module's bounds on client sessions and their queries, as
+        ``ConsensusConfig`` keywords (nanoseconds, counts)."""
         return {
             "session_timeout_ns": self.session_timeout,
             "max_concurrent_sessions": self.max_concurrent_sessions,
             "max_pending_sessions": self.max_pending_sessions,
             "max_pending_per_address": self.max_pending_per_address,
             "resume_grace_ns": self.resume_grace,
+            "max_session_queries": self.max_session_queries,
+            "max_queries": self.max_queries,
         }
 
     def replace(self, **changes: Any) -> NodeConfig:

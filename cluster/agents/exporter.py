@@ -227,6 +227,26 @@ class StatusCollector(Collector):
             s.counters.get("sequence_gaps", 0),
         )
         yield counter(
+            "triarch_queries_total",
+            "queries this leader answered from the service (reads without the log)",
+            s.counters.get("queries", 0),
+        )
+        yield counter(
+            "triarch_query_errors_total",
+            "queries whose on_query raised (the client got a ServiceError)",
+            s.counters.get("query_errors", 0),
+        )
+        yield counter(
+            "triarch_queries_refused_total",
+            "queries answered BUSY, NOT_LEADER or REFUSED (the client asks again, or elsewhere)",
+            s.counters.get("queries_refused", 0),
+        )
+        yield counter(
+            "triarch_read_rounds_total",
+            "heartbeat rounds this leader began to confirm it still leads, for queries",
+            s.counters.get("read_rounds", 0),
+        )
+        yield counter(
             "triarch_later_terms_ignored_total",
             "messages of a later term from a member not in touch, ignored while this member "
             "had a live leader (a forged or stray message)",

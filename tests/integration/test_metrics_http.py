@@ -105,6 +105,8 @@ def test_metrics_and_health_through_a_lost_quorum(tmp_path: Path) -> None:
                 "triarch_disk_full",
                 "triarch_sessions",
                 "triarch_kept_reply_bytes",
+                "triarch_queries",
+                "triarch_read_rounds",
             } <= set(families)
             assert families["triarch_elections"].type == "counter"
             (info,) = families["triarch_build_info"].samples

@@ -334,6 +334,8 @@ def test_every_setting_settable_from_each_layer(tmp_path: Path) -> None:
         "max-frame-size": ("2MiB", 2 << 20),
         "max-egress-backlog": ("1MiB", 1 << 20),
         "max-kept-replies": ("64KiB", 64 << 10),
+        "max-session-queries": ("32", 32),
+        "max-queries": ("1000", 1000),
         "ingress-quantum": ("4KiB", 4 << 10),
         "metrics-port": ("9100", 9100),
         "stall-threshold": ("10ms", 10_000_000),

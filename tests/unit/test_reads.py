@@ -367,3 +367,21 @@ def test_a_catch_up_member_answering_does_not_make_a_quorum() -> None:
     deliver(c)
     deliver(c)
     assert answered(c, me) == [1]
+
+
+def test_the_query_bounds_are_settings_and_the_counters_are_exported() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from cluster.agents.exporter import StatusCollector
+    from cluster.config import load_config
+    from cluster.protocol.admin import MemberStatus
+
+    config = load_config(["--max-session-queries", "3", "--max-queries", "40"], {})
+    limits = config.session_limits()
+    assert (limits["max_session_queries"], limits["max_queries"]) == (3, 40)
+    status = MemberStatus(member_id=1, counters={"queries": 5, "read_rounds": 2})
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatusCollector(lambda: status))
+    text = generate_latest(registry).decode()
+    assert 'triarch_queries_total{member="1"} 5.0' in text
+    assert 'triarch_read_rounds_total{member="1"} 2.0' in text
