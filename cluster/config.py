@@ -66,71 +66,15 @@ from .members import (
 from .protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from .units import format_duration as format_duration
 from .units import format_size as format_size
+from .units import not_negative as _not_negative
+from .units import or_off as _or_off
+from .units import parse_bool as parse_bool
 from .units import parse_duration_ns as parse_duration_ns
+from .units import parse_int as _int
+from .units import parse_port as _port
 from .units import parse_size as parse_size
-
-
-def _or_off(parse: Callable[[Any], int]) -> Callable[[Any], int]:
-    """A non-negative value, or 0 for ``0``, ``off`` or ``none``."""
-
-    def check(text: Any) -> int:
-        if isinstance(text, str) and text.strip().lower() in ("0", "off", "none", "no", "false"):
-            return 0
-        value = parse(text)
-        if value < 0:
-            raise ValueError(f"must not be negative, got {text!r}")
-        return value
-
-    return check
-
-
-def _show_or_off(show: Callable[[int], str]) -> Callable[[int], str]:
-    return lambda value: show(value) if value else "off"
-
-
-def parse_bool(text: str | bool) -> bool:
-    if isinstance(text, bool):
-        return text
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"not a boolean: {text!r}")
-
-
-def _positive(parse: Callable[[Any], int]) -> Callable[[Any], int]:
-    def check(text: Any) -> int:
-        value = parse(text)
-        if value <= 0:
-            raise ValueError(f"must be positive, got {text!r}")
-        return value
-
-    return check
-
-
-def _not_negative(parse: Callable[[Any], int]) -> Callable[[Any], int]:
-    def check(text: Any) -> int:
-        value = parse(text)
-        if value < 0:
-            raise ValueError(f"must not be negative, got {text!r}")
-        return value
-
-    return check
-
-
-def _int(text: Any) -> int:
-    if isinstance(text, bool) or (isinstance(text, float) and not text.is_integer()):
-        raise ValueError(f"not an integer: {text!r}")
-    return int(text)
-
-
-def _port(text: Any) -> int:
-    value = _int(text)
-    if not 0 <= value <= 65535:
-        raise ValueError(f"not a port: {text!r}")
-    return value
-
+from .units import positive as _positive
+from .units import show_or_off as _show_or_off
 
 MAX_KEPT_REPLIES = 16 << 20
 """The most ``--max-kept-replies`` may be: a session's kept replies go into one snapshot

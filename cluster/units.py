@@ -1,9 +1,13 @@
 """Units of the settings: durations (``10s``, ``200ms``, ``500us``, ``1m``; a bare number is
-seconds) and sizes (``4096``, ``64KiB``, ``1MiB``), parsed and shown."""
+seconds) and sizes (``4096``, ``64KiB``, ``1MiB``), parsed and shown; integers, ports and
+booleans, and the checks a setting's parser is built from (positive, not negative, or
+off)."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|m|h)?\s*$")
 _DURATION_NS = {
@@ -69,3 +73,72 @@ def format_size(value: int) -> str:
         if value >= mult and value % mult == 0:
             return f"{value // mult}{unit}"
     return str(value)
+
+
+# ---- the checks a setting's parser is built from
+
+
+def or_off(parse: Callable[[Any], int]) -> Callable[[Any], int]:
+    """A non-negative value, or 0 for ``0``, ``off`` or ``none``."""
+
+    def check(text: Any) -> int:
+        if isinstance(text, str) and text.strip().lower() in ("0", "off", "none", "no", "false"):
+            return 0
+        value = parse(text)
+        if value < 0:
+            raise ValueError(f"must not be negative, got {text!r}")
+        return value
+
+    return check
+
+
+def show_or_off(show: Callable[[int], str]) -> Callable[[int], str]:
+    return lambda value: show(value) if value else "off"
+
+
+def parse_bool(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def positive(parse: Callable[[Any], int]) -> Callable[[Any], int]:
+    """``parse``, refusing a value that is not above 0."""
+
+    def check(text: Any) -> int:
+        value = parse(text)
+        if value <= 0:
+            raise ValueError(f"must be positive, got {text!r}")
+        return value
+
+    return check
+
+
+def not_negative(parse: Callable[[Any], int]) -> Callable[[Any], int]:
+    """``parse``, refusing a value below 0."""
+
+    def check(text: Any) -> int:
+        value = parse(text)
+        if value < 0:
+            raise ValueError(f"must not be negative, got {text!r}")
+        return value
+
+    return check
+
+
+def parse_int(text: Any) -> int:
+    if isinstance(text, bool) or (isinstance(text, float) and not text.is_integer()):
+        raise ValueError(f"not an integer: {text!r}")
+    return int(text)
+
+
+def parse_port(text: Any) -> int:
+    value = parse_int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError(f"not a port: {text!r}")
+    return value
