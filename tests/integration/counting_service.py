@@ -42,6 +42,12 @@ class CountingService(ClusteredService):
                 ).encode()
             )
             return
+        self.count(counts, payload)
+        session.offer(payload)
+
+    @staticmethod
+    def count(counts: list[int], payload: bytes) -> int:
+        """Count one message of a session in ``counts``; returns its number."""
         (number,) = NUMBER.unpack(payload)
         counts[0] += 1
         if number <= counts[1]:
@@ -50,7 +56,7 @@ class CountingService(ClusteredService):
             if number != counts[1] + 1:
                 counts[3] += 1
             counts[1] = number
-        session.offer(payload)
+        return number
 
 
 COUNTED = struct.Struct("<II")
@@ -75,14 +81,7 @@ class CountingReplies(CountingService):
             super().on_session_message(session, timestamp, payload)
             return
         counts = self.counts.setdefault(session.id, [0, 0, 0, 0])
-        (number,) = NUMBER.unpack(payload)
-        counts[0] += 1
-        if number <= counts[1]:
-            counts[2] += 1
-        else:
-            if number != counts[1] + 1:
-                counts[3] += 1
-            counts[1] = number
+        number = self.count(counts, payload)
         if number % FAILING == 0:
             raise ValueError(f"message {number} fails, as every {FAILING}th does")
         session.offer(COUNTED.pack(number, counts[0]))

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import trio
 from counting_service import COUNTED, FAILING, NUMBER
-from test_exactly_once import longest_gap
+from test_exactly_once import NODE_ARGS, longest_gap
 from test_handover import tool
 
 import client
@@ -39,16 +39,6 @@ from cluster.tool.client import describe_all, find_leader
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
-NODE_ARGS = [
-    "--leader-heartbeat-timeout",
-    "1s",
-    "--startup-canvass-timeout",
-    "5s",
-    "--election-timeout",
-    "500ms",
-    "--session-timeout",
-    "20s",
-]
 WAITING = 2  # sessions that wait for each reply before the next request (100 a second)
 PIPELINED = 2  # sessions that offer bursts of BURST requests, 10 bursts a second
 BURST = 32
