@@ -102,7 +102,12 @@ def test_one_in_flight_is_one_message_in_flight(tmp_path: Path) -> None:
     assert result["clients"] == 1
     assert result["in_flight"] == 1
     in_flight = result["messages_per_s"] * result["latency_us"]["mean"] / 1e6
-    assert 0.5 < in_flight <= 1.05, result
+    # one message at a time: the latencies of the measured period add up to its length,
+    # plus the whole latency of the one message sent before it began and answered in it
+    # (a slow one, on a busy machine, counts all of its latency), plus the histogram's
+    # rounding; two messages in flight would give about 2
+    straddling = result["latency_us"]["max"] / 1e6 / result["duration_s"]
+    assert 0.5 < in_flight <= 1.05 + straddling, result
 
 
 @pytest.mark.parametrize("option", ["--in-flight", "--clients"])
