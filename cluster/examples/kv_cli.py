@@ -44,7 +44,7 @@ from client import (
 )
 
 from ..cli import CLIENT_CERTS_VARIABLE, UsageParser, add_members, add_version, duration_seconds
-from ..members import check_members, format_ingress_endpoints, parse_members
+from ..members import check_members, parse_members
 from .kv import CompareAndSet, KeyValueClient, KeyValueError, WatchError
 
 __all__ = [
@@ -163,7 +163,11 @@ def _ingress_endpoints(parser: UsageParser, text: str) -> str:
     if not text:
         parser.error("--members is required (or set CLUSTER_MEMBERS)")
     try:
-        return format_ingress_endpoints(check_members(parse_members(text), ports=False))
+        members = check_members(parse_members(text), ports=False)
+        return ",".join(
+            f"{m.member_id}={f'[{m.host}]' if ':' in m.host else m.host}:{m.ingress_port}"
+            for m in members
+        )
     except ValueError as exc:
         members_error = exc
     try:
