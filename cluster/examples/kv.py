@@ -651,8 +651,6 @@ class KeyValueClient:
 
 
 if __name__ == "__main__":  # python -m cluster.examples.kv: the cluster-kv command
-    import sys
+    import runpy
 
-    from cluster.examples.kv_cli import main
-
-    sys.exit(main())
+    runpy.run_module("cluster.examples.kv_cli", run_name="__main__")

@@ -15,12 +15,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import anyio
-
-if TYPE_CHECKING:
-    from .kv import KeyValueClient
 
 __all__ = [
     "DEFAULT_MAX_BUFFERED",
@@ -157,7 +154,8 @@ class Watcher:
     was yielded.
     """
 
-    def __init__(self, kv: KeyValueClient | _Registry, prefix: str, max_buffered: int) -> None:
+    def __init__(self, kv: _Registry, prefix: str, max_buffered: int) -> None:
+        """Internal: ``KeyValueClient.watch`` makes one (``kv`` is that client)."""
         if type(prefix) is not str:
             raise TypeError(f"a watch prefix is a str, not {type(prefix).__name__}")
         if max_buffered < 1:
