@@ -1,13 +1,20 @@
-"""A replicated key-value store: :class:`KeyValueService` and :class:`KeyValueClient`.
+"""A replicated key-value store: :class:`KeyValueService` and :class:`KeyValueClient`
+(and ``cluster-kv``, its command line: :mod:`cluster.examples.kv_cli`).
 
 Requests and responses are msgspec Structs encoded with MessagePack; every request has a
 client-chosen ``request_id`` that its response echoes, so a client may keep many
 requests in flight on one session.  Keys are strings, values bytes.
 
+Writes (``put``, ``delete``, ``compare_and_set``) go through the log.  ``get`` is a
+query (``on_query``: no log entry, no disk write; linearizable by default,
+``consistency="follower"`` to ask for less: ``docs/queries.md``).  ``watch(prefix)``
+streams every change under a prefix from the moment it is registered, in log order, each
+once, across leader changes (:mod:`cluster.examples.kv_watch`).
+
 Neither side does anything about leader changes: the session applies each request
-exactly once, in the order sent, and delivers each response once, in order, whatever
-leader changes happen while it is open (issue 42).  So the client has no resend timer
-and the service no memory of past responses.
+exactly once, in the order sent, and delivers each response (and each watch's change)
+once, in order, whatever leader changes happen while it is open (issue 42).  So the
+client has no resend timer and the service no memory of past responses.
 
 Run it::
 
@@ -18,6 +25,12 @@ and use it::
     async with client.connect("0=127.0.0.1:9010") as c, KeyValueClient(c) as kv:
         await kv.put("k", b"v")
         assert await kv.get("k") == b"v"
+        async with kv.watch("k") as changes:
+            async for change in changes:  # KeyChange(key, value, position, timestamp)
+                ...
+
+or from a shell: ``cluster-kv --members 0=127.0.0.1:9010:9020:9030 get k``
+(``python -m cluster.examples.kv`` runs the same command; ``docs/cluster-kv.md``).
 """
 
 from __future__ import annotations
