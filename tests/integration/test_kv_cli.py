@@ -293,3 +293,45 @@ def test_a_watch_sees_every_change_once_in_order_across_a_kill_and_a_hand_over(
     positions = [c.position for c in seen_here]
     assert positions == sorted(set(positions))
     assert [c["position"] for c in from_command] == positions
+
+
+def readme_kv_lines() -> list[list[str]]:
+    """The README's ``cluster-kv`` command lines, as words (the comment kept last)."""
+    readme = (ROOT / "README.md").read_text()
+    found = []
+    for line in readme.splitlines():
+        if line.startswith(".venv/bin/cluster-kv "):
+            command, _, comment = line.partition("#")
+            found.append([*command.split(), comment.strip()])
+    return found
+
+
+def test_the_readme_s_cluster_kv_lines_run_as_written(tmp_path: Path) -> None:
+    """The tour's lines, on a single member as the tour starts it (its ports free ones
+    here): each prints what its comment says, and the watch shows the put, then stops
+    on Ctrl-C with exit 0."""
+    lines = readme_kv_lines()
+    assert [words[3] for words in lines] == ["put", "get", "watch"]
+    with LocalCluster(1, "cluster.examples.kv:KeyValueService", tmp_path / "data") as cluster:
+        cluster.wait_ready(20)
+        script = console_script(tmp_path)
+        env = environment(None)
+
+        def argv(words: list[str]) -> list[str]:
+            assert words[0] == ".venv/bin/cluster-kv"
+            assert words[1:3] == ["--members", "0=127.0.0.1:9010:9020:9030"]
+            return [str(script), "--members", cluster.members, *words[3:-1]]
+
+        (put, get, watch_line) = lines
+        watch = Watching(script, env, *argv(watch_line)[1:])
+        try:
+            watch.wait_for(lambda: watch.errors, "watching")
+            for words in (put, get):
+                done = subprocess.run(argv(words), capture_output=True, env=env, timeout=60)
+                assert done.returncode == 0, done.stderr
+                assert done.stdout.decode() == words[-1] + "\n"
+            watch.wait_for(lambda: watch.lines, "a change")
+            assert watch.interrupt() == 0, watch.errors
+        finally:
+            watch.kill()
+        assert watch.lines == ["PUT greeting hello"]
