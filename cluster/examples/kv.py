@@ -463,7 +463,7 @@ class KeyValueClient:
                     continue
                 if client.replies_dropped != self._dropped_seen:
                     self._replies_dropped(client.replies_dropped)
-                if payload[:8] == CHANGE_PREFIX:
+                if payload.startswith(CHANGE_PREFIX):
                     self._change(_change_decoder.decode(payload))
                     continue
                 response = _response_decoder.decode(payload)
