@@ -24,6 +24,7 @@ from test_failover import local_cluster, restart
 from test_handover import tool
 
 import client
+from cluster.certs import make_certs
 from cluster.examples.kv import KeyChange, KeyValueClient
 from cluster.local import LocalCluster
 
@@ -335,3 +336,29 @@ def test_the_readme_s_cluster_kv_lines_run_as_written(tmp_path: Path) -> None:
         finally:
             watch.kill()
         assert watch.lines == ["PUT greeting hello"]
+
+
+def test_cluster_kv_with_tls_needs_a_client_folder_and_says_so(tmp_path: Path) -> None:
+    """A member with mutual TLS: without ``--certs-dir`` the command says TLS is required
+    (exit 3), with a member's folder it is a usage error (2), with a client's folder (or
+    ``CLUSTER_CLIENT_CERTS_DIR``) it works; each error one line, no traceback."""
+    pki = tmp_path / "pki"
+    make_certs(pki, [(0, "127.0.0.1")], ["app"])
+    with LocalCluster(
+        1, "cluster.examples.kv:KeyValueService", tmp_path / "data", certs=pki
+    ) as cluster:
+        cluster.wait_ready(60)
+        kv = Kv(console_script(tmp_path), cluster)
+        plain = kv("--timeout", "10s", "get", "k")
+        assert plain.returncode == 3, plain.stderr
+        assert plain.stderr.startswith(b"cluster-kv: cannot reach the cluster: ")
+        assert b"TLS" in plain.stderr
+        assert plain.stderr.count(b"\n") == 1
+        member_folder = kv("--certs-dir", str(pki / "member-0"), "get", "k")
+        assert member_folder.returncode == 2, member_folder.stderr
+        assert member_folder.stderr.startswith(b"cluster-kv: --certs-dir: ")
+        assert member_folder.stderr.count(b"\n") == 1
+        assert kv.ok("--certs-dir", str(pki / "client-app"), "put", "k", "v") == "OK\n"
+        env = {**kv.env, "CLUSTER_CLIENT_CERTS_DIR": str(pki / "client-app")}
+        done = kv("get", "k", env=env)
+        assert (done.returncode, done.stdout) == (0, b"v\n"), done.stderr
