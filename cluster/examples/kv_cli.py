@@ -203,6 +203,11 @@ def _text(value: bytes) -> str:
     return value.decode("utf-8", "backslashreplace")
 
 
+def _one_line_text(value: bytes) -> str:
+    """A value on one line of ``watch``: its line breaks as ``\\n`` and ``\\r``."""
+    return _text(value).replace("\n", "\\n").replace("\r", "\\r")
+
+
 class _Output:
     """Where a command's result goes: a line of text, or a JSON object, on stdout;
     the reason for exit 1 on stderr."""
@@ -269,7 +274,7 @@ async def _watch(kv: KeyValueClient, args: argparse.Namespace, out: _Output) -> 
             text = (
                 f"DEL {change.key}"
                 if change.value is None
-                else f"PUT {change.key} {_text(change.value)}"
+                else f"PUT {change.key} {_one_line_text(change.value)}"
             )
             out.show(
                 text,

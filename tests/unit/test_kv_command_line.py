@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.examples.kv_cli import EXIT_USAGE, _text, _value_fields, build_parser, main
+from cluster.examples.kv_cli import (
+    EXIT_USAGE,
+    _one_line_text,
+    _text,
+    _value_fields,
+    build_parser,
+    main,
+)
 
 MEMBERS = "0=127.0.0.1:9010:9020:9030,1=127.0.0.1:9011:9021:9031"
 
@@ -82,6 +89,7 @@ def test_options_go_before_or_after_the_command() -> None:
 def test_values_that_are_not_utf8_are_escaped_or_given_in_base64() -> None:
     assert _text(b"caf\xc3\xa9") == "café"
     assert _text(b"\xff\x00ok") == "\\xff\x00ok"
+    assert _one_line_text(b"two\nlines\r\n") == "two\\nlines\\r\\n"
     assert _value_fields(b"caf\xc3\xa9") == {"value": "café"}
     assert _value_fields(b"\xff\xfeok") == {"value_base64": "//5vaw=="}
     assert _value_fields(None) == {"value": None}
