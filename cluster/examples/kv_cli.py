@@ -301,7 +301,7 @@ async def _session(args: argparse.Namespace, endpoints: str) -> int:
     out = _Output(args.json)
     async with (
         client.connect(endpoints, connect_timeout=args.timeout, certs_dir=args.certs_dir) as c,
-        KeyValueClient(c, timeout=None if args.command == "watch" else args.timeout) as kv,
+        KeyValueClient(c, timeout=args.timeout) as kv,  # a watch: its registration
     ):
         code: int = await _RUN[args.command](kv, args, out)
         return code
