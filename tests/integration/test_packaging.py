@@ -24,7 +24,14 @@ from cluster import __version__
 from cluster.local import members_string
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMANDS = ["cluster.node", "cluster.tool", "cluster.local", "cluster.pipeline", "tui.app"]
+COMMANDS = [
+    "cluster.node",
+    "cluster.tool",
+    "cluster.local",
+    "cluster.pipeline",
+    "tui.app",
+    "cluster.examples.kv",
+]
 
 
 @pytest.mark.parametrize("module", COMMANDS)
@@ -159,7 +166,7 @@ def test_installed_from_the_wheel_into_a_clean_virtualenv_the_commands_start(
         timeout=600,
         capture_output=True,
     )
-    for command in ("cluster-node", "cluster-tool", "cluster-tui", "cluster-local"):
+    for command in ("cluster-node", "cluster-tool", "cluster-tui", "cluster-local", "cluster-kv"):
         out = subprocess.run(
             [str(bin_dir / command), "--version"], capture_output=True, text=True, timeout=60
         )

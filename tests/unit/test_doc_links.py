@@ -30,6 +30,7 @@ import pytest
 from cluster.backup.main import build_parser as backup_parser
 from cluster.config import ConfigError, load_config
 from cluster.config import build_parser as node_parser
+from cluster.examples.kv_cli import build_parser as kv_parser
 from cluster.local import build_parser as local_parser
 from cluster.pipeline.__main__ import parser as pipeline_parser
 from cluster.tool.cli import build_parser as tool_parser
@@ -68,6 +69,8 @@ PROGRAMS: dict[str, Parser] = {
     "cluster.pipeline": pipeline_parser,
     "cluster-tui": tui_parser,
     "tui.app": tui_parser,
+    "cluster-kv": kv_parser,
+    "cluster.examples.kv": kv_parser,
 }
 DEV_COMMANDS = ("demo", "test", "bench", "floor")
 
