@@ -440,6 +440,12 @@ def main() -> int:
         help="write the results as JSON to this file and a latency plot (PNG) next to it",
     )
     p.add_argument(
+        "--reads",
+        action="store_true",
+        help="reads against writes: the KV example's put, get (a linearizable query) and "
+        "follower get on the same sessions, side by side (scripts/read_bench.py)",
+    )
+    p.add_argument(
         "--vs-pysyncobj",
         action="store_true",
         help="then run the equivalent 3-process PySyncObj benchmark (installed if needed) "
@@ -452,7 +458,11 @@ def main() -> int:
         p.error("--rate must be a positive number of messages per second")
     if args.in_flight < 1 or args.clients < 1:
         p.error("--in-flight and --clients must be at least 1")
+    if args.reads and (args.rate or args.vs_pysyncobj or args.out):
+        p.error("--reads is closed loop and prints its own table: no --rate, --vs-pysyncobj, --out")
     if args.endpoints:
+        if args.reads:
+            return reads(args, args.endpoints)
         result = trio.run(bench, args, args.endpoints)
     else:
         with tempfile.TemporaryDirectory(prefix="triarch-bench-") as tmp:
@@ -464,7 +474,9 @@ def main() -> int:
                 CERTS_DIR = certs / "client-app"
             cluster = LocalCluster(
                 args.nodes,
-                "cluster.examples.echo:EchoService",
+                "cluster.examples.kv:KeyValueService"
+                if args.reads
+                else "cluster.examples.echo:EchoService",
                 args.dir or tmp,
                 extra_args=[
                     "--fsync",
@@ -480,6 +492,8 @@ def main() -> int:
             )
             with cluster:
                 pids = {member: proc.pid for member, proc in cluster.processes.items()}
+                if args.reads:
+                    return reads(args, cluster.ingress_endpoints)
                 result = trio.run(bench, args, cluster.ingress_endpoints, pids)
     results = [result]
     if args.vs_pysyncobj:
@@ -495,6 +509,19 @@ def main() -> int:
         print_text(r, args)
     if len(results) > 1:
         print(comparison(*results))
+    return 0
+
+
+def reads(args: argparse.Namespace, endpoints: str) -> int:
+    """``--reads``: put, get and follower get side by side (:mod:`read_bench`)."""
+    import read_bench
+
+    windows = session_windows(args.in_flight, args.clients)
+    result = trio.run(read_bench.run, endpoints, windows, args.warmup, args.duration, CERTS_DIR)
+    if args.json:
+        print(json.dumps({"nodes": args.nodes, "clients": len(windows), **result}))
+    else:
+        read_bench.print_text(result, args.nodes, len(windows), args.in_flight)
     return 0
 
 

@@ -189,3 +189,34 @@ def test_the_paced_probe_and_the_bench_open_loop_agree_at_a_low_rate(tmp_path: P
         assert 0.4 <= p[q] / b[q] <= 2.5, (q, p, b)
     # one lateness per send measured (a reply or two may land outside the window)
     assert abs(paced["send_lateness_us"]["count"] - paced["latency_us"]["count"]) <= 3
+
+
+def test_reads_puts_and_gets_side_by_side(tmp_path: Path) -> None:
+    """``--reads``: the KV example's put, get (a linearizable query) and follower get on
+    the same sessions, each measured; the ratios are the issue's (not asserted: this
+    machine's load decides them)."""
+    out = run_bench(
+        *("--reads", "--nodes", "3", "--clients", "2", "--in-flight", "4"),
+        *("--duration", "1", "--warmup", "0.3", "--dir", str(tmp_path), "--json"),
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["nodes"] == 3 and result["clients"] == 2
+    for phase in ("put", "get", "follower get"):
+        figures = result[phase]
+        assert figures["requests"] > 0, result
+        latency = figures["latency_us"]
+        assert latency["samples"] == figures["requests"]
+        assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
+    assert set(result["ratios"]) == {
+        "get_vs_put_throughput",
+        "get_vs_put_p50",
+        "follower_vs_get_throughput",
+    }
+
+
+def test_reads_refuses_what_it_does_not_do() -> None:
+    out = run_bench("--reads", "--rate", "100", timeout=60)
+    assert out.returncode == 2
+    assert "--reads is closed loop" in out.stderr
