@@ -202,7 +202,8 @@ def test_reads_puts_and_gets_side_by_side(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    assert result["nodes"] == 3 and result["clients"] == 2
+    assert result["nodes"] == 3
+    assert result["clients"] == 2
     for phase in ("put", "get", "follower get"):
         figures = result[phase]
         assert figures["requests"] > 0, result
