@@ -149,8 +149,9 @@ class MemoryShell:
         pass
 
     def answer_queries(self) -> None:
-        applied = self.applied_position
-        self.answered.extend((query, applied) for query in self.cm.reads.take_answerable(applied))
+        applied, reads = self.applied_position, self.cm.reads
+        self.answered.extend((query, applied) for query in reads.take_answerable(applied))
+        self.answered.extend((query, applied) for query in reads.follower.take_answerable(applied))
 
 
 def ship_log(
