@@ -145,7 +145,9 @@ class ReadIndex:
         index order: rounds and commit positions only grow)."""
         self._per_session: dict[int, int] = {}
         self._round_sent_ns = 0
-        self.links = links or QueryLinks(config, egress, view, counters, sessions)
+        if links is None:  # (tests of this part alone)
+            links = QueryLinks(config, egress, view, counters, sessions)
+        self.links = links
         """The sessions' query connections (the session manager's)."""
         self.follower = FollowerReads(
             *(config, view, self.log, sessions, self.links, applied_sequence),

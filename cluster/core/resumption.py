@@ -69,7 +69,9 @@ class SessionResumption:
         """The manager's open sessions by id (the same dict: it is never replaced)."""
         self.progress = progress
         """What the service applied of a session's messages, and the replies it kept."""
-        self.links = links or QueryLinks(config, egress, view, counters, sessions)
+        if links is None:  # (tests of this part alone)
+            links = QueryLinks(config, egress, view, counters, sessions)
+        self.links = links
         """The sessions' query connections (query-only resumes bind them)."""
         #: why recently closed sessions were closed, their secret's hash (to tell only
         #: their holder) and the last sequence applied: a resume after the fact hears them
