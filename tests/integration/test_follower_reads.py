@@ -1,5 +1,6 @@
 """Follower reads with real processes (issue 43): three ``python -m cluster.node``
-members running ``register_service.py``.
+members running ``register_service.py``, with TLS (``--certs-dir``: the query
+connections use the session's certificates).
 
 * ``query(..., consistency="follower")`` is answered by every member in turn (each
   member's ``follower_queries`` counter grows), over query connections the client opens
@@ -15,6 +16,7 @@ members running ``register_service.py``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -24,13 +26,16 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.lowlevel
 
 import client
+from cluster.certs import make_certs
 from cluster.local import LocalCluster
 
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
+HOST = "127.0.0.1"
 NODE_ARGS = [
     "--leader-heartbeat-timeout",
     "2s",
@@ -45,8 +50,19 @@ NODE_ARGS = [
 
 def follower_queries(cluster: LocalCluster) -> dict[int, int]:
     """Each member's ``follower_queries`` counter (``cluster-tool describe --json``)."""
+    assert cluster.certs is not None
+    certs = ["--certs-dir", str(cluster.certs / "client-admin")]
     done = subprocess.run(
-        [sys.executable, "-m", "cluster.tool", "--members", cluster.members, "describe", "--json"],
+        [
+            sys.executable,
+            "-m",
+            "cluster.tool",
+            "--members",
+            cluster.members,
+            *certs,
+            "describe",
+            "--json",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -65,11 +81,18 @@ def test_follower_reads_with_real_processes(
 ) -> None:
     root = Path(__file__).resolve().parents[2]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), str(HERE)]))
-    cluster = LocalCluster(3, "register_service:RegisterService", tmp_path, extra_args=NODE_ARGS)
+    pki = tmp_path / "pki"
+    make_certs(pki, [(0, HOST), (1, HOST), (2, HOST)])
+    cluster = LocalCluster(
+        3, "register_service:RegisterService", tmp_path, extra_args=NODE_ARGS, certs=pki
+    )
+    app = pki / "client-app"
     stopped: list[int] = []
 
     async def main() -> None:
-        async with client.connect(cluster.ingress_endpoints, connect_timeout=30) as c:
+        async with client.connect(
+            cluster.ingress_endpoints, certs_dir=app, connect_timeout=30
+        ) as c:
             await c.offer(b"set x 0")
             assert await c.receive() == b"ok"
 
@@ -93,7 +116,9 @@ def test_follower_reads_with_real_processes(
                     assert await c.query(b"get x", consistency="follower") == b"%d" % i
 
             # -- never back in time for one client while another writes
-            async with client.connect(cluster.ingress_endpoints, connect_timeout=30) as w:
+            async with client.connect(
+                cluster.ingress_endpoints, certs_dir=app, connect_timeout=30
+            ) as w:
                 counts: list[int] = []
                 with trio.fail_after(30):
                     async with trio.open_nursery() as nursery:
@@ -107,8 +132,8 @@ def test_follower_reads_with_real_processes(
                         nursery.start_soon(write)
                         while True:
                             counts.append(int(await c.query(b"count", consistency="follower")))
-                            await trio.sleep(0)
-                backwards = [(a, b) for a, b in zip(counts, counts[1:], strict=False) if b < a]
+                            await trio.lowlevel.checkpoint()
+                backwards = [(a, b) for a, b in itertools.pairwise(counts) if b < a]
                 print(f"{len(counts)} follower reads during 150 writes: {counts[0]}..{counts[-1]}")
                 assert not backwards, backwards[:5]
                 assert counts[-1] > counts[0]
