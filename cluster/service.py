@@ -217,8 +217,9 @@ class ClusteredService(abc.ABC):
         has confirmed it still leads and has applied every write acknowledged before
         the query was sent; or, for ``consistency="follower"``, any member, follower
         included, once it has applied as far as the client has seen:
-        ``docs/queries.md``), so a change made here would exist on that member alone.  Its ``cluster.time`` and ``cluster.log_position`` are those
-        of the last entry applied.
+        ``docs/queries.md``), so a change made here would exist on that member alone.
+        Its ``cluster.time`` and ``cluster.log_position`` are those of the last entry
+        applied.
 
         Return the answer as bytes.  An exception raised here reaches the client as
         ``client.ServiceError`` (its type and text); the member goes on.  By default a
