@@ -112,6 +112,9 @@ class QueryLinks:
         replacing the oldest past :data:`MAX_LINKS_PER_SESSION`; answered OK."""
         session_id = session.cluster_session_id
         bound = self._links.get(source)
+        if session.source is source:  # its own connection carries its queries already
+            self._tell(source, request.correlation_id, session_id, EventCode.OK, "own connection")
+            return
         if bound is not None and bound != session_id:
             self.counters.foreign_session_messages += 1
             self._tell(source, request.correlation_id, bound, EventCode.ERROR, "bound elsewhere")

@@ -290,3 +290,17 @@ def test_a_session_holds_few_query_connections_on_a_member() -> None:
     assert (told.code, told.detail) == (EventCode.CLOSED, REPLACED)
     assert not f.cm.session_manager.holds_session(oldest)
     assert len(f.cm.reads.links) == MAX_LINKS_PER_SESSION
+
+
+def test_a_query_on_the_sessions_own_connection_is_answered_on_its_egress() -> None:
+    f = follower()
+    own = f.connection()
+    f.cm.sessions[SESSION].source = own  # (as at its leader)
+    assert f.bind(own).code is EventCode.OK
+    assert not f.cm.reads.links.holds(own)  # never a query connection too
+    f.send(own, query(1, position=150))
+    [answer] = f.applied(150)
+    assert answer.status is QueryStatus.OK
+    assert f.egress.sent[-1] == (SESSION, answer)  # the session's egress
+    f.send(own, SessionKeepAlive(0, SESSION))  # its requests are still its own
+    assert f.cm.counters.foreign_session_messages == 0
