@@ -52,7 +52,17 @@ _ERRORS: tuple[type[BaseException], ...] = (ProtocolError, *NETWORK_ERRORS)
 class QueryLink:
     """One query connection to one member."""
 
-    __slots__ = ("bind_id", "bound", "broken", "lock", "member_id", "ready", "stream", "waiting")
+    __slots__ = (
+        "bind_id",
+        "bound",
+        "broken",
+        "data",
+        "member_id",
+        "pending",
+        "ready",
+        "stream",
+        "waiting",
+    )
 
     def __init__(self, member_id: int, bind_id: int) -> None:
         self.member_id = member_id
@@ -62,13 +72,22 @@ class QueryLink:
         """Set once the member answered the bind (or the link failed first)."""
         self.bound = False
         self.broken = False
-        self.lock = anyio.Lock()  # one send at a time
+        self.pending = bytearray()
+        """Query frames queued for its writer (all sent with one ``send``)."""
+        self.data = anyio.Event()
+        """Set when frames are queued (or it broke): its writer wakes."""
         self.waiting: dict[int, Callable[[], None]] = {}
         """The queries in flight on it: woken when it breaks."""
+
+    def send(self, frame: bytes) -> None:
+        """Queue ``frame`` for the writer."""
+        self.pending += frame
+        self.data.set()
 
     def fail(self) -> None:
         self.broken = True
         self.ready.set()
+        self.data.set()
         for wake in list(self.waiting.values()):
             wake()
 
@@ -103,7 +122,9 @@ class FollowerReads:
         while True:
             session.check_usable()  # a closed session: SessionClosedError
             member_id = self._pick()
-            link = await self._link(member_id)
+            link = self._links.get(member_id)
+            if link is None or not link.bound or link.broken:
+                link = await self._link(member_id)
             if link is not None:
                 event = anyio.Event()
                 waiter = queries.add(correlation_id, event.set)
@@ -118,13 +139,9 @@ class FollowerReads:
                     session.outbox.confirmed,
                 )
                 try:
-                    async with link.lock:
-                        assert link.stream is not None
-                        await link.stream.send(encode_frame(request))
+                    link.send(encode_frame(request))
                     with anyio.move_on_after(RESEND_AFTER):
                         await event.wait()
-                except _ERRORS:
-                    link.fail()
                 finally:
                     queries.remove(correlation_id)
                     link.waiting.pop(correlation_id, None)
@@ -212,7 +229,20 @@ class FollowerReads:
                     )
                 )
             )
-            decoder = FrameDecoder(session.max_frame_size)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._write, link, stream)
+                await self._read(link, stream)
+                tg.cancel_scope.cancel()
+        except _ERRORS:
+            pass
+        finally:
+            link.fail()
+            await aclose_quietly(stream)
+
+    async def _read(self, link: QueryLink, stream: anyio.abc.ByteStream) -> None:
+        """Decode what the member sends on the link until it breaks."""
+        decoder = FrameDecoder(self._session.max_frame_size)
+        try:
             while not link.broken:
                 data = await stream.receive(_RECEIVE_SIZE)
                 messages: list[Any] = []
@@ -222,10 +252,21 @@ class FollowerReads:
                     for message in messages:
                         self._on_message(link, message)
         except _ERRORS:
-            pass
-        finally:
             link.fail()
-            await aclose_quietly(stream)
+
+    @staticmethod
+    async def _write(link: QueryLink, stream: anyio.abc.ByteStream) -> None:
+        """Send the link's queued frames, everything queued with one ``send``."""
+        try:
+            while not link.broken:
+                if not link.pending:
+                    link.data = anyio.Event()
+                    await link.data.wait()
+                    continue
+                frames, link.pending = link.pending, bytearray()
+                await stream.send(bytes(frames))
+        except _ERRORS:
+            link.fail()
 
     def _on_message(self, link: QueryLink, message: Any) -> None:
         session = self._session
