@@ -28,10 +28,18 @@ SECOND = 1_000 * MS
 
 
 class NullEgress:
+    def __init__(self) -> None:
+        self.replies: list[tuple[Any, Any]] = []
+        """What went back on client connections: ``(source, message)``."""
+
     def connect(self, egress_id: int, channel: str) -> None:
         pass
 
     def send(self, egress_id: int, message: Any) -> bool:
+        return True
+
+    def reply(self, source: Any, message: Any) -> bool:
+        self.replies.append((source, message))
         return True
 
     def close(self, egress_id: int) -> None:

@@ -27,6 +27,7 @@ from cluster.protocol.ingress import (
 )
 from cluster.protocol.log import SessionCloseEvent, SessionOpenEvent
 from cluster.service import Cluster, ClusteredService
+from tests.unit.core_harness import Cluster as Members
 
 SECRET = b"s" * 16
 SESSION = 7
@@ -304,3 +305,27 @@ def test_a_query_on_the_sessions_own_connection_is_answered_on_its_egress() -> N
     assert f.egress.sent[-1] == (SESSION, answer)  # the session's egress
     f.send(own, SessionKeepAlive(0, SESSION))  # its requests are still its own
     assert f.cm.counters.foreign_session_messages == 0
+
+
+def test_the_leader_answers_follower_queries_from_its_applied_state_without_a_round() -> None:
+    c = Members(3, seed=3)
+    leader = c.leader_with_a_committed_entry()
+    me, term = leader.config.member_id, leader.leadership_term_id
+    event = SessionOpenEvent(term, 1, SESSION, 0, 0, "", b"", secret_hash(SECRET))
+    leader.session_manager.mirror(event, leader.commit_position, c.now)
+    link = IngressSource(1, "127.0.0.1")
+    rounds, end = leader.counters.read_rounds, leader.log.published_position
+    leader.on_batch(
+        [
+            link,
+            SessionResumeRequest(9, SESSION, 0, SECRET, query_only=True),
+            SessionMessageHeader(term, SESSION, 0, b"write", 1),  # not on this connection
+            QueryRequest(term, SESSION, 1, b"q", QUERY_FOLLOWER, leader.commit_position),
+        ],
+        c.now,
+    )
+    assert leader.counters.foreign_session_messages == 1
+    c.persist(me)
+    assert [(q.correlation_id, at) for q, at in c.answered[me]] == [(1, leader.commit_position)]
+    assert leader.counters.read_rounds == rounds  # no read round
+    assert leader.log.published_position == end  # nothing appended
