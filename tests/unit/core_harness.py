@@ -42,6 +42,9 @@ class NullEgress:
         self.replies.append((source, message))
         return True
 
+    def attach(self, egress_id: int, source: Any) -> None:
+        pass
+
     def close(self, egress_id: int) -> None:
         pass
 
