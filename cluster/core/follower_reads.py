@@ -60,7 +60,16 @@ SESSION_GONE = "the session is not open on this member"
 class QueryLinks:
     """The query connections of this member's open sessions (see the module)."""
 
-    __slots__ = ("_by_session", "_links", "config", "counters", "egress", "sessions", "view")
+    __slots__ = (
+        "_by_session",
+        "_links",
+        "config",
+        "counters",
+        "egress",
+        "on_unbound",
+        "sessions",
+        "view",
+    )
 
     def __init__(
         self,
@@ -80,6 +89,9 @@ class QueryLinks:
         """Each query connection and the session it is bound to."""
         self._by_session: dict[int, list[IngressSource]] = {}
         """Each session's query connections, oldest first."""
+        self.on_unbound: Callable[[], None] = lambda: None
+        """Called when connections were unbound (their held queries are to be dropped:
+        :meth:`FollowerReads.look_again`)."""
 
     def __len__(self) -> int:
         return len(self._links)
@@ -135,6 +147,7 @@ class QueryLinks:
         session_id = self._links.pop(source, None)
         if session_id is None:
             return
+        self.on_unbound()
         links = self._by_session.get(session_id)
         if links is not None:
             if source in links:
@@ -159,6 +172,8 @@ class QueryLinks:
                 if not source.closed:
                     self._tell(source, 0, session_id, EventCode.CLOSED, SESSION_GONE)
                 count += 1
+        if count:
+            self.on_unbound()
         return count
 
     def _tell(
@@ -268,7 +283,8 @@ class FollowerReads:
         self._per_session: dict[int, int] = {}
         self._scanned_at = -1
         """The applied position of the last look at :attr:`held` that found them all
-        waiting (-1: look again: a query arrived since)."""
+        waiting (-1: look again: a query arrived, or a connection went, since)."""
+        links.on_unbound = self.look_again
 
     def __len__(self) -> int:
         return len(self.held)
@@ -317,6 +333,11 @@ class FollowerReads:
         self._per_session[session_id] = per_session + 1
         self.held.append(FollowerQuery(msg, source, on_link=on_link))
         self._scanned_at = -1
+
+    def look_again(self) -> None:
+        """Held queries may have lost their connection: the next look drops them."""
+        if self.held:
+            self._scanned_at = -1
 
     @property
     def due(self) -> bool:

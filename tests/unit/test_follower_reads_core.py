@@ -275,10 +275,14 @@ def test_a_closed_connection_is_unbound_and_its_queries_dropped() -> None:
     link = f.connection()
     f.bind(link)
     f.send(link, query(1, position=900))
+    assert f.applied(100) == []  # held
+    assert not f.cm.reads.answerable  # nothing to look at again until more is applied
     f.cm.session_manager.on_source_closed(link)
     assert not f.cm.session_manager.holds_session(link)
-    assert f.applied(900) == []
+    assert f.cm.reads.answerable  # dropped at the next look, applied more or not
+    assert f.applied(100) == []
     assert f.cm.counters.queries_dropped == 1
+    assert len(f.cm.reads.follower) == 0
 
 
 def test_a_session_holds_few_query_connections_on_a_member() -> None:
