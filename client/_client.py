@@ -46,6 +46,7 @@ from cluster.protocol.egress import AdminResponse, SessionEvent
 from cluster.protocol.enums import AdminRequestType, CloseReason
 from cluster.protocol.framing import HEADER_LENGTH, LENGTH
 from cluster.protocol.ingress import (
+    QUERY_FOLLOWER,
     AdminRequest,
     SessionCloseRequest,
     SessionMessageHeader,
@@ -56,6 +57,7 @@ from ._connect import AsyncConnect, Done
 from ._credentials import CredentialsSupplier
 from ._dial import NETWORK_ERRORS, aclose_quietly, describe_failures, peer_role
 from ._endpoints import Endpoint, format_endpoints
+from ._follower import FollowerReads
 from ._handshake import Handshake
 from ._ingress import RECEIVE_SIZE, RETRY_DELAY_MIN, Ingress, IngressWriter
 from ._outbox import ENTRY_OVERHEAD
@@ -144,6 +146,7 @@ class ClusterClient:
         )
         self._events = EventHub(backend)
         writer.on_event = self._events.emit
+        self._followers = FollowerReads(session, writer.tls, self._spawn, self._next_correlation_id)
         # Bound once: receive() uses it per message.
         self._backlog_ready = session.backlog_ready
 
@@ -370,10 +373,13 @@ class ClusterClient:
         No log entry, no disk write: the leader answers from the service's state once
         it has confirmed it still leads (a heartbeat round to a quorum, begun after the
         query arrived) and applied every write acknowledged before the query was sent
-        (``consistency="linearizable"``, the default: ReadIndex).  ``"follower"``: never
-        older than what this client has seen (today the leader answers it as a
-        linearizable one).  See ``docs/queries.md``.  A query changes nothing, so it is
-        asked again by itself across leader changes and lost connections.
+        (``consistency="linearizable"``, the default: ReadIndex).  ``"follower"``: any
+        member answers from the state it has applied, never older than what this client
+        has seen (any answer, and its own writes the cluster confirmed); the client asks
+        the members in turn, each over a query connection it opens on first use
+        (:mod:`client._follower`).  See ``docs/queries.md``.  A query changes nothing,
+        so it is asked again by itself across leader changes, lost connections and
+        members that do not answer.
 
         Raises :class:`ServiceError` when ``on_query`` raises or the service answers no
         queries, :class:`QueryRefusedError` when the cluster cannot answer it as asked,
@@ -384,6 +390,8 @@ class ClusterClient:
             payload = bytes(payload)
         level = query_level(consistency)
         await self._backend.checkpoint_if_cancelled()
+        if level == QUERY_FOLLOWER:
+            return await self._followers.ask(payload, self._next_correlation_id())
         return await ask(self._session, payload, level, self._next_correlation_id())
 
     async def request_snapshot(self, *, timeout: float = 5.0) -> AdminResponse:  # noqa: ASYNC109
@@ -452,6 +460,7 @@ class ClusterClient:
                 with anyio.move_on_after(_CLOSE_FLUSH_TIMEOUT):
                     await self._writer.flush_for_close()
             self._mark_closed(CloseReason.CLIENT_ACTION.name)
+            await self._followers.aclose()
             self._scope.cancel()
             for ingress in list(self._writer.ingresses):
                 await self._writer.close_ingress(ingress)

@@ -282,14 +282,15 @@ SETTINGS: tuple[Setting, ...] = (
         "max-session-queries",
         256,
         _positive(_int),
-        "queries (reads without the log) one session may have waiting at the leader; one "
-        "more is answered BUSY and the client asks again",
+        "queries (reads without the log) one session may have waiting at a member (the "
+        "leader's linearizable ones and follower reads together); one more is answered BUSY "
+        "and the client asks again (a follower read: another member)",
     ),
     Setting(
         "max-queries",
         8192,
         _positive(_int),
-        "queries all sessions together may have waiting at the leader; one more is answered BUSY",
+        "queries all sessions together may have waiting at a member; one more is answered BUSY",
     ),
     Setting(
         "resume-grace",

@@ -215,9 +215,11 @@ class ClusteredService(abc.ABC):
         **Read-only**: it must not change the state, schedule timers, offer messages or
         reply to sessions.  A query is answered on one member only (the leader, once it
         has confirmed it still leads and has applied every write acknowledged before
-        the query was sent: ``docs/queries.md``), so a change made here would exist on
-        that member alone.  Its ``cluster.time`` and ``cluster.log_position`` are those
-        of the last entry applied.
+        the query was sent; or, for ``consistency="follower"``, any member, follower
+        included, once it has applied as far as the client has seen:
+        ``docs/queries.md``), so a change made here would exist on that member alone.
+        Its ``cluster.time`` and ``cluster.log_position`` are those of the last entry
+        applied.
 
         Return the answer as bytes.  An exception raised here reaches the client as
         ``client.ServiceError`` (its type and text); the member goes on.  By default a

@@ -228,8 +228,18 @@ class StatusCollector(Collector):
         )
         yield counter(
             "triarch_queries_total",
-            "queries this leader answered from the service (reads without the log)",
+            "queries this member answered from the service (reads without the log)",
             s.counters.get("queries", 0),
+        )
+        yield counter(
+            "triarch_follower_queries_total",
+            "follower-consistency queries this member answered from its applied state",
+            s.counters.get("follower_queries", 0),
+        )
+        yield counter(
+            "triarch_queries_dropped_total",
+            "follower queries dropped unanswered (their session or connection closed first)",
+            s.counters.get("queries_dropped", 0),
         )
         yield counter(
             "triarch_query_errors_total",

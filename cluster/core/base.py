@@ -45,10 +45,11 @@ class ConsensusConfig:
     election_status_interval_ns: int = 100_000_000
     startup_canvass_timeout_ns: int = 500_000_000
     max_session_queries: int = 256
-    """Queries of one session a leader holds at once (waiting for their read round or
-    for the service to apply); one past it is answered BUSY (:mod:`cluster.core.reads`)."""
+    """Queries of one session a member holds at once (waiting for their read round or
+    for the service to apply); one past it is answered BUSY (:mod:`cluster.core.reads`,
+    :mod:`cluster.core.follower_reads`)."""
     max_queries: int = 8192
-    """Queries a leader holds at once, all sessions together; one past it is BUSY."""
+    """Queries a member holds at once, all sessions together; one past it is BUSY."""
 
     @property
     def member_count(self) -> int:
@@ -127,6 +128,12 @@ class Counters:
     queries_refused: int = 0
     """Queries answered BUSY (past a bound) or NOT_LEADER (not the ready leader, or it
     stepped down holding them): their clients ask again."""
+    follower_queries: int = 0
+    """Follower-consistency queries this member answered from its applied state (also
+    counted in ``queries`` or ``query_errors``: :mod:`cluster.core.follower_reads`)."""
+    queries_dropped: int = 0
+    """Follower queries dropped unanswered: their session closed, or their connection,
+    while they waited for this member to apply far enough."""
 
 
 class IngressSource:

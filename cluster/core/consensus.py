@@ -53,15 +53,8 @@ from ..protocol.consensus import (
     Vote,
 )
 from ..protocol.enums import ModuleState, Role
-from ..protocol.ingress import (
-    AdminRequest,
-    IngressMessage,
-    QueryRequest,
-    SessionMessageHeader,
-)
-from ..protocol.log import (
-    LogMessage,
-)
+from ..protocol.ingress import AdminRequest, IngressMessage, QueryRequest, SessionMessageHeader
+from ..protocol.log import LogMessage
 from .auth import Authenticator, AuthorisationService
 from .base import (
     ConsensusConfig,
@@ -167,7 +160,11 @@ class ConsensusModule:
         )
         self.timers = TimerService()
         self.service_messages = PendingServiceMessageTracker()
-        self.reads = ReadIndex(config, self, self.replication, self.sessions, egress, self.counters)
+        self.reads = ReadIndex(
+            *(config, self, self.replication, self.sessions, egress, self.counters),
+            self.session_manager.query_links,
+            self.session_manager.applied,
+        )
         self.ready_position = -1
         """A leader takes client work once it has applied the log up to here."""
         self.last_leader_heard_ns = 0

@@ -14,8 +14,10 @@ until nothing is left to do:
    reported (``on_applied``) and followed by the module's cycle work (leader
    readiness, timers, service messages, read rounds), which may produce more to
    persist and apply;
-5. queries whose read round is confirmed and whose read index is applied are answered
-   from the service (:meth:`Shell.answer_queries`, :mod:`cluster.core.reads`).
+5. queries whose read round is confirmed and whose read index is applied, and follower
+   queries this member has applied far enough for, are answered from the service
+   (:meth:`Shell.answer_queries`, :mod:`cluster.core.reads`,
+   :mod:`cluster.core.follower_reads`).
 
 The node, the deterministic simulator (which runs real nodes) and the unit harness of
 the core all use this loop; only their shells differ.  Nothing here blocks: a shell
@@ -51,8 +53,8 @@ class Shell(Protocol):
         """Send what is queued for members and clients."""
 
     def answer_queries(self) -> None:
-        """Answer the confirmed queries (``cm.reads.ready``) the service has applied
-        far enough for."""
+        """Answer the confirmed queries (``cm.reads.ready``) and the follower queries
+        (``cm.reads.follower``) the service has applied far enough for."""
 
 
 def drive(cm: ConsensusModule, shell: Shell, now_ns: int) -> None:
@@ -68,6 +70,6 @@ def drive(cm: ConsensusModule, shell: Shell, now_ns: int) -> None:
             break
         cm.on_applied(shell.applied_position, now_ns)
         cm.consensus_work(now_ns)
-    if cm.reads.ready:
+    if cm.reads.answerable:
         shell.answer_queries()
     shell.flush()

@@ -34,19 +34,23 @@ member ``max_queries``; one past either is answered BUSY at once (the client wai
 and asks again).  Queries never enter the log, so they hold no log room, no disk and no
 replication from writes; their cost is one heartbeat to each follower per round.
 
-Everything here is the leader's: on any other member a query is answered NOT_LEADER,
-and a leader that steps down answers every query it holds so.
+Everything here is the leader's: on any other member a linearizable query is answered
+NOT_LEADER, and a leader that steps down answers every linearizable query it holds so.
+Follower-consistency queries are any member's (:mod:`cluster.core.follower_reads`:
+:attr:`ReadIndex.follower`); the two kinds share the bounds.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from ..protocol.egress import QueryResponse
 from ..protocol.enums import QueryStatus
 from ..protocol.ingress import QUERY_FOLLOWER, QUERY_LINEARIZABLE, QueryRequest
 from . import quorum
 from .base import ConsensusConfig, Counters, EgressPort, IngressSource, TermView
+from .follower_reads import FollowerReads, QueryLinks
 from .replication import LeaderReplication
 from .session import ClusterSession, State
 
@@ -94,6 +98,8 @@ class ReadIndex:
         "config",
         "counters",
         "egress",
+        "follower",
+        "links",
         "log",
         "progress",
         "ready",
@@ -112,6 +118,8 @@ class ReadIndex:
         sessions: dict[int, ClusterSession],
         egress: EgressPort,
         counters: Counters,
+        links: QueryLinks | None = None,
+        applied_sequence: Callable[[int], int] = lambda session_id: 0,
     ) -> None:
         self.config = config
         self.view = view
@@ -137,13 +145,28 @@ class ReadIndex:
         index order: rounds and commit positions only grow)."""
         self._per_session: dict[int, int] = {}
         self._round_sent_ns = 0
+        if links is None:  # (tests of this part alone)
+            links = QueryLinks(config, egress, view, counters, sessions)
+        self.links = links
+        """The sessions' query connections (the session manager's)."""
+        self.follower = FollowerReads(
+            *(config, view, self.log, sessions, self.links, applied_sequence),
+            *(egress, counters, self),
+        )
+        """This member's follower-consistency queries (any member answers them)."""
 
     def __len__(self) -> int:
         return len(self._unsent) + len(self._waiting) + len(self.ready)
 
     def in_flight(self, session_id: int) -> int:
-        """Queries of ``session_id`` held here."""
+        """Linearizable queries of ``session_id`` held here."""
         return self._per_session.get(session_id, 0)
+
+    @property
+    def answerable(self) -> bool:
+        """Whether the driver should answer queries now (:meth:`take_answerable`, and
+        the follower queries' :meth:`FollowerReads.take_answerable`)."""
+        return bool(self.ready) or self.follower.due
 
     # ------------------------------------------------------------------ arrival
 
@@ -159,7 +182,11 @@ class ReadIndex:
         """Hold a query of an open session that arrived at this leader (``ready``: it
         has committed an entry of its term); BUSY past the bounds (not held)."""
         per_session = self._per_session.get(session_id, 0)
-        if per_session >= self.config.max_session_queries or len(self) >= self.config.max_queries:
+        follower = self.follower
+        if (
+            per_session + follower.in_flight(session_id) >= self.config.max_session_queries
+            or len(self) + len(follower) >= self.config.max_queries
+        ):
             return QueryStatus.BUSY
         self._per_session[session_id] = per_session + 1
         read_index = self.log.commit_position if ready else -1
@@ -167,14 +194,25 @@ class ReadIndex:
         return None
 
     def on_query(self, msg: QueryRequest, source: IngressSource | None, now_ns: int) -> None:
-        """A client's query.  Taken only from its session's own connection, as its
-        messages (anything else is dropped and counted); held if this member leads
-        (until it has committed an entry of its term, without a read index), else
-        answered at once NOT_LEADER (naming the leader it knows), BUSY past a bound,
-        REFUSED at an unknown consistency.  A follower-consistency query is served here
-        as a linearizable one (at least as fresh as it asks)."""
+        """A client's query.  A follower-consistency one goes to :attr:`follower` (any
+        member answers it).  A linearizable one is taken only from a connection that
+        holds its session (its own, or a query connection of it: anything else is
+        dropped and counted); held if this member leads (until it has committed an
+        entry of its term, without a read index), else answered at once NOT_LEADER
+        (naming the leader it knows), BUSY past a bound, REFUSED at an unknown
+        consistency."""
+        if msg.consistency == QUERY_FOLLOWER:
+            self.follower.on_query(msg, source)
+            return
         session = self.sessions.get(msg.cluster_session_id)
-        if session is None or source is None or session.source is not source:
+        if (
+            session is None
+            or source is None
+            or (
+                session.source is not source
+                and self.links.session_of(source) != session.cluster_session_id
+            )
+        ):
             self.counters.foreign_session_messages += 1
             return
         if session.state is not State.OPEN:
@@ -183,7 +221,7 @@ class ReadIndex:
         view = self.view
         leader = view.leader_member_id
         session_id, correlation_id = msg.cluster_session_id, msg.correlation_id
-        if msg.consistency not in (QUERY_LINEARIZABLE, QUERY_FOLLOWER):
+        if msg.consistency != QUERY_LINEARIZABLE:
             message, status = f"unknown consistency {msg.consistency}", QueryStatus.REFUSED
         elif leader != self.config.member_id:
             message, status = "this member does not lead: ask the leader", QueryStatus.NOT_LEADER

@@ -9,6 +9,9 @@ secret that OK carried), after a broken connection, a pause or a leader change:
 * at a member that is not the ready leader the resume is held and answered REDIRECT
   (naming the leader, or none during an election) every second until a leader is
   known, and taken by this member if it becomes the ready leader;
+* a query-only resume (follower reads, on any member) binds the connection as a query
+  connection of the session once the secret checks out
+  (:class:`~cluster.core.follower_reads.QueryLinks`); the session stays where it is;
 * a resume of a session that was closed meanwhile hears why (its CloseReason's name:
   TIMEOUT, SERVICE_ACTION...), if it proves it held the session; the last
   :data:`MAX_CLOSED_REMEMBERED` closes are remembered, on every member (leaders when
@@ -30,6 +33,7 @@ from ..protocol.egress import SessionEvent
 from ..protocol.enums import CloseReason, EventCode
 from ..protocol.ingress import SessionResumeRequest
 from .base import ConsensusConfig, Counters, EgressPort, IngressSource, TermView
+from .follower_reads import QueryLinks
 from .notify import SessionNotifier
 from .session import EGRESS_HEARTBEAT_NS, ClusterSession, SessionProgress, State, secret_hash
 
@@ -54,6 +58,7 @@ class SessionResumption:
         notify: SessionNotifier,
         sessions: dict[int, ClusterSession],
         progress: Callable[[int], SessionProgress | None] = lambda session_id: None,
+        links: QueryLinks | None = None,
     ) -> None:
         self.config = config
         self.egress = egress
@@ -64,6 +69,10 @@ class SessionResumption:
         """The manager's open sessions by id (the same dict: it is never replaced)."""
         self.progress = progress
         """What the service applied of a session's messages, and the replies it kept."""
+        if links is None:  # (tests of this part alone)
+            links = QueryLinks(config, egress, view, counters, sessions)
+        self.links = links
+        """The sessions' query connections (query-only resumes bind them)."""
         #: why recently closed sessions were closed, their secret's hash (to tell only
         #: their holder) and the last sequence applied: a resume after the fact hears them
         self.closed_reasons: OrderedDict[int, tuple[CloseReason, bytes, int]] = OrderedDict()
@@ -77,6 +86,9 @@ class SessionResumption:
 
     def on_resume(self, request: SessionResumeRequest, source: IngressSource, now_ns: int) -> None:
         """A connection proves it holds an open session (see the module docstring)."""
+        if request.query_only:
+            self._bind_query_link(request, source)
+            return
         view = self.view
         if not view.is_ready_leader:
             # REDIRECT to the leader this member knows (none during an election), and
@@ -95,9 +107,7 @@ class SessionResumption:
             why, last_applied = self._why_closed(request)
             self._reply(source, request, EventCode.CLOSED, why, last_applied=last_applied)
             return
-        if not session.secret_hash or not hmac.compare_digest(
-            secret_hash(bytes(request.session_secret)), session.secret_hash
-        ):
+        if not self._proves(request, session):
             self.counters.rejected_resumes += 1
             self._reply(source, request, EventCode.ERROR, "session secret rejected")
             return
@@ -121,6 +131,27 @@ class SessionResumption:
             progress.replies.restart(request.reply)
         if self.notify.welcome(session, progress):
             session.has_new_leader_event_pending = False
+
+    def _bind_query_link(self, request: SessionResumeRequest, source: IngressSource) -> None:
+        """A query-only resume, on any member: the connection becomes a query connection
+        of the session if it proves it holds it (the secret); else it hears CLOSED (not
+        open here: closed, or not yet applied on this member) or ERROR (wrong secret)."""
+        session = self.sessions.get(request.cluster_session_id)
+        if session is None or session.state is not State.OPEN:
+            why, last_applied = self._why_closed(request)
+            self._reply(source, request, EventCode.CLOSED, why, last_applied=last_applied)
+        elif not self._proves(request, session):
+            self.counters.rejected_resumes += 1
+            self._reply(source, request, EventCode.ERROR, "session secret rejected")
+        else:
+            self.links.bind(session, request, source)
+
+    @staticmethod
+    def _proves(request: SessionResumeRequest, session: ClusterSession) -> bool:
+        """Whether ``request`` carries the secret of ``session``."""
+        return bool(session.secret_hash) and hmac.compare_digest(
+            secret_hash(bytes(request.session_secret)), session.secret_hash
+        )
 
     def _why_closed(self, request: SessionResumeRequest) -> tuple[str, int]:
         """The reason a session that is not open was closed, for the client that holds

@@ -415,46 +415,54 @@ class ServiceContainer:
 
     def answer_queries(self, applied: int) -> int:
         """Answer, from the service's ``on_query``, each confirmed query whose read
-        index the log applied up to ``applied`` reaches (the leader's: no log, no disk);
-        returns how many.  What ``on_query`` raises goes back to its client as
-        SERVICE_ERROR (counted in ``query_errors``, logged at DEBUG): the member goes
-        on, and the service's log callbacks' policy does not apply (nothing changed)."""
-        queries = self.cm.reads.take_answerable(applied)
-        if not queries:
+        index the log applied up to ``applied`` reaches (the leader's: no log, no disk),
+        and each follower query this member has applied far enough for
+        (:mod:`cluster.core.follower_reads`); returns how many.  What ``on_query``
+        raises goes back to its client as SERVICE_ERROR (counted in ``query_errors``,
+        logged at DEBUG): the member goes on, and the service's log callbacks' policy
+        does not apply (nothing changed)."""
+        reads = self.cm.reads
+        queries = reads.take_answerable(applied)
+        follower = reads.follower
+        held = follower.take_answerable(applied)
+        if not queries and not held:
             return 0
-        service, send, counters = self.service, self.egress.send, self.cm.counters
-        term, position = self.cm.leadership_term_id, applied
+        send = self.egress.send
         for query in queries:
-            try:
-                answer = service.on_query(query.payload)
-                if type(answer) is not bytes:
-                    if not isinstance(answer, bytearray | memoryview):
-                        raise TypeError(f"on_query() returned {type(answer).__name__}, not bytes")
-                    answer = bytes(answer)
-            except BaseException as exc:  # as the log callbacks': see the module
-                counters.query_errors += 1
-                log.debug("on_query raised %r", exc)
-                response = QueryResponse(
-                    query.session_id,
-                    query.correlation_id,
-                    term,
-                    QueryStatus.SERVICE_ERROR,
-                    position,
-                    error_type=error_type(exc),
-                    message=error_text(exc),
-                )
-            else:
-                counters.queries += 1
-                response = QueryResponse(
-                    query.session_id,
-                    query.correlation_id,
-                    term,
-                    QueryStatus.OK,
-                    position,
-                    answer,
-                )
-            send(query.session_id, response)
-        return len(queries)
+            send(
+                query.session_id,
+                self._answer(query.session_id, query.correlation_id, query.payload, applied),
+            )
+        self.cm.counters.follower_queries += len(held)
+        for fq in held:
+            follower.send(fq, self._answer(fq.session_id, fq.correlation_id, fq.payload, applied))
+        return len(queries) + len(held)
+
+    def _answer(
+        self, session_id: int, correlation_id: int, payload: bytes, position: int
+    ) -> QueryResponse:
+        """The service's answer to one query, from its state at ``position``."""
+        counters, term = self.cm.counters, self.cm.leadership_term_id
+        try:
+            answer = self.service.on_query(payload)
+            if type(answer) is not bytes:
+                if not isinstance(answer, bytearray | memoryview):
+                    raise TypeError(f"on_query() returned {type(answer).__name__}, not bytes")
+                answer = bytes(answer)
+        except BaseException as exc:  # as the log callbacks': see the module
+            counters.query_errors += 1
+            log.debug("on_query raised %r", exc)
+            return QueryResponse(
+                session_id,
+                correlation_id,
+                term,
+                QueryStatus.SERVICE_ERROR,
+                position,
+                error_type=error_type(exc),
+                message=error_text(exc),
+            )
+        counters.queries += 1
+        return QueryResponse(session_id, correlation_id, term, QueryStatus.OK, position, answer)
 
     # ---- service errors (never on the hot path) -----------------------------------
 

@@ -73,18 +73,12 @@ from ..protocol.log import LogMessage, SessionCloseEvent, SessionOpenEvent
 from .admission import SessionAdmission
 from .auth import Authenticator
 from .base import ConsensusConfig, Counters, EgressPort, IngressSource, TermView
+from .follower_reads import QueryLinks
 from .log import ReplicatedLog
 from .notify import SessionNotifier
 from .resumption import SessionResumption
 from .sequencing import SessionSequencing
-from .session import (
-    DROPPED,
-    EGRESS_HEARTBEAT_NS,
-    SECRET_BYTES,
-    ClusterSession,
-    State,
-    secret_hash,
-)
+from .session import DROPPED, EGRESS_HEARTBEAT_NS, SECRET_BYTES, ClusterSession, State, secret_hash
 
 log = logging.getLogger("cluster.consensus")
 
@@ -150,9 +144,12 @@ class SessionManager:
         self.admission = SessionAdmission(
             config, egress, authenticator, log, view, counters, self.notify, self
         )
+        self.query_links = QueryLinks(config, egress, view, counters, self.sessions)
+        """The sessions' query connections (follower reads, :mod:`~cluster.core.follower_reads`)."""
         self.resumption = SessionResumption(
             *(config, egress, view, counters, self.notify, self.sessions),
             lambda session_id: self.sequencing.progress(session_id),
+            self.query_links,
         )
 
     # ------------------------------------------------------------------ requests
@@ -162,6 +159,7 @@ class SessionManager:
         redirect or a rejection to go out, resuming, or open."""
         return (
             self.resumption.holds(source)
+            or self.query_links.holds(source)
             or any(s.source is source for s in self.sessions.values())
             or self.admission.holds(source)
         )
@@ -180,6 +178,7 @@ class SessionManager:
         ``resume_grace_ns``: see the module)."""
         source.closed = True
         self.admission.on_source_closed(source)
+        self.query_links.on_source_closed(source)
         for session in self.sessions.values():
             if session.source is source:
                 session.source = None
@@ -212,7 +211,10 @@ class SessionManager:
         source: IngressSource,
         now_ns: int,
     ) -> None:
-        """A client's request about a session, which came on the connection ``source``."""
+        """A client's request about a session, which came on the connection ``source``
+        (a query connection takes none but a query-only resume: counted, dropped)."""
+        if self.query_links.refuses(msg, source):
+            return
         if isinstance(msg, SessionKeepAlive):
             self.on_keepalive(msg, source, now_ns)
         elif isinstance(msg, SessionConnectRequest):
@@ -528,9 +530,9 @@ class SessionManager:
 
     def answer_waiting(self, now_ns: int) -> int:
         """Connections waiting here for an answer (every member, every slow tick):
-        redirects and rejections of connect requests, and resumes held while no leader
-        was ready."""
-        work = self.admission.send_redirects_and_rejections(now_ns)
+        redirects and rejections of connect requests, resumes held while no leader
+        was ready, and query connections of sessions that closed."""
+        work = self.admission.send_redirects_and_rejections(now_ns) + self.query_links.sweep()
         return work + self.resumption.answer_held_resumes(now_ns)
 
     def _send_open_event(self, session: ClusterSession) -> None:

@@ -75,6 +75,13 @@ class SessionResumeRequest(Message, tag=9):
     leader change, or a broken connection): ``session_secret`` is the secret its
     SessionEvent OK carried.  Until it has, the connection may not act for the session.
     A member that does not lead answers REDIRECT; an unknown or closed session, CLOSED.
+
+    ``query_only`` (Triarch's follower reads): the connection asks to carry the
+    session's queries only, on any member, leader or follower.  The member checks the
+    secret against the session's ``secret_hash`` (every member has it from the log) and
+    binds the connection as a *query connection* of the session (answered OK, without
+    a secret): it never becomes the session's connection, and the member takes nothing
+    but queries from it (:mod:`cluster.core.follower_reads`).
     """
 
     correlation_id: Int64
@@ -84,6 +91,8 @@ class SessionResumeRequest(Message, tag=9):
     #: the highest of the session's replies the client received in order: the leader
     #: sends what follows (exactly once out)
     reply: Int64 = 0
+    #: bind this connection for the session's queries only (see above)
+    query_only: bool = False
 
 
 QUERY_LINEARIZABLE = 0
@@ -98,8 +107,11 @@ class QueryRequest(Message, tag=10):
     ``on_query`` with a :class:`~cluster.protocol.egress.QueryResponse` of the same
     ``correlation_id``, without the log.  ``consistency``: :data:`QUERY_LINEARIZABLE` or
     :data:`QUERY_FOLLOWER`; ``min_position``: the highest log position the client has
-    seen (a follower read waits until it has applied that far).  A query changes
-    nothing, so a client resends it freely (after a leader change, a lost answer)."""
+    seen (a follower read waits until it has applied that far); ``min_sequence``: the
+    highest sequence of the session's own messages the client has been told were
+    applied (a follower read waits until it has applied them too: the client reads its
+    own writes on any member).  A query changes nothing, so a client resends it freely
+    (after a leader change, a lost answer, to another member)."""
 
     leadership_term_id: Int64
     cluster_session_id: Int64
@@ -107,6 +119,7 @@ class QueryRequest(Message, tag=10):
     payload: bytes
     consistency: Int32 = QUERY_LINEARIZABLE
     min_position: Int64 = 0
+    min_sequence: Int64 = 0
 
 
 class AdminRequest(Message, tag=26):

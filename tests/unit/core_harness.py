@@ -28,11 +28,22 @@ SECOND = 1_000 * MS
 
 
 class NullEgress:
+    def __init__(self) -> None:
+        self.replies: list[tuple[Any, Any]] = []
+        """What went back on client connections: ``(source, message)``."""
+
     def connect(self, egress_id: int, channel: str) -> None:
         pass
 
     def send(self, egress_id: int, message: Any) -> bool:
         return True
+
+    def reply(self, source: Any, message: Any) -> bool:
+        self.replies.append((source, message))
+        return True
+
+    def attach(self, egress_id: int, source: Any) -> None:
+        pass
 
     def close(self, egress_id: int) -> None:
         pass
@@ -149,8 +160,9 @@ class MemoryShell:
         pass
 
     def answer_queries(self) -> None:
-        applied = self.applied_position
-        self.answered.extend((query, applied) for query in self.cm.reads.take_answerable(applied))
+        applied, reads = self.applied_position, self.cm.reads
+        self.answered.extend((query, applied) for query in reads.take_answerable(applied))
+        self.answered.extend((query, applied) for query in reads.follower.take_answerable(applied))
 
 
 def ship_log(
