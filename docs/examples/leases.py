@@ -112,6 +112,16 @@ class LeaseService(ClusteredService):
 
     # --8<-- [end:requests]
 
+    # --8<-- [start:queries]
+    def on_query(self, payload: bytes) -> bytes:
+        """Who holds the lease ``payload`` names: read the state, change nothing."""
+        lease = self.leases.get(payload.decode())
+        if lease is None:
+            return encode(Reply(False))
+        return encode(Reply(True, lease.holder, lease.expires))
+
+    # --8<-- [end:queries]
+
     # --8<-- [start:timers]
     def _grant(self, name: str, holder: int, expires: int) -> Lease:
         assert self.cluster is not None
@@ -164,6 +174,10 @@ class LeaseClient:
 
     async def release(self, name: str) -> Reply:
         return await self._call(Release(name))
+
+    async def holder(self, name: str) -> Reply:
+        """Who holds ``name`` now (``granted``: somebody does): a query, no log entry."""
+        return reply_decoder.decode(await self.client.query(name.encode()))
 
     async def _call(self, request: Acquire | Release) -> Reply:
         async with self._one_at_a_time:

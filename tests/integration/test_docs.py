@@ -121,6 +121,11 @@ def test_the_lease_snapshot_is_loaded_back_whole() -> None:
     restored.on_timer_event(1, 1500)  # the renewed lease's old timer: nothing ends
     restored.on_timer_event(2, 1600)
     assert list(restored.leases) == ["b"]
+    before = restored.on_take_snapshot()
+    held = leases.reply_decoder.decode(restored.on_query(b"b"))
+    assert (held.granted, held.holder, held.expires) == (True, 2, 2100)
+    assert not leases.reply_decoder.decode(restored.on_query(b"a")).granted
+    assert restored.on_take_snapshot() == before  # queries change nothing
 
 
 def test_the_api_reference_builds_and_names_the_main_classes(tmp_path: Path) -> None:
@@ -203,6 +208,9 @@ async def lease_failover(cluster: LocalCluster) -> None:
             refused = await bob.acquire("db-primary", ttl=60)
         assert not refused.granted
         assert refused.holder == a.cluster_session_id
+        held = await bob.holder("db-primary")  # a query, at the new leader
+        assert held.granted
+        assert held.holder == a.cluster_session_id
         assert a.leader_member_id != leader or b.leader_member_id != leader
         # alice renews with the new leader: her client follows it before it releases (a
         # Release sent again after its first reply was lost, while her client still
