@@ -174,25 +174,36 @@ class BudgetExceeded(Exception):
 def _linearizable(
     ops: Sequence[Op], relaxed: Sequence[bool], initial: _State, budget: int
 ) -> tuple[bool, int, float]:
-    """Wing & Gong / Lowe with Porcupine's memo: whether ``ops`` (completed or not; the
-    ``relaxed`` ones checked loosely) have a linearization from ``initial``, the steps it
-    took, and the frontier: the latest completion the search was stopped at (every op
-    completed before it had been linearized).  Raises :class:`BudgetExceeded` past
-    ``budget`` steps."""
+    """Wing & Gong / Lowe with Porcupine's memo: whether ``ops`` (the ``relaxed`` ones
+    checked loosely) have a linearization from ``initial``, the steps it took, and the
+    frontier: the latest completion the search was stopped at (every op completed before
+    it had been linearized).  Raises :class:`BudgetExceeded` past ``budget`` steps.
+
+    Ops that never completed are not searched over: each one would be concurrent with
+    everything after its invocation and double the configurations for the rest of the
+    history (a history with a stale read and a dozen of them took minutes).  Each is a
+    source instead: from its invocation on, its effect may happen at any moment, as
+    often as needed (:func:`_closure`).  That is looser than once: a value written only
+    by such an op and seen, replaced and seen again is caught by :func:`_resurrected`."""
+    sources = sorted((op for op in ops if op.ret is None), key=lambda op: op.call)
+    source_calls = [op.call for op in sources]
+    pairs = [(op, r) for op, r in zip(ops, relaxed, strict=True) if op.ret is not None]
+    ops = [op for op, _ in pairs]
+    relaxed = [r for _, r in pairs]
+    rets = [op.ret or 0.0 for op in ops]
     n = len(ops)
     # entries: 0..n-1 the invocations, n..2n-1 the completions; a doubly linked list in
     # time order (invocations before completions at the same time), 2n the head
     times = []
     for i, op in enumerate(ops):
         times.append((op.call, 0, i))
-        times.append((math.inf if op.ret is None else op.ret, 1, n + i))
+        times.append((rets[i], 1, n + i))
     times.sort()
-    order = [entry for _, _, entry in times]
     head = 2 * n
     nxt = [-1] * (2 * n + 1)
     prv = [-1] * (2 * n + 1)
     last = head
-    for entry in order:
+    for _, _, entry in times:
         nxt[last] = entry
         prv[entry] = last
         last = entry
@@ -212,7 +223,25 @@ def _linearizable(
             if q != -1:
                 prv[q] = entry
 
+    closures: dict[tuple[_State, int], _State] = {}
+
+    def closed(state: _State) -> _State:
+        """``state`` with the effects of every source invoked before the first
+        completion still in the list (what the next op linearized may see)."""
+        if not sources:
+            return state
+        entry = nxt[head]
+        while entry != -1 and entry < n:
+            entry = nxt[entry]
+        until = math.inf if entry == -1 else rets[entry - n]
+        count = bisect.bisect_right(source_calls, until)
+        found = closures.get((state, count))
+        if found is None:
+            found = closures[(state, count)] = _closure(state, sources[:count])
+        return found
+
     state = initial
+    seeing = closed(state)
     linearized = 0
     seen: set[tuple[int, _State]] = set()
     stack: list[tuple[int, _State]] = []
@@ -224,7 +253,7 @@ def _linearizable(
         if steps > budget:
             raise BudgetExceeded
         if entry < n:  # an invocation: try to linearize it here
-            after = _step(state, ops[entry], relaxed[entry])
+            after = _step(seeing, ops[entry], relaxed[entry])
             if after:
                 bits = linearized | (1 << entry)
                 if (bits, after) not in seen:
@@ -232,21 +261,32 @@ def _linearizable(
                     stack.append((entry, state))
                     state, linearized = after, bits
                     lift(entry)
+                    seeing = closed(state)
                     entry = nxt[head]
                     continue
             entry = nxt[entry]
         else:
-            op = ops[entry - n]
-            if op.ret is None:  # only never-completed ops are left: put them last
-                return True, steps, frontier
-            frontier = max(frontier, op.ret)
+            frontier = max(frontier, rets[entry - n])
             if not stack:
                 return False, steps, frontier
             call, state = stack.pop()
             linearized &= ~(1 << call)
             unlift(call)
+            seeing = closed(state)
             entry = nxt[call]
     return True, steps, frontier
+
+
+def _closure(state: _State, sources: Sequence[Op]) -> _State:
+    """``state`` with every effect the ``sources`` (never-completed ops) may have had,
+    each as often as it applies (a compare-and-set may apply after another source)."""
+    while True:
+        grown = state
+        for op in sources:
+            grown = _step(grown, op, relaxed=True)
+        if grown == state:
+            return state
+        state = grown
 
 
 # --------------------------------------------------------------------------- results
@@ -267,6 +307,8 @@ class KeyFailure:
     value written before the window may have been there."""
     before: list[Any] = field(default_factory=list)
     """The values the key may have held before the window (``from_start``: [None])."""
+    reason: str = ""
+    """Why, where it is not that no order explains the results (:func:`_resurrected`)."""
 
 
 @dataclass(slots=True)
@@ -323,6 +365,10 @@ def format_ops(ops: Iterable[Op], origin: float = 0.0, marked: Iterable[Op] = ()
 
 
 def explain_failure(failure: KeyFailure, origin: float = 0.0) -> str:
+    if failure.reason:
+        return f"key {failure.key!r} is not linearizable: {failure.reason}:\n" + format_ops(
+            failure.window, origin, failure.needed
+        )
     if failure.from_start:
         before = "from the start (the key absent)"
     else:
@@ -341,9 +387,33 @@ def explain_failure(failure: KeyFailure, origin: float = 0.0) -> str:
 
 
 def _prepared(ops: Iterable[Op]) -> list[Op]:
-    """The ops that constrain anything: a read that never completed tells nothing."""
+    """The ops that can matter, by invocation.  A read that never completed tells
+    nothing.  Nor does a write that never completed whose value no op names (no read
+    answered it, no compare-and-set expects it), where no completed op could be helped
+    by the key holding some value nobody names (a compare-and-set answering False, a
+    delete answering True): dropping it is exact, and it spares the search a branch per
+    such write for the rest of the history (a never-completed op is concurrent with
+    everything after it)."""
+    ops = list(ops)
+    named = {op.result for op in ops if op.kind == "get" and op.completed}
+    named.update(op.args[0] for op in ops if op.kind == "cas")
+    anything_helps = any(
+        op.completed and bool(op.result) == (op.kind == "delete")
+        for op in ops
+        if op.kind in ("cas", "delete")
+    )
+
+    def matters(op: Op) -> bool:
+        if op.completed:
+            return True
+        if op.kind == "get":
+            return False
+        if op.kind == "delete" or anything_helps:
+            return True
+        return _written(op) in named
+
     return sorted(
-        (op for op in ops if op.completed or op.kind != "get"), key=lambda op: (op.call, op.ret)
+        filter(matters, ops), key=lambda op: (op.call, math.inf if op.ret is None else op.ret)
     )
 
 
@@ -374,7 +444,50 @@ def check(history: Iterable[Op], budget: int = DEFAULT_BUDGET) -> CheckResult:
         result.steps += steps
         if not ok:
             result.failures.append(smallest_window(key, by_key[key], budget, frontier))
+        else:
+            twice = _resurrected(key, _prepared(by_key[key]))
+            if twice is not None:
+                result.failures.append(twice)
     return result
+
+
+def _resurrected(key: str, ops: Sequence[Op]) -> KeyFailure | None:
+    """A value written by one op only, which never completed, read, then replaced (a
+    read of another value invoked after that read completed), then read again (invoked
+    after that one completed): the write took effect twice.  The search lets a
+    never-completed op take effect as often as it likes; this catches what that lets
+    through for the reads of its value."""
+    writers: dict[Any, list[Op]] = defaultdict(list)
+    for op in ops:
+        if op.kind in ("put", "cas"):
+            writers[_written(op)].append(op)
+    reads = [op for op in ops if op.kind == "get" and op.completed]
+    for value, [*wrote] in writers.items():
+        if value is None or len(wrote) != 1 or wrote[0].completed:
+            continue
+        seen = [op for op in reads if op.result == value]
+        if len(seen) < 2:
+            continue
+        first = min(seen, key=lambda op: op.ret or 0.0)
+        again = max(seen, key=lambda op: op.call)
+        for other in reads:
+            if (
+                other.result != value
+                and other.call > (first.ret or 0.0)
+                and (other.ret or 0.0) < again.call
+            ):
+                window = sorted([wrote[0], first, other, again], key=lambda op: op.call)
+                return KeyFailure(
+                    key,
+                    window,
+                    [first, other, again],
+                    False,
+                    reason=(
+                        f"{value!r}, written only by an op that never completed, was read, "
+                        f"then replaced, then read again: that write took effect twice"
+                    ),
+                )
+    return None
 
 
 # --------------------------------------------------------------------------- windows
@@ -434,7 +547,7 @@ class _Windows:
         names behave alike in it: one stands for them all)."""
         if lo == 0:
             return frozenset((None,)), [None]
-        earlier = {None}
+        earlier: set[Any] = {None}
         for op in self.ops:
             if op.call > end:
                 break
@@ -445,7 +558,7 @@ class _Windows:
                 named.add(op.result)
             elif op.kind == "cas":
                 named.add(op.args[0])
-        state = {v for v in earlier if v in named or v is None}
+        state: set[Any] = {v for v in earlier if v in named or v is None}
         if any(v not in named and v is not None for v in earlier):
             state.add(OTHER)
         return frozenset(state), sorted(earlier, key=repr)
