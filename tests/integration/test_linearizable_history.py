@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,8 +66,23 @@ CLIENTS = 5
 KEYS = ("a", "b", "c")
 OP_TIMEOUT = 15.0  # seconds before an op is given up as indeterminate
 STEP_OPS = 80  # ops completed after each fault before the next step
+PACE = 0.005  # seconds between two ops of a client: a busy 2-core machine
 STEP_LIMIT = 60.0  # seconds for them: a cluster that stops serving fails the test
-PAUSE_WRITES = 2 * len(KEYS)  # writes through the new leader while the old one is paused
+ISOLATION = 1.0  # seconds the paused leader runs alone after it resumes (second pause)
+PROBES = 2  # sessions kept on the paused leader, each querying every key at both levels
+PATIENT = 0
+"""The member paused while it leads: its own leader heartbeat timeout is long (30 s), so
+it does not step down by itself on its first tick after the pause (as a member whose
+timeout passed while it was stopped does): the queries it reads then are in a race only
+with the new leader's messages (as in ``test_queries.py``)."""
+
+
+class Cluster(LocalCluster):
+    def command(self, member_id: int) -> list[str]:
+        args = super().command(member_id)
+        if member_id == PATIENT:
+            args += ["--leader-heartbeat-timeout", "30s"]  # the last one given wins
+        return args
 
 
 @dataclass
@@ -80,6 +96,7 @@ class Recorder:
     acknowledged: list[tuple[str, str]] = field(default_factory=list)  # (key, value)
     latencies: dict[str, list[float]] = field(default_factory=dict)
     waiting: list[tuple[int, trio.Event]] = field(default_factory=list)
+    began: float = field(default_factory=time.monotonic)
 
     def record(self, op: Op) -> None:
         self.history.append(op)
@@ -185,6 +202,7 @@ async def worker(cluster: LocalCluster, recorder: Recorder, index: int) -> None:
                         ok = await read(c, recorder, who, key, follower=dice >= 0.8)
                     if not ok:
                         break
+                    await trio.sleep(PACE)
         except client.ClusterClientError as exc:  # a connect that failed, a close
             print(f"\n[history] {who}: {type(exc).__name__}: {exc}")
             await trio.sleep(0.2)
@@ -232,47 +250,105 @@ def endpoints_without(cluster: LocalCluster, member_id: int) -> str:
     )
 
 
+async def hand_over(cluster: LocalCluster, to: int | None = None) -> None:
+    """``cluster-tool transfer-leadership`` (to ``to``), and wait until it leads."""
+    args = ["transfer-leadership"] + ([] if to is None else ["--to", str(to)])
+    moved = await trio.to_thread.run_sync(lambda: tool(cluster, *args))
+    assert moved.returncode == 0, moved.stderr
+    if to is not None:
+        with trio.fail_after(30):
+            while await leader_of(cluster) != to:  # noqa: ASYNC110 (another process)
+                await trio.sleep(0.1)
+
+
+async def pause_round(
+    cluster: LocalCluster, recorder: Recorder, stopped: list[int], round_: int, isolated: bool
+) -> str:
+    """PATIENT, leading, is paused; a session writes every key through the new leader;
+    then probe sessions still connected to PATIENT query every key (invoked after those
+    writes completed), and PATIENT is resumed: it reads the probes' queries at once, and
+    must not answer them from before the writes.  Which PATIENT reads first, the queries
+    or the new leader's messages, is a race; ``isolated``: the other two members are
+    paused before PATIENT resumes and resumed ``ISOLATION`` seconds after, so that
+    PATIENT reads the queries first, and hears from nobody (a deposed leader cut off).
+    Returns what happened."""
+    if await leader_of(cluster) != PATIENT:
+        await hand_over(cluster, PATIENT)
+    others = [m for m in range(cluster.nodes) if m != PATIENT]
+    before = await counters_of(cluster, PATIENT)
+    async with AsyncExitStack() as stack:
+        probes = []
+        for _ in range(PROBES):
+            c = await stack.enter_async_context(
+                client.connect(cluster.ingress_endpoints, connect_timeout=30)
+            )
+            await c.query(b"count")  # its session is open at the leader
+            assert c.leader_member_id == PATIENT
+            probes.append(c)
+        cluster.signal(PATIENT, signal.SIGSTOP)
+        stopped.append(PATIENT)
+        async with client.connect(endpoints_without(cluster, PATIENT), connect_timeout=30) as c:
+            for i, key in enumerate(KEYS):
+                assert await write(c, recorder, f"side{round_}", key, f"side-{round_}-{i}")
+        if isolated:
+            for member in others:
+                cluster.signal(member, signal.SIGSTOP)
+                stopped.append(member)
+        async with trio.open_nursery() as nursery:
+            for i, c in enumerate(probes):
+                for key in KEYS:
+                    for follower in (False, True):
+                        nursery.start_soon(read, c, recorder, f"probe{round_}.{i}", key, follower)
+            await trio.sleep(0.2)  # the queries are written to the paused member
+            on_patient = sum(c.leader_member_id == PATIENT for c in probes)
+            cluster.signal(PATIENT, signal.SIGCONT)
+            stopped.remove(PATIENT)
+            if isolated:
+                await trio.sleep(ISOLATION)
+                for member in others:
+                    cluster.signal(member, signal.SIGCONT)
+                    stopped.remove(member)
+    after = await counters_of(cluster, PATIENT)
+    took = {name: after[name] - before[name] for name in ("read_rounds", "queries_refused")}
+    return (
+        f"member {PATIENT} paused while leading and resumed"
+        + (f", alone for {ISOLATION:g} s," if isolated else "")
+        + f" {on_patient} of {PROBES} probe sessions on it; then it counted {took}"
+    )
+
+
 async def nemesis(cluster: LocalCluster, recorder: Recorder, stopped: list[int]) -> list[str]:
     """The faults, each followed by ``STEP_OPS`` completed ops; returns what was done."""
     done: list[str] = []
 
     def mark(what: str) -> None:
-        done.append(f"{len(recorder.history)} ops: {what}")
+        done.append(f"{now() - recorder.began:5.1f} s, {len(recorder.history):5} ops: {what}")
 
     await recorder.ops_after(STEP_OPS, "warming up")
 
-    leader = await leader_of(cluster)
-    mark(f"SIGKILL leader {leader}")
-    await trio.to_thread.run_sync(cluster.kill, leader)
+    # the leader killed: PATIENT (the others, with their short heartbeat timeout, elect
+    # the next at once; PATIENT would refuse its vote for 30 s)
+    if await leader_of(cluster) != PATIENT:
+        await hand_over(cluster, PATIENT)
+        mark(f"leadership handed over to member {PATIENT}")
+    mark(f"SIGKILL leader {PATIENT}")
+    await trio.to_thread.run_sync(cluster.kill, PATIENT)
     await recorder.ops_after(STEP_OPS, "after the leader was killed")
-    await restart(cluster, leader)
-    mark(f"member {leader} started again")
+    await restart(cluster, PATIENT)
+    mark(f"member {PATIENT} started again")
     await recorder.ops_after(STEP_OPS // 2, "after the killed leader restarted")
 
-    leader = await leader_of(cluster)
-    before = await counters_of(cluster, leader)
-    mark(f"SIGSTOP leader {leader}")
-    cluster.signal(leader, signal.SIGSTOP)
-    stopped.append(leader)
-    async with client.connect(endpoints_without(cluster, leader), connect_timeout=30) as side:
-        for i in range(PAUSE_WRITES):
-            key = KEYS[i % len(KEYS)]
-            assert await write(side, recorder, "paused-side", key, f"side-{i:05d}")
-    cluster.signal(leader, signal.SIGCONT)
-    stopped.remove(leader)
-    mark(f"SIGCONT member {leader} ({PAUSE_WRITES} writes through the new leader meanwhile)")
-    await recorder.ops_after(STEP_OPS, "after the paused leader resumed")
-    after = await counters_of(cluster, leader)
-    took = {name: after[name] - before[name] for name in ("queries", "queries_refused")}
-    mark(f"member {leader} since its pause: {took}")
+    for round_, isolated in enumerate((False, True)):
+        what = await pause_round(cluster, recorder, stopped, round_, isolated)
+        mark(f"pause {round_ + 1}: {what}")
+        await recorder.ops_after(STEP_OPS, "after the paused leader resumed")
 
-    moved = await trio.to_thread.run_sync(lambda: tool(cluster, "transfer-leadership"))
-    assert moved.returncode == 0, moved.stderr
+    await hand_over(cluster)
     mark("leadership handed over")
     await recorder.ops_after(STEP_OPS, "after the hand-over")
 
     leader = await leader_of(cluster)
-    follower = next(m for m in range(cluster.nodes) if m != leader)
+    follower = next(m for m in range(cluster.nodes) if m not in (leader, PATIENT))
     mark(f"SIGKILL follower {follower}")
     await trio.to_thread.run_sync(cluster.kill, follower)
     await recorder.ops_after(STEP_OPS // 2, "after a follower was killed")
@@ -296,7 +372,7 @@ def test_history_of_writes_and_queries_under_faults_is_linearizable(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE.parents[1]), str(HERE)]))
     # sessions stay connected to a paused leader through the pause (step 2)
     monkeypatch.setattr(client._ingress, "LEADER_SILENCE", 30.0)
-    cluster = LocalCluster(3, "register_service:RegisterService", tmp_path, extra_args=NODE_ARGS)
+    cluster = Cluster(3, "register_service:RegisterService", tmp_path, extra_args=NODE_ARGS)
     recorder = Recorder()
     stopped: list[int] = []
     began = now()
