@@ -20,10 +20,14 @@ Linearizability is compositional, so :func:`check` checks each key on its own, w
 Wing and Gong's search as Lowe improved it and Porcupine implements it: take the
 earliest pending invocation whose step is legal, memoize (the set of ops linearized, the
 model's state) so that no configuration is explored twice, and backtrack when a
-completion is reached whose invocation has not been linearized.  Ops that never
-completed are "relaxed": their result is not checked and their effect is optional (the
-state is a set of possible values, Porcupine's power-set model).  A search that takes
-more than ``budget`` steps on a key gives "unknown" for it instead of going on.
+completion is reached whose invocation has not been linearized.  The state is the set
+of values the key may hold (Porcupine's power-set model), so that "relaxed" ops can be
+checked loosely: their result not checked, their effect optional.  An op that never
+completed is not a branch of the search (it would be concurrent with everything after
+it): it is a source whose effect may happen at any moment after its invocation, and a
+value written only by such an op must not be seen, replaced and seen again.  A search
+that takes more than ``budget`` steps on a key gives "unknown" for it instead of going
+on.
 
 For a key that is not linearizable, :func:`check` finds the smallest failing window: a
 stretch of time whose completed ops cannot be ordered to explain their results, whatever
@@ -391,9 +395,8 @@ def _prepared(ops: Iterable[Op]) -> list[Op]:
     nothing.  Nor does a write that never completed whose value no op names (no read
     answered it, no compare-and-set expects it), where no completed op could be helped
     by the key holding some value nobody names (a compare-and-set answering False, a
-    delete answering True): dropping it is exact, and it spares the search a branch per
-    such write for the rest of the history (a never-completed op is concurrent with
-    everything after it)."""
+    delete answering True): dropping it is exact, and keeps its value out of the states
+    searched for the rest of the history (its effect may happen at any moment)."""
     ops = list(ops)
     named = {op.result for op in ops if op.kind == "get" and op.completed}
     named.update(op.args[0] for op in ops if op.kind == "cas")
