@@ -312,7 +312,7 @@ async def pause_round(
     took = {name: after[name] - before[name] for name in ("read_rounds", "queries_refused")}
     return (
         f"member {PATIENT} paused while leading and resumed"
-        + (f", alone for {ISOLATION:g} s," if isolated else "")
+        + (f", alone for {ISOLATION:g} s," if isolated else ",")
         + f" {on_patient} of {PROBES} probe sessions on it; then it counted {took}"
     )
 
