@@ -2,10 +2,12 @@
 read with queries.
 
 Messages: ``set KEY VALUE`` (answered ``ok``).  Queries: ``get KEY`` (the value, empty
-when unset), ``count`` (how many sets were applied), ``raise`` (a ValueError: the
-client gets ``ServiceError``).  ``on_query`` checks it is read-only as the guide asks:
-the state's snapshot is the same after each query as before it (else it raises
-``AssertionError``, which the test sees as a ServiceError).
+when unset), ``at KEY`` (the log position the state reflects, a space, the value: for the
+monotonic-reads check of ``test_linearizable_history.py``), ``count`` (how many sets were
+applied), ``raise`` (a ValueError: the client gets ``ServiceError``).  ``on_query``
+checks it is read-only as the guide asks: the state's snapshot is the same after each
+query as before it (else it raises ``AssertionError``, which the test sees as a
+ServiceError).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ class RegisterService(ClusteredService):
     def __init__(self) -> None:
         self.values: dict[str, str] = {}
         self.sets = 0
+        self.cluster: Cluster | None = None
 
     def on_start(self, cluster: Cluster, snapshot: bytes | None) -> None:
+        self.cluster = cluster
         if snapshot:
             state = json.loads(snapshot)
             self.values, self.sets = state["values"], state["sets"]
@@ -44,6 +48,9 @@ class RegisterService(ClusteredService):
         verb, _, rest = payload.decode().partition(" ")
         if verb == "get":
             answer = self.values.get(rest, "").encode()
+        elif verb == "at":
+            assert self.cluster is not None
+            answer = f"{self.cluster.log_position} {self.values.get(rest, '')}".encode()
         elif verb == "count":
             answer = str(self.sets).encode()
         elif verb == "raise":
