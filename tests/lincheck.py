@@ -430,10 +430,15 @@ def check_key(ops: Sequence[Op], budget: int = DEFAULT_BUDGET) -> tuple[bool, in
 
 def check(history: Iterable[Op], budget: int = DEFAULT_BUDGET) -> CheckResult:
     """Check every key's ops; each key not linearizable comes with its smallest failing
-    window (:class:`KeyFailure`)."""
+    window (:class:`KeyFailure`).  Reads of a weaker consistency than linearizable
+    (``consistency="follower"``: any member answers from what it has applied) are left
+    out: a follower a write has not reached yet may rightly answer the value before it.
+    They have checks of their own: :func:`check_monotonic_reads`,
+    :func:`check_follower_reads`."""
     by_key: dict[str, list[Op]] = defaultdict(list)
     for op in history:
-        by_key[op.key].append(op)
+        if op.consistency == "linearizable":
+            by_key[op.key].append(op)
     result = CheckResult(keys=len(by_key), ops=sum(map(len, by_key.values())))
     calls = [op.call for ops in by_key.values() for op in ops]
     result.origin = min(calls, default=0.0)
@@ -678,3 +683,25 @@ def check_monotonic_reads(history: Iterable[Op], consistency: str | None = None)
             if i >= 0 and (best[i].position or 0) > (op.position or 0):
                 stale.append(StaleRead(best[i], op))
     return stale
+
+
+def check_follower_reads(history: Iterable[Op]) -> list[Op]:
+    """Follower reads that answered a value no write could have given by then: not the
+    key's initial absence and not the value of a put, or a cas that did not fail,
+    invoked before the read completed (a made-up, corrupted or foreign value).  A
+    follower read may answer any state the log went through up to its completion; how
+    fresh it is, is :func:`check_monotonic_reads`'s part."""
+    ops = list(history)
+    written: dict[str, list[tuple[float, Any]]] = defaultdict(list)
+    for op in ops:
+        if op.kind == "put" or (op.kind == "cas" and op.result is not False):
+            written[op.key].append((op.call, _written(op)))  # (a failed cas wrote nothing)
+    wrong = []
+    for op in ops:
+        if op.kind != "get" or op.consistency != "follower" or op.ret is None:
+            continue
+        if op.result is None:
+            continue
+        if not any(value == op.result and call <= op.ret for call, value in written[op.key]):
+            wrong.append(op)
+    return wrong

@@ -20,7 +20,8 @@ work is bounded by op counts, not wall time):
 4. a follower is killed and started again.
 
 Then a last linearizable read of every key, and the checks: the history is linearizable
-(``tests/lincheck.py``; a failure prints the smallest window that shows it), no
+(``tests/lincheck.py``: the writes and linearizable reads; a failure prints the smallest
+window that shows it), every follower read answered a value written by then, no
 client's follower reads went back in log position, and every acknowledged write is in the
 log of every member once they have caught up.  ``pytest -s`` prints the figures.
 """
@@ -47,7 +48,7 @@ from test_failover import archive_bytes, common_prefix_identical, restart, wait_
 import client
 import client._ingress
 from cluster.local import LocalCluster
-from tests.lincheck import Op, check, check_monotonic_reads, get, put
+from tests.lincheck import Op, check, check_follower_reads, check_monotonic_reads, get, put
 
 pytestmark = pytest.mark.slow
 
@@ -450,6 +451,7 @@ def test_history_of_writes_and_queries_under_faults_is_linearizable(
             f"slowest {times[-1] * 1000:.0f} ms"
         )
     assert result.ok, result.explain()
+    assert check_follower_reads(recorder.history) == []
     stale = check_monotonic_reads(recorder.history, consistency="follower")
     assert stale == [], "\n".join(s.explain(result.origin) for s in stale)
     assert kinds["get"] > 0

@@ -19,6 +19,7 @@ from tests.lincheck import (
     Op,
     cas,
     check,
+    check_follower_reads,
     check_monotonic_reads,
     delete,
     get,
@@ -266,6 +267,38 @@ def test_monotonic_reads_per_client() -> None:
     assert check_monotonic_reads([*history, back], consistency="linearizable") == []
     # reads that never completed, or without a position, are skipped
     assert check_monotonic_reads([*history, get("a", "x", 1, 8, None, position=1)]) == []
+
+
+def test_follower_reads_are_not_held_to_linearizability_but_to_values_written() -> None:
+    """A follower read may answer a state before a write another client completed (the
+    write has not reached that member yet): not a failure of ``check``, which leaves
+    follower reads out; a value nobody wrote by then is ``check_follower_reads``'."""
+    history = [
+        put("w", "k", "1", 0, 1),
+        put("w", "k", "2", 2, 3),
+        get("r", "k", "1", 4, 5, position=10, consistency="follower"),  # behind: allowed
+        get("r", "k", None, 4.5, 5.5, position=1, consistency="follower"),  # before both
+    ]
+    assert check(history).ok
+    assert check_follower_reads(history) == []
+    # the same stale read, asked as linearizable, fails
+    assert verdict([*history[:2], get("r", "k", "1", 4, 5)]) is False
+    made_up = get("r", "k", "3", 6, 7, consistency="follower")
+    early = get("r", "k", "4", 6, 7, consistency="follower")  # written only after it
+    later = put("w", "k", "4", 8, 9)
+    assert check_follower_reads([*history, made_up, early, later]) == [made_up, early]
+    # a cas's new value counts as written; a read that never completed is not checked
+    swapped = cas("w", "k", "2", "5", True, 10, 11)
+    assert (
+        check_follower_reads(
+            [*history, swapped, get("r", "k", "5", 10.5, 12, consistency="follower")]
+        )
+        == []
+    )
+    assert check_follower_reads([get("r", "k", "9", 0, None, consistency="follower")]) == []
+    failed = cas("w", "k", "1", "6", False, 10, 11)  # a failed cas wrote nothing
+    six = get("r", "k", "6", 12, 13, consistency="follower")
+    assert check_follower_reads([*history, failed, six]) == [six]
 
 
 # --------------------------------------------------------------------------- properties
