@@ -119,10 +119,9 @@ async def run(
                 ready.release()
                 await stop.wait()
 
-        for _ in windows:
-            nursery.start_soon(session)
-        with trio.fail_after(30):
-            for _ in windows:
+        with trio.fail_after(60):
+            for _ in windows:  # one at a time: a member bounds the sessions connecting
+                nursery.start_soon(session)  # from one address at once
                 await ready.acquire()
         for i in range(KEYS):  # every key has a value: a get reads something
             await sessions[0].put(f"k{i}", VALUE)
