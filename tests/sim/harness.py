@@ -41,7 +41,12 @@ within a bound, then all members converged).  :class:`Checker` tests the invaria
    bytes (replies are deterministic), and each session's application got its replies
    numbered 1, 2, 3... in order, none twice, with no gap while the members' kept bound
    was not exceeded, each the bytes the members gave under its number; at the end of
-   the run, every session that stayed open has got every reply given to it.
+   the run, every session that stayed open has got every reply given to it;
+9. queries (issue 43, :mod:`tests.sim.queries`): an OK answer at log position P is
+   the key's value in the committed log applied up to P, P is at most what was committed
+   when it arrived, a linearizable one's P is at least the highest commit position any
+   member had when the client first sent it, and every answer's P is at least the
+   ``min_position`` it asked for and every position its client had received before.
 
 A task that keeps running while virtual time stands still (a spin on a deadline) fails
 the run as a livelock instead of hanging it.
@@ -88,6 +93,7 @@ from cluster.service import ClientSession, Cluster
 from cluster.transport.sim import SimNetwork
 
 from .adversary import Adversary
+from .queries import Answer, QueryChecker, encode_answer
 from .sim_client import History, SimClient
 
 EPOCH_OFFSET_NS = 1_700_000_000 * 1_000_000_000
@@ -180,6 +186,9 @@ class SimConfig:
     authenticate: bool = False
     """Members challenge every client (:class:`~cluster.examples.auth.SharedSecretAuthenticator`
     with one principal, ``app``); the workload's clients answer with its secret."""
+    query_share: float = 0.3
+    """The share of the workload's operations that are queries (the value of a key,
+    half linearizable, half follower): invariant (9)."""
     node: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -270,6 +279,11 @@ class SimKV(KeyValueService):
             self.applications = {}
         self.cluster = cluster
         super().on_start(cluster, snapshot)
+
+    def on_query(self, payload: bytes) -> bytes:
+        """The value of the key ``payload`` names (:func:`~tests.sim.queries.encode_answer`);
+        read-only."""
+        return encode_answer(self.store.get(payload.decode()))
 
     def on_session_message(
         self, session: ClientSession | None, timestamp: int, payload: bytes
@@ -378,6 +392,8 @@ class Checker:
         self.delivered_checked: dict[int, int] = {}
         self.checks = 0
         self.elections_seen = 0
+        #: (9) the queries' answers
+        self.queries = QueryChecker(self.fail, lambda: len(self.committed))
 
     def fail(self, reason: str) -> None:
         raise _Violation(reason)
@@ -390,6 +406,7 @@ class Checker:
             end = offset + 8 + len(body)
             record = self.records[end] = LOG.decode(body)
             self._parsed = end
+            self.queries.on_record(end, record, _decode_put)
             if type(record) is SessionMessageHeader and record.sequence:
                 self._check_sequence(record, end)
             elif isinstance(record, SessionCloseEvent):
@@ -545,6 +562,7 @@ class Checker:
         for sn in self.sim.nodes:
             self.check_node(sn)
         self._check_delivered()
+        self.queries.check_values()
 
     # -- exactly once out (8) ----------------------------------------------------------
 
@@ -672,7 +690,8 @@ class Checker:
                     f"session {session_id} stayed open, but of the {given} replies the "
                     f"members gave it its client got {got}"
                 )
-        _, applied_counts, log_counts = self.expected_store(len(self.committed))
+        store, applied_counts, log_counts = self.expected_store(len(self.committed))
+        self.queries.final(store)
         for request_id, count in log_counts.items():
             op = history.ops.get(request_id)
             sends = op.sends if op is not None else 0
@@ -1155,8 +1174,29 @@ class SimCluster:
             random.Random(self.workload_rng.getrandbits(64)),
             self.history,
             trace=self.event,
+            committed=self.committed_now,
+            on_answer=self._query_answered,
             **options,
         )
+
+    def committed_now(self) -> int:
+        """The highest commit position any member has now (or had: the committed log
+        seen), for (9)."""
+        best = len(self.checker.committed)
+        for sn in self.nodes:
+            node = sn.node
+            cm = getattr(node, "cm", None) if sn.running else None
+            archive = getattr(node, "archive", None)
+            if cm is not None and archive is not None:
+                best = max(best, min(cm.commit_position, archive.position))
+        return best
+
+    def _query_answered(self, answer: Answer) -> None:
+        """(9) at each OK answer, as it arrives."""
+        try:
+            self.checker.queries.answered(answer)
+        except _Violation as exc:
+            self._fail(str(exc))
 
     async def write(self, within: float = 10.0) -> int:
         """One write through a fresh client; returns its request id once acknowledged."""
@@ -1190,7 +1230,7 @@ class SimCluster:
 
     async def start_workload(self) -> None:
         for _ in range(self.config.clients):
-            self.add_client(self.new_client())
+            self.add_client(self.new_client(query_share=self.config.query_share))
 
     def stop_workload(self) -> None:
         for scope in self._client_scopes:
@@ -1303,6 +1343,9 @@ class SimCluster:
             "a session's replies were not all received",
             lambda: not any(map(self.checker.replies_undelivered, self.clients)),
             timeout,
+        )
+        await self.wait_for(
+            "a query was not answered", lambda: not any(c.queries for c in self.clients), timeout
         )
         self.stop_workload()
         await self.wait_for("members did not converge", self._converged, timeout)
