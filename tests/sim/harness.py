@@ -13,7 +13,8 @@ replays exactly::
     .venv/bin/python -m tests.sim.run --seed 1234 --nodes 3
 
 A run is a **safety phase** (faults from the seed: delays, resets, partitions, the leader
-cut off from the majority, one-way links, crash/restart with torn writes, pauses,
+cut off from the majority (half the time with its clock stopped until the heal: it
+never notices by itself), one-way links, crash/restart with torn writes, pauses,
 snapshot requests, an operator's SHUTDOWN or ABORT) followed by a
 **liveness phase** (heal, restart everyone, require a leader and an acknowledged write
 within a bound, then all members converged).  :class:`Checker` tests the invariants every
@@ -344,6 +345,13 @@ class SimNode:
     incarnation: int = 0
     running: bool = False
     restart_at: float | None = None
+    frozen_at: float | None = None
+    """Its clock stands still at this virtual time (:meth:`SimCluster.freeze`)."""
+
+    def clock_ns(self) -> int:
+        """The member's monotonic clock: virtual time, unless frozen."""
+        frozen = self.frozen_at
+        return int((trio.current_time() if frozen is None else frozen) * 1e9)
 
     def state(self) -> str:
         node = self.node
@@ -890,6 +898,7 @@ class SimCluster:
             "restarts": 0,
             "partitions": 0,
             "pauses": 0,
+            "freezes": 0,
             "elections": 0,
             "snapshot_requests": 0,
             "compactions": 0,
@@ -958,6 +967,7 @@ class SimCluster:
             )
         )
         sn.incarnation += 1
+        sn.frozen_at = None  # a new process
         node = _ObservedNode(
             self._node_config(sn.index),
             service,
@@ -965,7 +975,7 @@ class SimCluster:
                 SharedSecretAuthenticator({APP: APP_SECRET}) if self.config.authenticate else None
             ),
             network=self.net.host(sn.host),
-            clock_ns=lambda: int(trio.current_time() * 1e9),
+            clock_ns=sn.clock_ns,
             epoch_offset_ns=EPOCH_OFFSET_NS + skew * 1_000_000,
             rng=random.Random(sn.rng.getrandbits(64)),
             run_blocking=lambda fn, *args: self._run_blocking(sn, fn, *args),
@@ -1098,6 +1108,17 @@ class SimCluster:
         self.event(self.nodes[i].host, "pause", round(duration, 4))
         self.net.clog(self.nodes[i].host, duration)
 
+    def freeze(self, i: int) -> None:
+        """Stop member ``i``'s clock until :meth:`heal` (or its next start): it runs and
+        talks, but no timeout of its own ever fires, so it never notices by itself that
+        it lost its followers (a leader cut off with it goes on believing it leads, as a
+        paused process would; ReadIndex must not answer from its state: (9))."""
+        sn = self.nodes[i]
+        if sn.running and sn.frozen_at is None:
+            sn.frozen_at = trio.current_time()
+            self.stats["freezes"] += 1
+            self.event(sn.host, "freeze")
+
     def partition(self, *groups: list[int]) -> None:
         self.stats["partitions"] += 1
         self.event("net", "partition", *groups)
@@ -1106,6 +1127,8 @@ class SimCluster:
     def heal(self) -> None:
         self.event("net", "heal")
         self.net.heal()
+        for sn in self.nodes:
+            sn.frozen_at = None
         for a in self.nodes:
             for b in self.nodes:
                 self.net.set_latency(a.host, b.host, self.config.latency)
@@ -1263,6 +1286,8 @@ class SimCluster:
                 if leader is None:
                     leader = rng.randrange(n)
                 self.partition([leader], [i for i in range(n) if i != leader])
+                if rng.random() < 0.5:
+                    self.freeze(leader)  # ...and it never notices by itself
             elif kind == "one-way" and n > 1:
                 a, b = rng.sample(range(n), 2)
                 self.event("net", "one-way", a, b)

@@ -76,6 +76,8 @@ class QueryOp:
     """The ``min_position`` of the first send (the highest position the client had seen)."""
     answers_before: int = -1
     """How many OK answers the client had received before the first send."""
+    first_sent_to: int = -1
+    """The member whose connection the first send went on."""
     next_send_at: float = 0.0
     retry: float = RETRY_MIN
     refusals: dict[str, int] = field(default_factory=dict)
@@ -134,8 +136,9 @@ class ClientQueries:
     def next_due(self) -> float | None:
         return min((q.next_send_at for q in self.waiting.values()), default=None)
 
-    def sent(self, query: QueryOp, now: float, commit: int, min_position: int) -> None:
+    def sent(self, query: QueryOp, now: float, commit: int, min_position: int, member: int) -> None:
         if query.sends == 0:
+            query.first_sent_to = member
             query.first_sent_at = now
             query.commit_at_first_send = commit
             query.min_position = min_position

@@ -386,6 +386,12 @@ class SimClient:
         self.ops_started += 1
         return query
 
+    def _room(self) -> bool:
+        """Is there room for a new operation (a write, or a query if it asks them)?"""
+        return len(self.outstanding) < self.window or (
+            bool(self.query_share) and len(self.queries) < self.window
+        )
+
     async def _send_queries(self) -> None:
         """Send (again) every query that is due, on this session's connection."""
         for query in self.queries.due(trio.current_time()):
@@ -401,9 +407,10 @@ class SimClient:
                 query.consistency,
                 seen,
             )
+            member = self._ingress_member
             if not await self._send(request):
                 return  # asked again on the next connection
-            self.queries.sent(query, trio.current_time(), commit, seen)
+            self.queries.sent(query, trio.current_time(), commit, seen, member)
             self.trace("query", query.correlation_id, query.level, query.key, query.sends)
 
     def _on_reply(self, message: SessionMessageHeader | ServiceErrorEvent) -> None:
@@ -739,18 +746,21 @@ class SimClient:
                 if op.sessions[-1] != self.session_id:
                     await self._offer(op)
             await self._send_queries()
-            # new writes and queries
+            # new writes and queries (each kind in a window of its own: a client whose
+            # writes wait for a leader goes on asking it)
             while (
                 not self.stopping
-                and len(self.outstanding) + len(self.queries) < self.window
+                and self._room()
                 and (self.max_ops is None or self.ops_started < self.max_ops)
                 and trio.current_time() >= next_op_at
             ):
+                sent = True
                 if self.query_share and self.rng.random() < self.query_share:
-                    self._new_query()
-                    await self._send_queries()
-                    sent = self._ingress is not None
-                else:
+                    if len(self.queries) < self.window:
+                        self._new_query()
+                        await self._send_queries()
+                        sent = self._ingress is not None
+                elif len(self.outstanding) < self.window:
                     op = self._new_op()
                     self.outstanding[op.request_id] = op
                     sent = await self._offer(op)
@@ -778,7 +788,7 @@ class SimClient:
             wake_at = self._last_send + self.keepalive_interval
             if silent_since is not None and self.egress_silence is not None:
                 wake_at = min(wake_at, silent_since + self.egress_silence)
-            if not self.stopping and len(self.outstanding) + len(self.queries) < self.window:
+            if not self.stopping and self._room():
                 wake_at = min(wake_at, next_op_at)
             query_due = self.queries.next_due()
             if query_due is not None:
