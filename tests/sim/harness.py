@@ -913,6 +913,8 @@ class SimCluster:
         self.members = members_string(nodes)
         self.endpoints = ingress_endpoints(nodes)
         self._next_client = 0
+        self.commit_high = 0
+        """The highest commit position any member was seen to have (:meth:`committed_now`)."""
 
     # ------------------------------------------------------------------ tracing
 
@@ -999,6 +1001,7 @@ class SimCluster:
             if not started:
                 task_status.started()
         finally:
+            self._note_commit(sn)  # what it committed counts once it has stopped
             sn.running = False
             catchup = getattr(node, "catchup", None)
             if catchup is not None:
@@ -1058,6 +1061,7 @@ class SimCluster:
         if not sn.running:
             return
         self.checker.check_node(sn)  # what it applied before dying still counts
+        self._note_commit(sn)
         self.net.crash(sn.host)
         assert sn.scope is not None
         assert sn.done is not None
@@ -1203,16 +1207,19 @@ class SimCluster:
         )
 
     def committed_now(self) -> int:
-        """The highest commit position any member has now (or had: the committed log
-        seen), for (9)."""
-        best = len(self.checker.committed)
+        """The highest commit position any member has now or had (also one that has
+        stopped since, before the checker read its log), for (9)."""
         for sn in self.nodes:
-            node = sn.node
-            cm = getattr(node, "cm", None) if sn.running else None
-            archive = getattr(node, "archive", None)
-            if cm is not None and archive is not None:
-                best = max(best, min(cm.commit_position, archive.position))
-        return best
+            if sn.running:
+                self._note_commit(sn)
+        return max(self.commit_high, len(self.checker.committed))
+
+    def _note_commit(self, sn: SimNode) -> None:
+        node = sn.node
+        cm = getattr(node, "cm", None)
+        archive = getattr(node, "archive", None)
+        if cm is not None and archive is not None:
+            self.commit_high = max(self.commit_high, min(cm.commit_position, archive.position))
 
     def _query_answered(self, answer: Answer) -> None:
         """(9) at each OK answer, as it arrives."""
