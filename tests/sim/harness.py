@@ -13,7 +13,8 @@ replays exactly::
     .venv/bin/python -m tests.sim.run --seed 1234 --nodes 3
 
 A run is a **safety phase** (faults from the seed: delays, resets, partitions, the leader
-cut off from the majority, one-way links, crash/restart with torn writes, pauses,
+cut off from the majority (half the time with its clock stopped until the heal: it
+never notices by itself), one-way links, crash/restart with torn writes, pauses,
 snapshot requests, an operator's SHUTDOWN or ABORT) followed by a
 **liveness phase** (heal, restart everyone, require a leader and an acknowledged write
 within a bound, then all members converged).  :class:`Checker` tests the invariants every
@@ -41,7 +42,12 @@ within a bound, then all members converged).  :class:`Checker` tests the invaria
    bytes (replies are deterministic), and each session's application got its replies
    numbered 1, 2, 3... in order, none twice, with no gap while the members' kept bound
    was not exceeded, each the bytes the members gave under its number; at the end of
-   the run, every session that stayed open has got every reply given to it.
+   the run, every session that stayed open has got every reply given to it;
+9. queries (issue 43, :mod:`tests.sim.queries`): an OK answer at log position P is
+   the key's value in the committed log applied up to P, P is at most what was committed
+   when it arrived, a linearizable one's P is at least the highest commit position any
+   member had when the client first sent it, and every answer's P is at least the
+   ``min_position`` it asked for and every position its client had received before.
 
 A task that keeps running while virtual time stands still (a spin on a deadline) fails
 the run as a livelock instead of hanging it.
@@ -88,6 +94,7 @@ from cluster.service import ClientSession, Cluster
 from cluster.transport.sim import SimNetwork
 
 from .adversary import Adversary
+from .queries import Answer, QueryChecker, encode_answer
 from .sim_client import History, SimClient
 
 EPOCH_OFFSET_NS = 1_700_000_000 * 1_000_000_000
@@ -180,6 +187,9 @@ class SimConfig:
     authenticate: bool = False
     """Members challenge every client (:class:`~cluster.examples.auth.SharedSecretAuthenticator`
     with one principal, ``app``); the workload's clients answer with its secret."""
+    query_share: float = 0.3
+    """The share of the workload's operations that are queries (the value of a key,
+    half linearizable, half follower): invariant (9)."""
     node: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -271,6 +281,11 @@ class SimKV(KeyValueService):
         self.cluster = cluster
         super().on_start(cluster, snapshot)
 
+    def on_query(self, payload: bytes) -> bytes:
+        """The value of the key ``payload`` names (:func:`~tests.sim.queries.encode_answer`);
+        read-only."""
+        return encode_answer(self.store.get(payload.decode()))
+
     def on_session_message(
         self, session: ClientSession | None, timestamp: int, payload: bytes
     ) -> None:
@@ -330,6 +345,13 @@ class SimNode:
     incarnation: int = 0
     running: bool = False
     restart_at: float | None = None
+    frozen_at: float | None = None
+    """Its clock stands still at this virtual time (:meth:`SimCluster.freeze`)."""
+
+    def clock_ns(self) -> int:
+        """The member's monotonic clock: virtual time, unless frozen."""
+        frozen = self.frozen_at
+        return int((trio.current_time() if frozen is None else frozen) * 1e9)
 
     def state(self) -> str:
         node = self.node
@@ -378,6 +400,8 @@ class Checker:
         self.delivered_checked: dict[int, int] = {}
         self.checks = 0
         self.elections_seen = 0
+        #: (9) the queries' answers
+        self.queries = QueryChecker(self.fail, lambda: len(self.committed))
 
     def fail(self, reason: str) -> None:
         raise _Violation(reason)
@@ -390,6 +414,7 @@ class Checker:
             end = offset + 8 + len(body)
             record = self.records[end] = LOG.decode(body)
             self._parsed = end
+            self.queries.on_record(end, record, _decode_put)
             if type(record) is SessionMessageHeader and record.sequence:
                 self._check_sequence(record, end)
             elif isinstance(record, SessionCloseEvent):
@@ -545,6 +570,7 @@ class Checker:
         for sn in self.sim.nodes:
             self.check_node(sn)
         self._check_delivered()
+        self.queries.check_values()
 
     # -- exactly once out (8) ----------------------------------------------------------
 
@@ -672,7 +698,8 @@ class Checker:
                     f"session {session_id} stayed open, but of the {given} replies the "
                     f"members gave it its client got {got}"
                 )
-        _, applied_counts, log_counts = self.expected_store(len(self.committed))
+        store, applied_counts, log_counts = self.expected_store(len(self.committed))
+        self.queries.final(store)
         for request_id, count in log_counts.items():
             op = history.ops.get(request_id)
             sends = op.sends if op is not None else 0
@@ -871,6 +898,7 @@ class SimCluster:
             "restarts": 0,
             "partitions": 0,
             "pauses": 0,
+            "freezes": 0,
             "elections": 0,
             "snapshot_requests": 0,
             "compactions": 0,
@@ -885,6 +913,8 @@ class SimCluster:
         self.members = members_string(nodes)
         self.endpoints = ingress_endpoints(nodes)
         self._next_client = 0
+        self.commit_high = 0
+        """The highest commit position any member was seen to have (:meth:`committed_now`)."""
 
     # ------------------------------------------------------------------ tracing
 
@@ -939,6 +969,7 @@ class SimCluster:
             )
         )
         sn.incarnation += 1
+        sn.frozen_at = None  # a new process
         node = _ObservedNode(
             self._node_config(sn.index),
             service,
@@ -946,7 +977,7 @@ class SimCluster:
                 SharedSecretAuthenticator({APP: APP_SECRET}) if self.config.authenticate else None
             ),
             network=self.net.host(sn.host),
-            clock_ns=lambda: int(trio.current_time() * 1e9),
+            clock_ns=sn.clock_ns,
             epoch_offset_ns=EPOCH_OFFSET_NS + skew * 1_000_000,
             rng=random.Random(sn.rng.getrandbits(64)),
             run_blocking=lambda fn, *args: self._run_blocking(sn, fn, *args),
@@ -970,6 +1001,7 @@ class SimCluster:
             if not started:
                 task_status.started()
         finally:
+            self._note_commit(sn)  # what it committed counts once it has stopped
             sn.running = False
             catchup = getattr(node, "catchup", None)
             if catchup is not None:
@@ -1029,6 +1061,7 @@ class SimCluster:
         if not sn.running:
             return
         self.checker.check_node(sn)  # what it applied before dying still counts
+        self._note_commit(sn)
         self.net.crash(sn.host)
         assert sn.scope is not None
         assert sn.done is not None
@@ -1079,6 +1112,17 @@ class SimCluster:
         self.event(self.nodes[i].host, "pause", round(duration, 4))
         self.net.clog(self.nodes[i].host, duration)
 
+    def freeze(self, i: int) -> None:
+        """Stop member ``i``'s clock until :meth:`heal` (or its next start): it runs and
+        talks, but no timeout of its own ever fires, so it never notices by itself that
+        it lost its followers (a leader cut off with it goes on believing it leads, as a
+        paused process would; ReadIndex must not answer from its state: (9))."""
+        sn = self.nodes[i]
+        if sn.running and sn.frozen_at is None:
+            sn.frozen_at = trio.current_time()
+            self.stats["freezes"] += 1
+            self.event(sn.host, "freeze")
+
     def partition(self, *groups: list[int]) -> None:
         self.stats["partitions"] += 1
         self.event("net", "partition", *groups)
@@ -1087,6 +1131,8 @@ class SimCluster:
     def heal(self) -> None:
         self.event("net", "heal")
         self.net.heal()
+        for sn in self.nodes:
+            sn.frozen_at = None
         for a in self.nodes:
             for b in self.nodes:
                 self.net.set_latency(a.host, b.host, self.config.latency)
@@ -1155,8 +1201,32 @@ class SimCluster:
             random.Random(self.workload_rng.getrandbits(64)),
             self.history,
             trace=self.event,
+            committed=self.committed_now,
+            on_answer=self._query_answered,
             **options,
         )
+
+    def committed_now(self) -> int:
+        """The highest commit position any member has now or had (also one that has
+        stopped since, before the checker read its log), for (9)."""
+        for sn in self.nodes:
+            if sn.running:
+                self._note_commit(sn)
+        return max(self.commit_high, len(self.checker.committed))
+
+    def _note_commit(self, sn: SimNode) -> None:
+        node = sn.node
+        cm = getattr(node, "cm", None)
+        archive = getattr(node, "archive", None)
+        if cm is not None and archive is not None:
+            self.commit_high = max(self.commit_high, min(cm.commit_position, archive.position))
+
+    def _query_answered(self, answer: Answer) -> None:
+        """(9) at each OK answer, as it arrives."""
+        try:
+            self.checker.queries.answered(answer)
+        except _Violation as exc:
+            self._fail(str(exc))
 
     async def write(self, within: float = 10.0) -> int:
         """One write through a fresh client; returns its request id once acknowledged."""
@@ -1190,7 +1260,7 @@ class SimCluster:
 
     async def start_workload(self) -> None:
         for _ in range(self.config.clients):
-            self.add_client(self.new_client())
+            self.add_client(self.new_client(query_share=self.config.query_share))
 
     def stop_workload(self) -> None:
         for scope in self._client_scopes:
@@ -1223,6 +1293,8 @@ class SimCluster:
                 if leader is None:
                     leader = rng.randrange(n)
                 self.partition([leader], [i for i in range(n) if i != leader])
+                if rng.random() < 0.5:
+                    self.freeze(leader)  # ...and it never notices by itself
             elif kind == "one-way" and n > 1:
                 a, b = rng.sample(range(n), 2)
                 self.event("net", "one-way", a, b)
@@ -1303,6 +1375,9 @@ class SimCluster:
             "a session's replies were not all received",
             lambda: not any(map(self.checker.replies_undelivered, self.clients)),
             timeout,
+        )
+        await self.wait_for(
+            "a query was not answered", lambda: not any(c.queries for c in self.clients), timeout
         )
         self.stop_workload()
         await self.wait_for("members did not converge", self._converged, timeout)

@@ -25,7 +25,10 @@ the simulated network, so this small shell drives :class:`client._connect.AsyncC
   contract delivers it and its reply whatever leader changes happen.  Only when a
   session is lost (closed by the cluster, or unreachable) does it offer what is still
   unanswered again on the next one, with the **same** request id, key and value (the
-  first attempt is then *indeterminate*).
+  first attempt is then *indeterminate*);
+* with ``query_share``, makes that share of its operations queries of a key written
+  lately (or never), without the log, at both consistency levels, asked again as the
+  real client asks them (:mod:`tests.sim.queries`).
 
 Every request is recorded in a shared :class:`History` with virtual timestamps, and
 every reply the application saw (each session's, in order) in ``History.delivered``.
@@ -52,19 +55,25 @@ from cluster.protocol import EGRESS, FrameDecoder, ProtocolError, encode_frame
 from cluster.protocol.egress import (
     AdminResponse,
     NewLeaderEvent,
+    QueryResponse,
     ServiceErrorEvent,
     SessionAck,
     SessionEvent,
 )
 from cluster.protocol.enums import AdminRequestType, EventCode
 from cluster.protocol.ingress import (
+    QUERY_FOLLOWER,
+    QUERY_LINEARIZABLE,
     AdminRequest,
+    QueryRequest,
     SessionKeepAlive,
     SessionMessageHeader,
     SessionResumeRequest,
 )
 from cluster.protocol.version import PROTOCOL_VERSION
 from cluster.transport.sim import SimNetwork
+
+from .queries import Answer, ClientQueries, QueryOp
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode_response = msgspec.msgpack.Decoder(Response).decode
@@ -110,6 +119,10 @@ class History:
     """Replies dropped as numbered like one already received (a new leader's, a resume's)."""
     reply_gaps: dict[int, int] = field(default_factory=dict)
     """Each session's replies it never got (skipped numbers: dropped by the kept bound)."""
+    queries: list[QueryOp] = field(default_factory=list)
+    """Every query of every client, in the order they were asked."""
+    recent_keys: deque[str] = field(default_factory=lambda: deque(maxlen=16))
+    """The keys of the latest writes (of any client): what the queries ask for."""
 
     @property
     def acked(self) -> list[Op]:
@@ -120,9 +133,11 @@ class History:
         acked = sum(op.acked for op in ops)
         retried = sum(op.sends > 1 for op in ops)
         replies = sum(map(len, self.delivered.values()))
+        answered = sum(q.answered_at is not None for q in self.queries)
         return (
             f"{len(ops)} writes, {acked} acknowledged, {retried} offered again on a new "
-            f"session, {replies} replies delivered, {self.duplicate_replies} duplicates dropped"
+            f"session, {replies} replies delivered, {self.duplicate_replies} duplicates "
+            f"dropped, {len(self.queries)} queries, {answered} answered"
         )
 
 
@@ -151,7 +166,14 @@ class SimClient:
         egress_silence: float | None = 3.0,
         own_egress: bool = False,
         credentials: CredentialsSupplier | None = None,
+        query_share: float = 0.0,
+        committed: Callable[[], int] | None = None,
+        on_answer: Callable[[Answer], None] | None = None,
     ) -> None:
+        self.query_share = query_share
+        self._committed = committed
+        """The highest commit position of any member now (the harness's: (9))."""
+        self._on_answer = on_answer
         self.own_egress = own_egress
         self.credentials = credentials if credentials is not None else StaticCredentials()
         self._confirmed = True  # the ingress connection is the leader's (own_egress)
@@ -199,6 +221,7 @@ class SimClient:
         self.admin_responses: list[str] = []
         self._wake = trio.Event()
         self.ops_started = 0
+        self.queries = ClientQueries(index)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -219,7 +242,10 @@ class SimClient:
     @property
     def done(self) -> bool:
         return (
-            self.max_ops is not None and self.ops_started >= self.max_ops and not self.outstanding
+            self.max_ops is not None
+            and self.ops_started >= self.max_ops
+            and not self.outstanding
+            and not self.queries
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -291,7 +317,10 @@ class SimClient:
                     pass
                 if self._ingress_member != self.leader_id:
                     self._ingress_member = -1  # re-dial the new leader
+                self.queries.ask_again_now(trio.current_time())  # the real client's wake_all
                 self._wake.set()
+        elif type(message) is QueryResponse:
+            self._on_query_response(message)
         elif isinstance(message, AdminResponse):
             if message.cluster_session_id == self.session_id:
                 self.admin_responses.append(message.response_code.name)
@@ -326,6 +355,63 @@ class SimClient:
                 self.history.closed_told[self.session_id] = message.last_applied
             self._session_lost = True
             self._wake.set()
+
+    def _on_query_response(self, message: QueryResponse) -> None:
+        """The answer to a query (any send of it, on any session of this client's):
+        checked at once if OK, else asked again later (NOT_LEADER, BUSY)."""
+        now = trio.current_time()
+        commit = self._committed() if self._committed is not None else 0
+        answer, wrong = self.queries.on_response(message, now, commit)
+        self.trace(
+            "query-answer", message.correlation_id, message.status.name, message.log_position
+        )
+        if wrong is not None:
+            self.history.bad_responses.append(f"{self.name}: {wrong}")
+        if answer is not None and self._on_answer is not None:
+            self._on_answer(answer)
+        self._wake.set()
+
+    def _new_query(self) -> QueryOp:
+        """A query of a key written lately (by any client), or now and then of one never
+        written; linearizable or follower, half each."""
+        keys = self.history.recent_keys
+        if keys and self.rng.random() < 0.9:
+            key = keys[self.rng.randrange(len(keys))]
+        else:
+            key = f"{self.name}-never-{self.rng.getrandbits(16)}"
+        level = QUERY_LINEARIZABLE if self.rng.random() < 0.5 else QUERY_FOLLOWER
+        query = QueryOp(self.index, next(self._correlation_ids), key, level, trio.current_time())
+        self.history.queries.append(query)
+        self.queries.add(query)
+        self.ops_started += 1
+        return query
+
+    def _room(self) -> bool:
+        """Is there room for a new operation (a write, or a query if it asks them)?"""
+        return len(self.outstanding) < self.window or (
+            bool(self.query_share) and len(self.queries) < self.window
+        )
+
+    async def _send_queries(self) -> None:
+        """Send (again) every query that is due, on this session's connection."""
+        for query in self.queries.due(trio.current_time()):
+            if query.correlation_id not in self.queries.waiting:
+                continue  # answered while an earlier one was sent
+            commit = self._committed() if self._committed is not None else 0
+            seen = self.queries.seen_position
+            request = QueryRequest(
+                self.term,
+                self.session_id,
+                query.correlation_id,
+                query.key.encode(),
+                query.consistency,
+                seen,
+            )
+            member = self._ingress_member
+            if not await self._send(request):
+                return  # asked again on the next connection
+            self.queries.sent(query, trio.current_time(), commit, seen, member)
+            self.trace("query", query.correlation_id, query.level, query.key, query.sends)
 
     def _on_reply(self, message: SessionMessageHeader | ServiceErrorEvent) -> None:
         """A reply to this session, as the real client takes it (``Session.on_egress``):
@@ -493,6 +579,7 @@ class SimClient:
                     self._last_heard = trio.current_time()
                     self.sessions_opened += 1
                     self._ac = None
+                    self.queries.ask_again_now(trio.current_time())  # lost with the last
                     self.trace("session-open", self.session_id, self.term, self.leader_id)
                     return True
                 elif isinstance(action, Fail):
@@ -518,6 +605,7 @@ class SimClient:
             invoked_at=trio.current_time(),
         )
         self.history.ops[request_id] = op
+        self.history.recent_keys.append(op.key)
         self.ops_started += 1
         return op
 
@@ -624,10 +712,13 @@ class SimClient:
         """With a listening egress: since when a reply has been awaited with nothing at
         all heard (None: nothing awaited).  A member dials that egress and does not
         send it heartbeats, so only an awaited reply tells that it is gone."""
-        if self.own_egress or self.egress_silence is None or not self.outstanding:
+        if self.own_egress or self.egress_silence is None:
             return None
-        offered = min(op.offered_at for op in self.outstanding.values())
-        return max(self._last_heard, offered)
+        awaited = [op.offered_at for op in self.outstanding.values()]
+        awaited += [q.first_sent_at for q in self.queries.waiting.values() if q.sends]
+        if not awaited:
+            return None
+        return max(self._last_heard, min(awaited))
 
     async def _work(self, nursery: trio.Nursery) -> None:
         next_op_at = trio.current_time()
@@ -654,16 +745,25 @@ class SimClient:
             for op in list(self.outstanding.values()):
                 if op.sessions[-1] != self.session_id:
                     await self._offer(op)
-            # new writes
+            await self._send_queries()
+            # new writes and queries (each kind in a window of its own: a client whose
+            # writes wait for a leader goes on asking it)
             while (
                 not self.stopping
-                and len(self.outstanding) < self.window
+                and self._room()
                 and (self.max_ops is None or self.ops_started < self.max_ops)
                 and trio.current_time() >= next_op_at
             ):
-                op = self._new_op()
-                self.outstanding[op.request_id] = op
-                sent = await self._offer(op)
+                sent = True
+                if self.query_share and self.rng.random() < self.query_share:
+                    if len(self.queries) < self.window:
+                        self._new_query()
+                        await self._send_queries()
+                        sent = self._ingress is not None
+                elif len(self.outstanding) < self.window:
+                    op = self._new_op()
+                    self.outstanding[op.request_id] = op
+                    sent = await self._offer(op)
                 next_op_at = trio.current_time() + self.rng.uniform(*self.think)
                 if not sent:
                     break
@@ -679,7 +779,7 @@ class SimClient:
                 and trio.current_time() >= self._last_send + self.keepalive_interval
             ):
                 await self._send(SessionKeepAlive(self.term, self.session_id, self.outbox.sequence))
-            if self.stopping and not self.outstanding:
+            if self.stopping and not self.outstanding and not self.queries:
                 self._wake = trio.Event()
                 with trio.move_on_after(self.keepalive_interval):
                     await self._wake.wait()
@@ -688,8 +788,11 @@ class SimClient:
             wake_at = self._last_send + self.keepalive_interval
             if silent_since is not None and self.egress_silence is not None:
                 wake_at = min(wake_at, silent_since + self.egress_silence)
-            if not self.stopping and len(self.outstanding) < self.window:
+            if not self.stopping and self._room():
                 wake_at = min(wake_at, next_op_at)
+            query_due = self.queries.next_due()
+            if query_due is not None:
+                wake_at = min(wake_at, query_due)
             if self._resend_after is not None:
                 continue
             if self._ingress is None or self._ingress_member != self.leader_id:

@@ -211,6 +211,63 @@ def test_leader_isolated_from_the_majority(tmp_path: Path) -> None:
     assert len(sim.history.acked) > 20
 
 
+def test_a_replaced_leader_that_never_notices_answers_no_query_from_its_old_state(
+    tmp_path: Path,
+) -> None:
+    """(9), ReadIndex's reason to be: the leader is cut off from the other members with
+    its clock stopped, so no timeout of its own tells it that it was replaced, while the
+    clients still reach it.  A reader keeps asking it queries (linearizable and follower)
+    after a writer, dialled by the new leader, has written through that one.  No quorum
+    answers the old leader's read rounds in its term, so it answers none of them from
+    its old state: they are answered by the new leader once the reader moves (with read
+    rounds confirmed without a quorum, (9) fails here: a stale read)."""
+    seen: dict[str, int] = {}
+
+    async def scenario(sim: SimCluster) -> None:
+        writer = sim.new_client(own_egress=False, window=1)
+        reader = sim.new_client(own_egress=True, query_share=1.0, window=64)
+        sim.add_client(writer)
+        sim.add_client(reader)
+        old = await sim.wait_for_leader()
+        await sim.wait_for(
+            "the reader's first queries were not answered",
+            lambda: sum(q.answered_at is not None for q in sim.history.queries) >= 5,
+            5.0,
+        )
+        sim.partition([old], [i for i in range(3) if i != old])
+        sim.freeze(old)
+        stale = _node(sim, old).cm.commit_position
+
+        def asked_stale() -> int:
+            """The reader's queries first sent to the old leader after a commit past its own."""
+            return sum(
+                q.client == reader.index
+                and q.first_sent_to == old
+                and q.commit_at_first_send > stale
+                for q in sim.history.queries
+            )
+
+        await sim.wait_for(
+            "the reader did not ask the old leader after the new one committed",
+            lambda: asked_stale() >= 5,
+            5.0,
+        )
+        seen["old"], seen["asked"] = old, asked_stale()
+        await sim.sleep(1.0)
+        assert sim.role_of(old) is Role.LEADER  # it still believes it leads
+        sim.heal()
+        await sim.sleep(1.0)
+
+    sim, _ = _sim(43, 3, tmp_path, scenario)
+    old = seen["old"]
+    assert seen["asked"] >= 5
+    queries = [q for q in sim.history.queries if q.first_sent_to == old]
+    assert all(q.answered_at is not None for q in sim.history.queries)
+    levels = {q.level for q in queries}
+    assert levels == {"linearizable", "follower"}
+    assert sim.checker.queries.checked >= len(sim.history.queries)
+
+
 def test_crash_restart_with_torn_tail(tmp_path: Path) -> None:
     async def scenario(sim: SimCluster) -> None:
         await sim.start_workload()
