@@ -31,6 +31,17 @@ of one member's address, which must not cost the quorum.  And
 every ``unreachable_warning_interval`` (10 s) a member WARNs naming each peer its link to
 is not up, with that link's last failure (connection refused, a TLS handshake's reason,
 timed out, hello refused).
+
+Silence is noticed (issue 44, :mod:`cluster.agents.silence`): with ``keepalive_interval``
+set, both ends of a link send something at least that often (the dialler its hello again
+when it sent nothing else, the accepting end its own hello), and an end that has heard
+no byte for ``silence_timeout`` closes the link, which is then redialled, instead of
+waiting out the kernel's retransmission back-off after a partition.  Only members of
+protocol 2.1 or later (:data:`~cluster.protocol.version.LINK_KEEPALIVES`) are sent
+keepalives or held to them: the accepting end learns the version from the hello, the
+dialler from the first hello the peer sends back.  A new hello for a member whose open
+link has been silent for three keepalive intervals replaces that link (it is stale: a
+live one hears the peer every interval); otherwise it is refused as before.
 """
 
 from __future__ import annotations
@@ -48,12 +59,13 @@ from ..protocol.codec import CONSENSUS
 from ..protocol.consensus import ConsensusMessage, MemberHello
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import FrameDecoder, encode_frame
-from ..protocol.version import PROTOCOL_VERSION, is_compatible, to_string
+from ..protocol.version import LINK_KEEPALIVES, PROTOCOL_VERSION, is_compatible, to_string
 from ..security import member_cert_error
 from ..transport.base import Network
 from ..transport.framed import FrameWriter, Receiver
 from ..transport.gate import ConnectionGate, gated
 from ..transport.tcp import failure_reason
+from .silence import LinkSilence, unread_bytes
 
 log = logging.getLogger("cluster.consensus.links")
 
@@ -72,6 +84,10 @@ what a documented ``--members`` change (a member moved to a new address) looks l
 while it rolls out, member by member, and the link goes on.  A list left stale is
 still seen: a member that cannot reach another at the address it has gets the periodic
 "cannot reach" WARNING.  Other member ids are an ERROR (the link is refused)."""
+
+STALE_INTERVALS = 3
+"""A link that has heard nothing for this many keepalive intervals is stale: a new hello
+from its member replaces it."""
 
 REPORT_AGAIN = 60.0
 """One misconfiguration (the same peer, the same cause) is logged again at most this
@@ -110,6 +126,8 @@ class PeerLink:
         self.connects = 0
         self.last_error = "not dialled yet"
         """Why the link is not up: how its last dial failed, or how its last link ended."""
+        self.silences = 0
+        """Links to this peer closed because it went silent."""
 
     @property
     def is_connected(self) -> bool:
@@ -151,15 +169,23 @@ class PeerLinks:
         hello_timeout: float = 5.0,
         members_digest: bytes = b"",
         unreachable_warning_interval: float = 10.0,
+        keepalive_interval: float = 0.0,
+        silence_timeout: float = 0.0,
     ) -> None:
         """``members_digest``: :func:`cluster.config.members_digest` of this member's
         ``--members``, sent in its hellos and compared with its peers' (empty: neither
         sent nor compared).  ``unreachable_warning_interval``: seconds between the
-        WARNINGs naming the peers whose links are not up (0: none)."""
+        WARNINGs naming the peers whose links are not up (0: none).
+        ``keepalive_interval``: the most seconds a link of a 2.1 peer goes without a
+        frame from this end; ``silence_timeout``: seconds without a byte after which
+        such a link is closed (:func:`cluster.agents.silence.silence_bound`; either 0:
+        neither)."""
         self.network = network
         self.me = me
         self.members_digest = members_digest
         self.unreachable_warning_interval = unreachable_warning_interval
+        self.keepalive_interval = keepalive_interval if silence_timeout > 0 else 0.0
+        self.silence_timeout = silence_timeout if keepalive_interval > 0 else 0.0
         self._members = [me, *peers]
         self._reported: dict[tuple[object, ...], float] = {}
         self.links = {p.member_id: PeerLink(p, max_backlog) for p in peers}
@@ -177,8 +203,10 @@ class PeerLinks:
         one: strangers holding every slot cannot keep a member's new link out."""
         self.protocol_errors = 0
         self.inbound: dict[int, int] = {}
-        #: the open inbound link of each member, and the cancel scope of its reader
-        self._live: dict[int, tuple[trio.abc.Stream, trio.CancelScope]] = {}
+        self.silent_inbound = 0
+        """Inbound links closed because their member went silent."""
+        #: the open inbound link of each member, the cancel scope of its reader, its ear
+        self._live: dict[int, tuple[trio.abc.Stream, trio.CancelScope, LinkSilence | None]] = {}
 
     def statistics(self) -> list[LinkStatus]:
         return [
@@ -310,6 +338,12 @@ class PeerLinks:
         started = trio.current_time()
         wrote: tuple[str, bool] | None = None
         read: tuple[str, bool] | None = None
+        silent: tuple[str, bool] | None = None
+        ear = (
+            LinkSilence(self.keepalive_interval, self.silence_timeout, armed=False)
+            if self.keepalive_interval > 0
+            else None
+        )
         try:
             async with trio.open_nursery() as nursery:
 
@@ -324,26 +358,54 @@ class PeerLinks:
 
                 async def read_answers() -> None:
                     nonlocal read
-                    read = await self._read_answers(link, stream, started)
+                    read = await self._read_answers(link, stream, started, ear)
                     nursery.cancel_scope.cancel()
 
                 nursery.start_soon(write)
                 nursery.start_soon(read_answers)
+                if ear is not None:
+                    hello = self._hello_frame()
+
+                    async def listen() -> None:
+                        nonlocal silent
+                        quiet = await ear.watch(
+                            stream,
+                            keepalive=lambda: ear.armed and writer.write_raw(hello),
+                            sent=lambda: link.sent_messages,
+                        )
+                        link.silences += 1
+                        log.warning(
+                            "member link to %d: nothing heard for %.1f s; closing it to dial again",
+                            link.member.member_id,
+                            quiet,
+                        )
+                        silent = (f"silent for {quiet:.1f} s", False)
+                        nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(listen)
         finally:
             link.writer = None
             link.connected = trio.Event()
+        if silent is not None:
+            return silent
         if read is not None and (read[1] or wrote is None):
             return read
         return wrote or ("link closed", False)
 
     async def _read_answers(
-        self, link: PeerLink, stream: trio.abc.Stream, started: float
+        self,
+        link: PeerLink,
+        stream: trio.abc.Stream,
+        started: float,
+        ear: LinkSilence | None = None,
     ) -> tuple[str, bool]:
-        """Read our outbound link until it ends: a peer sends nothing on it, except its
-        own hello when it refuses ours or finds our member lists differ (logged here as
-        an ERROR, like on the peer).  Returns why the link ended, and whether refused."""
+        """Read our outbound link until it ends: a peer sends nothing on it but its own
+        hello: when it refuses ours or finds our member lists differ (logged here as an
+        ERROR, like on the peer), and, from a 2.1 member, as a keepalive (``ear`` hears
+        it, and is armed by it).  Returns why the link ended, and whether refused."""
         peer = link.member.member_id
         decoder = FrameDecoder(1 << 16)
+        seen: MemberHello | None = None
         while True:
             try:
                 data = await stream.receive_some(1 << 16)
@@ -351,6 +413,8 @@ class PeerLinks:
                 data, why = b"", _why_broken(exc)
             else:
                 why = f"closed by member {peer}"
+            if ear is not None:
+                ear.heard()
             if not data:
                 if trio.current_time() - started < QUICK_END:
                     return f"{why} right after our hello (refused it? see its log)", False
@@ -363,9 +427,14 @@ class PeerLinks:
             for answer in answers:
                 if not isinstance(answer, MemberHello):
                     return f"member {peer} sent {type(answer).__name__} on our link", False
+                if answer == seen:
+                    continue  # a keepalive
                 refusal = self._hello_answered(link, answer)
                 if refusal:
                     return refusal, True
+                seen = answer
+                if ear is not None and answer.protocol_version >= LINK_KEEPALIVES:
+                    ear.armed = True
 
     def _hello_answered(self, link: PeerLink, answer: MemberHello) -> str:
         """What a peer's answering hello says about our configuration and its: logged (an
@@ -439,7 +508,11 @@ class PeerLinks:
             live[1].cancel()
 
     def _hello(
-        self, hello: MemberHello, stream: trio.abc.Stream, scope: trio.CancelScope
+        self,
+        hello: MemberHello,
+        stream: trio.abc.Stream,
+        scope: trio.CancelScope,
+        ear: LinkSilence | None = None,
     ) -> tuple[int, bool]:
         """Check a link's first frame; return the member it names, and whether to answer
         it with our own hello (its member list differs from ours only in addresses: both
@@ -472,8 +545,23 @@ class PeerLinks:
             )
         if peer not in self.links:
             raise _Refused(f"member link hello from unknown member {peer}")
-        if peer in self._live:
-            raise ProtocolError(f"second link for member {peer}, whose link is open")
+        live = self._live.get(peer)
+        if live is not None:
+            old_stream, old_scope, old_ear = live
+            stale = (
+                old_ear is not None
+                and old_ear.armed
+                and old_ear.quiet_for() >= STALE_INTERVALS * old_ear.interval
+                and not unread_bytes(old_stream)
+            )
+            if not stale:
+                raise ProtocolError(f"second link for member {peer}, whose link is open")
+            log.info(
+                "member %d dialled again; its open link heard nothing for %.1f s: replacing it",
+                peer,
+                old_ear.quiet_for() if old_ear is not None else 0.0,
+            )
+            old_scope.cancel()
         if difference is not None:
             self._report(
                 ADDRESSES_DIFFER,
@@ -484,7 +572,9 @@ class PeerLinks:
                 peer,
                 difference[1],
             )
-        self._live[peer] = (stream, scope)
+        self._live[peer] = (stream, scope, ear)
+        if ear is not None and hello.protocol_version >= LINK_KEEPALIVES:
+            ear.armed = True
         self.inbound[peer] = self.inbound.get(peer, 0) + 1
         return peer, difference is not None
 
@@ -508,7 +598,9 @@ class PeerLinks:
         peer = [-1]
         try:
             with scope:
-                await self._read_peer(stream, scope, peer)
+                async with trio.open_nursery() as nursery:
+                    await self._read_peer(stream, scope, peer, nursery)
+                    nursery.cancel_scope.cancel()
             if scope.cancelled_caught and peer[0] < 0:
                 self.protocol_errors += 1
                 log.info("closing a consensus connection that sent no MemberHello in time")
@@ -520,19 +612,47 @@ class PeerLinks:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
 
+    async def _keep_inbound(
+        self, stream: trio.abc.Stream, scope: trio.CancelScope, peer: int, ear: LinkSilence
+    ) -> None:
+        """An inbound link's keepalives (our hello, now and every interval: a 2.0 caller
+        reads it as a hello that agrees) and its ear: silent for ``silence_timeout``,
+        the link is closed (``scope``)."""
+        writer = FrameWriter(1 << 16)
+        hello = self._hello_frame()
+        writer.write_raw(hello)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.run, stream)
+            quiet = await ear.watch(stream, keepalive=lambda: writer.write_raw(hello))
+            self.silent_inbound += 1
+            log.warning("member link from %d: nothing heard for %.1f s; closing it", peer, quiet)
+            scope.cancel()
+
     async def _read_peer(
-        self, stream: trio.abc.Stream, scope: trio.CancelScope, who: list[int]
+        self,
+        stream: trio.abc.Stream,
+        scope: trio.CancelScope,
+        who: list[int],
+        nursery: trio.Nursery,
     ) -> None:
         """Read, check and deliver one inbound link's messages until it ends or a
-        message fails its checks; ``who[0]`` is the member its hello named."""
+        message fails its checks; ``who[0]`` is the member its hello named.  Once the
+        hello is taken, the link's keepalives and its ear run in ``nursery``."""
         decoder = FrameDecoder(self.max_frame_size)
         receiver = Receiver(stream, HELLO_RECEIVE_SIZE)  # a stranger's costs little
         peer = -1
         deliver = self.deliver
         delivered = self.delivered
         members, me = self.member_ids, self.me.member_id
+        ear = (
+            LinkSilence(self.keepalive_interval, self.silence_timeout, armed=False)
+            if self.keepalive_interval > 0
+            else None
+        )
         while True:
             data = await receiver.receive()
+            if ear is not None:
+                ear.heard()
             if not data:
                 return
             messages: list[ConsensusMessage] = []
@@ -546,14 +666,18 @@ class PeerLinks:
                     if peer < 0:
                         if not isinstance(message, MemberHello):
                             raise ProtocolError("member link did not start with MemberHello")
-                        peer, answer = self._hello(message, stream, scope)
+                        peer, answer = self._hello(message, stream, scope, ear)
                         who[0] = peer
                         receiver.grow(LINK_RECEIVE_SIZE)
                         scope.deadline = math.inf
                         self.gate.release(stream)  # a member's link: no longer a stranger
                         if answer:
                             await self._answer(stream, refused=False)
+                        if ear is not None:
+                            nursery.start_soon(self._keep_inbound, stream, scope, peer, ear)
                         continue
+                    if type(message) is MemberHello and message.member_id == peer:
+                        continue  # a 2.1 member's keepalive
                     reason = check_consensus_message(message, members, me, peer)
                     if reason is not None:
                         raise ProtocolError(f"{type(message).__name__}: {reason}")
