@@ -32,16 +32,10 @@ every ``unreachable_warning_interval`` (10 s) a member WARNs naming each peer it
 is not up, with that link's last failure (connection refused, a TLS handshake's reason,
 timed out, hello refused).
 
-Silence is noticed (issue 44, :mod:`cluster.agents.silence`): with ``keepalive_interval``
-set, both ends of a link send something at least that often (the dialler its hello again
-when it sent nothing else, the accepting end its own hello), and an end that has heard
-no byte for ``silence_timeout`` closes the link, which is then redialled, instead of
-waiting out the kernel's retransmission back-off after a partition.  Only members of
-protocol 2.1 or later (:data:`~cluster.protocol.version.LINK_KEEPALIVES`) are sent
-keepalives or held to them: the accepting end learns the version from the hello, the
-dialler from the first hello the peer sends back.  A new hello for a member whose open
-link has been silent for three keepalive intervals replaces that link (it is stale: a
-live one hears the peer every interval); otherwise it is refused as before.
+Silence is noticed (issue 44, :mod:`cluster.agents.silence`): both ends of a 2.1
+member's link send their hello at least every ``keepalive_interval``; an end that hears
+no byte for ``silence_timeout`` closes the link (redialled).  A new hello for a member
+whose open link is stale (:func:`~cluster.agents.silence.stale`) replaces that link.
 """
 
 from __future__ import annotations
@@ -49,6 +43,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 
 import trio
 
@@ -65,7 +60,7 @@ from ..transport.base import Network
 from ..transport.framed import FrameWriter, Receiver
 from ..transport.gate import ConnectionGate, gated
 from ..transport.tcp import failure_reason
-from .silence import LinkSilence, unread_bytes
+from .silence import LinkSilence, stale
 
 log = logging.getLogger("cluster.consensus.links")
 
@@ -84,10 +79,6 @@ what a documented ``--members`` change (a member moved to a new address) looks l
 while it rolls out, member by member, and the link goes on.  A list left stale is
 still seen: a member that cannot reach another at the address it has gets the periodic
 "cannot reach" WARNING.  Other member ids are an ERROR (the link is refused)."""
-
-STALE_INTERVALS = 3
-"""A link that has heard nothing for this many keepalive intervals is stale: a new hello
-from its member replaces it."""
 
 REPORT_AGAIN = 60.0
 """One misconfiguration (the same peer, the same cause) is logged again at most this
@@ -547,21 +538,11 @@ class PeerLinks:
             raise _Refused(f"member link hello from unknown member {peer}")
         live = self._live.get(peer)
         if live is not None:
-            old_stream, old_scope, old_ear = live
-            stale = (
-                old_ear is not None
-                and old_ear.armed
-                and old_ear.quiet_for() >= STALE_INTERVALS * old_ear.interval
-                and not unread_bytes(old_stream)
-            )
-            if not stale:
+            quiet = stale(live[2], live[0])
+            if quiet is None:
                 raise ProtocolError(f"second link for member {peer}, whose link is open")
-            log.info(
-                "member %d dialled again; its open link heard nothing for %.1f s: replacing it",
-                peer,
-                old_ear.quiet_for() if old_ear is not None else 0.0,
-            )
-            old_scope.cancel()
+            log.info("member %d dialled again; its link heard nothing for %.1f s", peer, quiet)
+            live[1].cancel()
         if difference is not None:
             self._report(
                 ADDRESSES_DIFFER,
@@ -598,8 +579,9 @@ class PeerLinks:
         peer = [-1]
         try:
             with scope:
-                async with trio.open_nursery() as nursery:
-                    await self._read_peer(stream, scope, peer, nursery)
+                async with trio.open_nursery() as nursery:  # the reader, keepalives, ear
+                    with suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        await self._read_peer(stream, scope, peer, nursery)
                     nursery.cancel_scope.cancel()
             if scope.cancelled_caught and peer[0] < 0:
                 self.protocol_errors += 1
@@ -616,13 +598,18 @@ class PeerLinks:
         self, stream: trio.abc.Stream, scope: trio.CancelScope, peer: int, ear: LinkSilence
     ) -> None:
         """An inbound link's keepalives (our hello, now and every interval: a 2.0 caller
-        reads it as a hello that agrees) and its ear: silent for ``silence_timeout``,
-        the link is closed (``scope``)."""
+        takes it for a hello that agrees) and its ear, which closes ``scope``."""
         writer = FrameWriter(1 << 16)
         hello = self._hello_frame()
         writer.write_raw(hello)
+
+        async def send() -> None:
+            with suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                await writer.run(stream)
+            scope.cancel()  # broken (or closed): the reader would find out next
+
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(writer.run, stream)
+            nursery.start_soon(send)
             quiet = await ear.watch(stream, keepalive=lambda: writer.write_raw(hello))
             self.silent_inbound += 1
             log.warning("member link from %d: nothing heard for %.1f s; closing it", peer, quiet)

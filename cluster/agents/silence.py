@@ -39,6 +39,9 @@ interval.  A live peer's keepalive can be late by its event loop's stall (a full
 collection, an inline fdatasync, a busy 2-core machine: up to about a second was seen);
 a link closed by mistake costs a redial, and the leader resends from the follower's
 position."""
+STALE_INTERVALS = 3
+"""A link that has heard nothing for this many keepalive intervals is stale: a new hello
+from its member replaces it (a live link hears its member every interval)."""
 SILENCE_INTERVALS = 10
 """A link is silent after this many heartbeat intervals without a byte (when that is
 more than :data:`SILENCE_FLOOR`)."""
@@ -130,3 +133,15 @@ class LinkSilence:
                     self.quiet_since = now
                     continue
                 return now - self.quiet_since
+
+
+def stale(ear: LinkSilence | None, stream: trio.abc.Stream) -> float | None:
+    """How long a link whose member dials again has heard nothing, if that makes it
+    stale (:data:`STALE_INTERVALS`, nothing waiting in its socket); None if it is live,
+    or not held to keepalives (a 2.0 member, or keepalives off)."""
+    if ear is None or not ear.armed:
+        return None
+    quiet = ear.quiet_for()
+    if quiet < STALE_INTERVALS * ear.interval or unread_bytes(stream):
+        return None
+    return quiet
