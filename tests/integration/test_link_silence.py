@@ -7,17 +7,22 @@
 - a 2.0 member (no keepalives) is neither sent a second hello nor closed for its
   silence; a 2.1 member that falls silent is;
 - a member dialling again replaces its own stale link (silent for three intervals), but
-  not a live one.
+  not a live one;
+- member and client sockets carry ``TCP_USER_TIMEOUT`` beside keepalive.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import trio
+from anyio.abc import SocketAttribute
 from faultproxy import Forwarder
 
+from client._dial import try_connect
+from client._endpoints import Endpoint
 from cluster.agents.consensus import PeerLinks
 from cluster.agents.silence import silence_bound, unread_bytes
 from cluster.config import members_digest, parse_members
@@ -227,3 +232,22 @@ async def test_a_stale_link_is_replaced_by_its_member_dialling_again() -> None:
                 await wait_for(lambda: member.links.inbound[0] == 2)
                 frames = await hello_frames(third, 2 * INTERVAL)
                 assert frames, "the new link is served"
+
+
+async def test_member_and_client_sockets_give_up_on_unacknowledged_data() -> None:
+    """``TCP_USER_TIMEOUT`` beside keepalive: a send blocked across a partition fails in
+    15 s, not after the kernel's ~15 minutes of retransmissions."""
+    listeners = await trio.open_tcp_listeners(0, host=HOST)
+    port = listeners[0].socket.getsockname()[1]
+    async with listeners[0]:
+        member = await TcpNetwork().open_stream(HOST, port)
+        assert isinstance(member, trio.SocketStream)
+        async with member:
+            assert member.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 15_000
+            assert member.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
+        dialled = await try_connect(Endpoint(HOST, port))
+        assert not isinstance(dialled, str), dialled
+        async with dialled:
+            sock = dialled.extra(SocketAttribute.raw_socket)
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 15_000
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
