@@ -64,6 +64,9 @@ from .silence import LinkSilence, stale
 
 log = logging.getLogger("cluster.consensus.links")
 
+DIAL_BACKOFF = 0.5
+"""The longest wait between two dials that failed (from the start of one to the next): a
+member back from a partition or a restart is linked within this of being reachable."""
 QUICK_END = 1.0
 HELLO_RECEIVE_SIZE = 4 * 1024
 LINK_RECEIVE_SIZE = 256 * 1024
@@ -287,12 +290,15 @@ class PeerLinks:
         member = link.member
         delay = 0.05
         while True:
+            dialled = trio.current_time()
             try:
                 stream = await self.network.open_stream(member.host, member.consensus_port)
             except OSError as exc:
                 link.last_error = _why_broken(exc)
-                await trio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                # the back-off counts from the dial: one that timed out (a SYN dropped by
+                # a partition) has waited already, and the next SYN goes out at once
+                await trio.sleep_until(dialled + delay)
+                delay = min(delay * 2, DIAL_BACKOFF)
                 continue
             refusal = member_cert_error(stream, member.member_id)
             if refusal:  # not the member this address should be: try again later
