@@ -4,6 +4,8 @@
 - idle links stay up (each end sends a keepalive every interval);
 - a blackhole (:class:`faultproxy.Forwarder`, both ways, nothing closed) closes both ends
   of both links within about the bound, and they come back after the heal;
+- a reader held up (a long duty cycle, a slow disk) with bytes waiting in its socket is
+  not a silent peer;
 - a 2.0 member (no keepalives) is neither sent a second hello nor closed for its
   silence; a 2.1 member that falls silent is;
 - a member dialling again replaces its own stale link (silent for three intervals), but
@@ -14,7 +16,7 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import trio
@@ -42,9 +44,16 @@ OLD_VERSION = compose(2, 0, 0)
 
 
 class Member:
-    def __init__(self, members: str, member_id: int, own: str | None = None) -> None:
+    def __init__(
+        self,
+        members: str,
+        member_id: int,
+        own: str | None = None,
+        delivered: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         """``own``: this member's own ``--members`` (the others' addresses through
-        proxies), ``members`` the real one (its digest: the ids)."""
+        proxies), ``members`` the real one (its digest: the ids); ``delivered``: what
+        the reader awaits after each read (the node's duty cycle)."""
         listed = parse_members(own or members)
         self.delivered: list[ConsensusMessage] = []
         self.links = PeerLinks(
@@ -52,6 +61,7 @@ class Member:
             next(m for m in listed if m.member_id == member_id),
             [m for m in listed if m.member_id != member_id],
             self.delivered.append,
+            delivered=delivered,
             max_frame_size=1 << 20,
             hello_timeout=WAIT,
             members_digest=members_digest(parse_members(members)),
@@ -145,6 +155,29 @@ async def test_idle_links_stay_up_and_a_blackhole_closes_them_both_ways() -> Non
             out0.flush()
             await wait_for(lambda: commit(0) in one.delivered)
         proxies.cancel_scope.cancel()
+
+
+async def test_a_reader_held_up_is_not_a_silent_peer() -> None:
+    ports = free_ports(6)
+    real = members_text(ports, 2)
+    stalls = [4 * BOUND]
+
+    async def slow_duty_cycle() -> None:  # the first read's cycle takes four bounds
+        if stalls:
+            await trio.sleep(stalls.pop())
+
+    zero, one = Member(real, 0), Member(real, 1, delivered=slow_duty_cycle)
+    out0 = zero.links.links[1]
+    async with running(zero, one):
+        await wait_for(lambda: bool(one.links.inbound) and out0.is_connected)
+        for n in range(int(6 * BOUND / INTERVAL)):
+            assert out0.send(CommitPosition(1, n, 0))
+            out0.flush()
+            await trio.sleep(INTERVAL)
+        await wait_for(lambda: len(one.delivered) == int(6 * BOUND / INTERVAL))
+        assert not stalls, "the reader was held up"
+        assert one.links.silent_inbound == 0
+        assert (out0.connects, out0.silences) == (1, 0)
 
 
 async def hello_frames(stream: trio.abc.Stream, seconds: float) -> list[MemberHello] | None:
