@@ -122,6 +122,8 @@ class PeerLink:
         """Why the link is not up: how its last dial failed, or how its last link ended."""
         self.silences = 0
         """Links to this peer closed because it went silent."""
+        self.silent_inbound = 0
+        """Links from this peer closed because it went silent."""
 
     @property
     def is_connected(self) -> bool:
@@ -211,6 +213,8 @@ class PeerLinks:
                 dropped=link.dropped_messages,
                 connects=link.connects,
                 backlog=link.backlog,
+                silences=link.silences,
+                silent_inbound=link.silent_inbound,
             )
             for member_id, link in sorted(self.links.items())
         ]
@@ -244,6 +248,11 @@ class PeerLinks:
             if self.links and self.unreachable_warning_interval > 0:
                 nursery.start_soon(self._warn_unreachable)
             task_status.started(port)
+
+    def _ear(self) -> LinkSilence | None:
+        """A new link's ear (armed once its peer is known to send keepalives)."""
+        interval = self.keepalive_interval
+        return LinkSilence(interval, self.silence_timeout, armed=False) if interval else None
 
     def _hello_frame(self) -> bytes:
         return encode_frame(
@@ -336,11 +345,7 @@ class PeerLinks:
         wrote: tuple[str, bool] | None = None
         read: tuple[str, bool] | None = None
         silent: tuple[str, bool] | None = None
-        ear = (
-            LinkSilence(self.keepalive_interval, self.silence_timeout, armed=False)
-            if self.keepalive_interval > 0
-            else None
-        )
+        ear = self._ear()
         try:
             async with trio.open_nursery() as nursery:
 
@@ -371,11 +376,8 @@ class PeerLinks:
                             sent=lambda: link.sent_messages,
                         )
                         link.silences += 1
-                        log.warning(
-                            "member link to %d: nothing heard for %.1f s; closing it to dial again",
-                            link.member.member_id,
-                            quiet,
-                        )
+                        peer = link.member.member_id
+                        log.warning("member link to %d silent for %.1f s: dial again", peer, quiet)
                         silent = (f"silent for {quiet:.1f} s", False)
                         nursery.cancel_scope.cancel()
 
@@ -618,7 +620,8 @@ class PeerLinks:
             nursery.start_soon(send)
             quiet = await ear.watch(stream, keepalive=lambda: writer.write_raw(hello))
             self.silent_inbound += 1
-            log.warning("member link from %d: nothing heard for %.1f s; closing it", peer, quiet)
+            self.links[peer].silent_inbound += 1
+            log.warning("member link from %d silent for %.1f s: closed", peer, quiet)
             scope.cancel()
 
     async def _read_peer(
@@ -637,11 +640,7 @@ class PeerLinks:
         deliver = self.deliver
         delivered = self.delivered
         members, me = self.member_ids, self.me.member_id
-        ear = (
-            LinkSilence(self.keepalive_interval, self.silence_timeout, armed=False)
-            if self.keepalive_interval > 0
-            else None
-        )
+        ear = self._ear()
         while True:
             data = await receiver.receive()
             if ear is not None:

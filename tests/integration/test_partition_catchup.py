@@ -167,9 +167,12 @@ def test_a_follower_cut_off_by_a_blackhole_is_back_in_step_soon_after_the_heal(
                 target = await commit_position(leader)
                 figures["catch_up_s"] = await wait_caught_up(follower, target, 60)
                 nursery.cancel_scope.cancel()
+            links = {x["member_id"]: x for x in (await describe(leader))["links"]}
+            figures["silences"] = links[follower.member_id]["silences"]
             assert c.leader_member_id == leader.member_id
             assert await kv.get("before") == b"1"
 
     trio.run(main)
     print(f"\nfollower back in step {figures['catch_up_s']:.2f} s after a {CUT:g} s cut")
     assert figures["catch_up_s"] <= BOUND, figures
+    assert figures["silences"] >= 1, "the leader's link to the follower was found silent"
