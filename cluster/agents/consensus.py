@@ -60,7 +60,7 @@ from ..transport.base import Network
 from ..transport.framed import FrameWriter, Receiver
 from ..transport.gate import ConnectionGate, gated
 from ..transport.tcp import failure_reason
-from .silence import LinkSilence, stale
+from .silence import LinkSilence, serve_keepalives, stale
 
 log = logging.getLogger("cluster.consensus.links")
 
@@ -124,6 +124,8 @@ class PeerLink:
         """Links to this peer closed because it went silent."""
         self.silent_inbound = 0
         """Links from this peer closed because it went silent."""
+        self.keepalives = False
+        """Whether the peer said on its last link that it sends keepalives (2.1)."""
 
     @property
     def is_connected(self) -> bool:
@@ -254,6 +256,15 @@ class PeerLinks:
         interval = self.keepalive_interval
         return LinkSilence(interval, self.silence_timeout, armed=False) if interval else None
 
+    def _link_ear(self, link: PeerLink) -> LinkSilence | None:
+        """An outbound link's ear: armed at once if the peer's last link said it sends
+        keepalives (a dial that got through just before a partition is not left to the
+        kernel), though none is sent to it until it says so again on this link."""
+        ear = self._ear()
+        if ear is not None:
+            ear.armed = link.keepalives
+        return ear
+
     def _hello_frame(self) -> bytes:
         return encode_frame(
             MemberHello(self.me.member_id, PROTOCOL_VERSION, self.cluster_id, self.members_digest)
@@ -345,7 +356,7 @@ class PeerLinks:
         wrote: tuple[str, bool] | None = None
         read: tuple[str, bool] | None = None
         silent: tuple[str, bool] | None = None
-        ear = self._ear()
+        ear = self._link_ear(link)
         try:
             async with trio.open_nursery() as nursery:
 
@@ -372,10 +383,11 @@ class PeerLinks:
                         nonlocal silent
                         quiet = await ear.watch(
                             stream,
-                            keepalive=lambda: ear.armed and writer.write_raw(hello),
+                            keepalive=lambda: ear.spoke and writer.write_raw(hello),
                             sent=lambda: link.sent_messages,
                         )
                         link.silences += 1
+                        link.keepalives = ear.spoke  # said nothing here: 2.0 again?
                         peer = link.member.member_id
                         log.warning("member link to %d silent for %.1f s: dial again", peer, quiet)
                         silent = (f"silent for {quiet:.1f} s", False)
@@ -433,7 +445,7 @@ class PeerLinks:
                     return refusal, True
                 seen = answer
                 if ear is not None and answer.protocol_version >= LINK_KEEPALIVES:
-                    ear.armed = True
+                    ear.armed = ear.spoke = link.keepalives = True
 
     def _hello_answered(self, link: PeerLink, answer: MemberHello) -> str:
         """What a peer's answering hello says about our configuration and its: logged (an
@@ -605,24 +617,17 @@ class PeerLinks:
     async def _keep_inbound(
         self, stream: trio.abc.Stream, scope: trio.CancelScope, peer: int, ear: LinkSilence
     ) -> None:
-        """An inbound link's keepalives (our hello, now and every interval: a 2.0 caller
-        takes it for a hello that agrees) and its ear, which closes ``scope``."""
-        writer = FrameWriter(1 << 16)
-        hello = self._hello_frame()
-        writer.write_raw(hello)
+        """An inbound link's keepalives (a 2.0 caller takes our hello for one that agrees)
+        and its ear; the link (``scope``) is closed once silent, or once sending broke."""
 
-        async def send() -> None:
-            with suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                await writer.run(stream)
-            scope.cancel()  # broken (or closed): the reader would find out next
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(send)
-            quiet = await ear.watch(stream, keepalive=lambda: writer.write_raw(hello))
+        def silent(quiet: float) -> None:
             self.silent_inbound += 1
             self.links[peer].silent_inbound += 1
             log.warning("member link from %d silent for %.1f s: closed", peer, quiet)
             scope.cancel()
+
+        await serve_keepalives(stream, ear, self._hello_frame(), silent)
+        scope.cancel()
 
     async def _read_peer(
         self,

@@ -30,8 +30,11 @@ import array
 import fcntl
 import termios
 from collections.abc import Callable
+from contextlib import suppress
 
 import trio
+
+from ..transport.framed import FrameWriter
 
 SILENCE_FLOOR = 2.0
 """Seconds: the shortest silence that closes a member link, whatever the heartbeat
@@ -83,14 +86,16 @@ class LinkSilence:
     ``keepalive`` every ``interval`` in which ``sent()`` did not change (nothing else
     went out)."""
 
-    __slots__ = ("armed", "bound", "count", "interval", "quiet_since")
+    __slots__ = ("armed", "bound", "count", "interval", "quiet_since", "spoke")
 
     def __init__(self, interval: float, bound: float, *, armed: bool = True) -> None:
         self.interval = interval
         self.bound = bound
         self.armed = armed
-        """Whether silence closes the link: only once the peer is known to send
+        """Whether silence closes the link: only where the peer is known to send
         keepalives (a member of protocol 2.1 or later)."""
+        self.spoke = False
+        """Whether the peer said so on this link (keepalives may be sent to it)."""
         self.count = 0
         """Receives so far (the reader bumps it: cheaper than reading the clock)."""
         self.quiet_since = trio.current_time()
@@ -145,3 +150,23 @@ def stale(ear: LinkSilence | None, stream: trio.abc.Stream) -> float | None:
     if quiet < STALE_INTERVALS * ear.interval or unread_bytes(stream):
         return None
     return quiet
+
+
+async def serve_keepalives(
+    stream: trio.abc.Stream, ear: LinkSilence, frame: bytes, on_silent: Callable[[float], None]
+) -> None:
+    """An accepting end's side of a link: send ``frame`` now and every interval while
+    ``ear`` listens; once the link is silent, ``on_silent(seconds)`` is called at once
+    (before the stream is closed under its reader).  Returns when sending broke."""
+    writer = FrameWriter(1 << 16)
+    writer.write_raw(frame)
+    async with trio.open_nursery() as nursery:
+
+        async def listen() -> None:
+            on_silent(await ear.watch(stream, keepalive=lambda: writer.write_raw(frame)))
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(listen)
+        with suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            await writer.run(stream)
+        nursery.cancel_scope.cancel()

@@ -143,7 +143,7 @@ async def test_idle_links_stay_up_and_a_blackhole_closes_them_both_ways() -> Non
             one_to_zero.blackhole()
             cut = trio.current_time()
             await wait_for(lambda: out0.silences == out1.silences == 1)
-            await wait_for(lambda: zero.links.silent_inbound == one.links.silent_inbound == 1)
+            await wait_for(lambda: zero.links.silent_inbound == one.links.silent_inbound == 1, 5)
             noticed = trio.current_time() - cut
             assert noticed >= BOUND  # never before the bound
             await wait_for(lambda: "silent for" in out0.last_error)
