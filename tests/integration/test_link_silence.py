@@ -8,6 +8,7 @@
   not a silent peer;
 - a 2.0 member (no keepalives) is neither sent a second hello nor closed for its
   silence; a 2.1 member that falls silent is;
+- a dial to a member that answered on its last link is watched from the start;
 - a member dialling again replaces its own stale link (silent for three intervals), but
   not a live one;
 - member and client sockets carry ``TCP_USER_TIMEOUT`` beside keepalive.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 
 import trio
 from anyio.abc import SocketAttribute
@@ -284,3 +285,46 @@ async def test_member_and_client_sockets_give_up_on_unacknowledged_data() -> Non
             sock = dialled.extra(SocketAttribute.raw_socket)
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 15_000
             assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
+
+
+async def test_a_dial_to_a_member_that_spoke_before_is_held_to_it_at_once() -> None:
+    """A 2.1 peer answered on its last link: the next link is watched from its first
+    moment (a dial that got through just before a cut is not left to the kernel), but
+    no keepalive goes to it before it answers on that link; a link closed that way with
+    no answer at all forgets (the peer may be a 2.0 member again)."""
+    ports = free_ports(6)
+    real = members_text(ports, 2)
+    digest = members_digest(parse_members(real))
+    member = Member(real, 1)
+    received: list[bytes] = []
+    closed = [trio.Event() for _ in range(3)]
+    answer = encode_frame(MemberHello(0, PROTOCOL_VERSION, 0, digest))
+
+    async def peer(stream: trio.SocketStream) -> None:
+        index = len(received)
+        received.append(b"")
+        if index == 0:
+            await stream.send_all(answer)  # the first link: answered, then silence
+        with suppress(trio.BrokenResourceError):
+            while data := await stream.receive_some(1 << 16):
+                received[index] += data
+        closed[min(index, 2)].set()
+
+    listeners = await trio.open_tcp_listeners(ports[1], host=HOST)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, peer, listeners)
+        async with running(member):
+            link = member.links.links[0]
+            with trio.fail_after(WAIT):
+                await closed[0].wait()  # answered, then silent: closed
+                await closed[1].wait()  # never answered, watched at once: closed
+            assert link.silences == 2
+            assert not link.keepalives
+            hello = encode_frame(MemberHello(1, PROTOCOL_VERSION, 0, digest))
+            assert received[0].startswith(hello + hello)  # keepalives once it answered
+            assert received[1] == hello  # none before an answer
+            await trio.sleep(3 * BOUND)  # the third: not watched, never closed
+            assert len(received) == 3
+            assert not closed[2].is_set()
+            assert link.silences == 2
+        nursery.cancel_scope.cancel()
