@@ -7,9 +7,9 @@ outbound connection is a MemberHello naming the caller.
 
 Nothing a peer sends is trusted: the hello must name this cluster's id (``--cluster-id``)
 and another configured member with a compatible protocol version, and a second hello for
-a member whose inbound link is open is refused, so it cannot take that link over, not
-even while that member is paused (a crashed member's connection is closed by its kernel;
-one whose host is gone is found dead by TCP keepalive, see ``cluster.transport.tcp``);
+a member whose inbound link is open and live is refused, so it cannot take that link
+over (a crashed member's connection is closed by its kernel; a silent one is closed, or
+replaced by its member's new link, see below);
 every later message is checked (:func:`cluster.core.validate.check_consensus_message`:
 ranges, member ids, the sender named in it is the member the link said hello as) before
 it reaches the consensus module.  A message that fails is a protocol error: logged,

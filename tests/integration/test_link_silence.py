@@ -39,8 +39,10 @@ from cluster.transport.tcp import TcpNetwork
 HOST = "127.0.0.1"
 WAIT = 30.0
 """Seconds to wait for what a busy two-core machine does in milliseconds."""
-INTERVAL = 0.05
-BOUND = 0.6
+INTERVAL = 0.1
+BOUND = 1.0
+"""Ten intervals, as a node has them; both members share this process, so a stall of
+the whole process longer than this would look like silence to both."""
 OLD_VERSION = compose(2, 0, 0)
 
 
