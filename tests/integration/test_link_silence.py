@@ -20,6 +20,7 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 
+import pytest
 import trio
 from anyio.abc import SocketAttribute
 from faultproxy import Forwarder
@@ -163,9 +164,9 @@ async def test_idle_links_stay_up_and_a_blackhole_closes_them_both_ways() -> Non
 async def test_a_reader_held_up_is_not_a_silent_peer() -> None:
     ports = free_ports(6)
     real = members_text(ports, 2)
-    stalls = [4 * BOUND]
+    stalls = [2 * BOUND]
 
-    async def slow_duty_cycle() -> None:  # the first read's cycle takes four bounds
+    async def slow_duty_cycle() -> None:  # the first read's cycle takes two bounds
         if stalls:
             await trio.sleep(stalls.pop())
 
@@ -173,11 +174,11 @@ async def test_a_reader_held_up_is_not_a_silent_peer() -> None:
     out0 = zero.links.links[1]
     async with running(zero, one):
         await wait_for(lambda: bool(one.links.inbound) and out0.is_connected)
-        for n in range(int(6 * BOUND / INTERVAL)):
+        for n in range(int(3 * BOUND / INTERVAL)):
             assert out0.send(CommitPosition(1, n, 0))
             out0.flush()
             await trio.sleep(INTERVAL)
-        await wait_for(lambda: len(one.delivered) == int(6 * BOUND / INTERVAL))
+        await wait_for(lambda: len(one.delivered) == int(3 * BOUND / INTERVAL))
         assert not stalls, "the reader was held up"
         assert one.links.silent_inbound == 0
         assert (out0.connects, out0.silences) == (1, 0)
@@ -289,6 +290,7 @@ async def test_member_and_client_sockets_give_up_on_unacknowledged_data() -> Non
             assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
 
 
+@pytest.mark.slow
 async def test_a_dial_to_a_member_that_spoke_before_is_held_to_it_at_once() -> None:
     """A 2.1 peer answered on its last link: the next link is watched from its first
     moment (a dial that got through just before a cut is not left to the kernel), but
