@@ -42,6 +42,7 @@ from .agents.inbox import IngressInbox
 from .agents.ingress import IngressAgent
 from .agents.log import ArchiveAgent, LogAgent, LogBuffer
 from .agents.replication import Leadership
+from .agents.silence import silence_bound
 from .agents.snapshot import SnapshotAgent
 from .agents.stalls import StallWatch
 from .agents.timings import Timings
@@ -173,6 +174,10 @@ class Node:
             cluster_id=self.identity.cluster_id,
             hello_timeout=cfg.handshake_timeout / 1e9,
             members_digest=members_digest(self.members),
+            keepalive_interval=cfg.leader_heartbeat_interval / 1e9,
+            silence_timeout=silence_bound(
+                cfg.leader_heartbeat_interval / 1e9, cfg.leader_heartbeat_timeout / 1e9
+            ),
         )
         terms = TermHistory(
             [

@@ -7,9 +7,9 @@ outbound connection is a MemberHello naming the caller.
 
 Nothing a peer sends is trusted: the hello must name this cluster's id (``--cluster-id``)
 and another configured member with a compatible protocol version, and a second hello for
-a member whose inbound link is open is refused, so it cannot take that link over, not
-even while that member is paused (a crashed member's connection is closed by its kernel;
-one whose host is gone is found dead by TCP keepalive, see ``cluster.transport.tcp``);
+a member whose inbound link is open and live is refused, so it cannot take that link
+over (a crashed member's connection is closed by its kernel; a silent one is closed, or
+replaced by its member's new link, see below);
 every later message is checked (:func:`cluster.core.validate.check_consensus_message`:
 ranges, member ids, the sender named in it is the member the link said hello as) before
 it reaches the consensus module.  A message that fails is a protocol error: logged,
@@ -31,6 +31,11 @@ of one member's address, which must not cost the quorum.  And
 every ``unreachable_warning_interval`` (10 s) a member WARNs naming each peer its link to
 is not up, with that link's last failure (connection refused, a TLS handshake's reason,
 timed out, hello refused).
+
+Silence is noticed (issue 44, :mod:`cluster.agents.silence`): both ends of a 2.1
+member's link send their hello at least every ``keepalive_interval``; an end that hears
+no byte for ``silence_timeout`` closes the link (redialled).  A new hello for a member
+whose open link is stale (:func:`~cluster.agents.silence.stale`) replaces that link.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 
 import trio
 
@@ -48,15 +54,19 @@ from ..protocol.codec import CONSENSUS
 from ..protocol.consensus import ConsensusMessage, MemberHello
 from ..protocol.errors import ProtocolError
 from ..protocol.framing import FrameDecoder, encode_frame
-from ..protocol.version import PROTOCOL_VERSION, is_compatible, to_string
+from ..protocol.version import LINK_KEEPALIVES, PROTOCOL_VERSION, is_compatible, to_string
 from ..security import member_cert_error
 from ..transport.base import Network
 from ..transport.framed import FrameWriter, Receiver
 from ..transport.gate import ConnectionGate, gated
 from ..transport.tcp import failure_reason
+from .silence import LinkSilence, serve_keepalives, stale
 
 log = logging.getLogger("cluster.consensus.links")
 
+DIAL_BACKOFF = 0.5
+"""The longest wait between two dials that failed (from the start of one to the next): a
+member back from a partition or a restart is linked within this of being reachable."""
 QUICK_END = 1.0
 HELLO_RECEIVE_SIZE = 4 * 1024
 LINK_RECEIVE_SIZE = 256 * 1024
@@ -110,6 +120,12 @@ class PeerLink:
         self.connects = 0
         self.last_error = "not dialled yet"
         """Why the link is not up: how its last dial failed, or how its last link ended."""
+        self.silences = 0
+        """Links to this peer closed because it went silent."""
+        self.silent_inbound = 0
+        """Links from this peer closed because it went silent."""
+        self.keepalives = False
+        """Whether the peer said on its last link that it sends keepalives (2.1)."""
 
     @property
     def is_connected(self) -> bool:
@@ -151,15 +167,23 @@ class PeerLinks:
         hello_timeout: float = 5.0,
         members_digest: bytes = b"",
         unreachable_warning_interval: float = 10.0,
+        keepalive_interval: float = 0.0,
+        silence_timeout: float = 0.0,
     ) -> None:
         """``members_digest``: :func:`cluster.config.members_digest` of this member's
         ``--members``, sent in its hellos and compared with its peers' (empty: neither
         sent nor compared).  ``unreachable_warning_interval``: seconds between the
-        WARNINGs naming the peers whose links are not up (0: none)."""
+        WARNINGs naming the peers whose links are not up (0: none).
+        ``keepalive_interval``: the most seconds a link of a 2.1 peer goes without a
+        frame from this end; ``silence_timeout``: seconds without a byte after which
+        such a link is closed (:func:`cluster.agents.silence.silence_bound`; either 0:
+        neither)."""
         self.network = network
         self.me = me
         self.members_digest = members_digest
         self.unreachable_warning_interval = unreachable_warning_interval
+        self.keepalive_interval = keepalive_interval if silence_timeout > 0 else 0.0
+        self.silence_timeout = silence_timeout if keepalive_interval > 0 else 0.0
         self._members = [me, *peers]
         self._reported: dict[tuple[object, ...], float] = {}
         self.links = {p.member_id: PeerLink(p, max_backlog) for p in peers}
@@ -177,8 +201,10 @@ class PeerLinks:
         one: strangers holding every slot cannot keep a member's new link out."""
         self.protocol_errors = 0
         self.inbound: dict[int, int] = {}
-        #: the open inbound link of each member, and the cancel scope of its reader
-        self._live: dict[int, tuple[trio.abc.Stream, trio.CancelScope]] = {}
+        self.silent_inbound = 0
+        """Inbound links closed because their member went silent."""
+        #: the open inbound link of each member, the cancel scope of its reader, its ear
+        self._live: dict[int, tuple[trio.abc.Stream, trio.CancelScope, LinkSilence | None]] = {}
 
     def statistics(self) -> list[LinkStatus]:
         return [
@@ -189,6 +215,8 @@ class PeerLinks:
                 dropped=link.dropped_messages,
                 connects=link.connects,
                 backlog=link.backlog,
+                silences=link.silences,
+                silent_inbound=link.silent_inbound,
             )
             for member_id, link in sorted(self.links.items())
         ]
@@ -222,6 +250,20 @@ class PeerLinks:
             if self.links and self.unreachable_warning_interval > 0:
                 nursery.start_soon(self._warn_unreachable)
             task_status.started(port)
+
+    def _ear(self) -> LinkSilence | None:
+        """A new link's ear (armed once its peer is known to send keepalives)."""
+        interval = self.keepalive_interval
+        return LinkSilence(interval, self.silence_timeout, armed=False) if interval else None
+
+    def _link_ear(self, link: PeerLink) -> LinkSilence | None:
+        """An outbound link's ear: armed at once if the peer's last link said it sends
+        keepalives (a dial that got through just before a partition is not left to the
+        kernel), though none is sent to it until it says so again on this link."""
+        ear = self._ear()
+        if ear is not None:
+            ear.armed = link.keepalives
+        return ear
 
     def _hello_frame(self) -> bytes:
         return encode_frame(
@@ -268,12 +310,15 @@ class PeerLinks:
         member = link.member
         delay = 0.05
         while True:
+            dialled = trio.current_time()
             try:
                 stream = await self.network.open_stream(member.host, member.consensus_port)
             except OSError as exc:
                 link.last_error = _why_broken(exc)
-                await trio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                # the back-off counts from the dial: one that timed out (a SYN dropped by
+                # a partition) has waited already, and the next SYN goes out at once
+                await trio.sleep_until(dialled + delay)
+                delay = min(delay * 2, DIAL_BACKOFF)
                 continue
             refusal = member_cert_error(stream, member.member_id)
             if refusal:  # not the member this address should be: try again later
@@ -310,6 +355,8 @@ class PeerLinks:
         started = trio.current_time()
         wrote: tuple[str, bool] | None = None
         read: tuple[str, bool] | None = None
+        silent: tuple[str, bool] | None = None
+        ear = self._link_ear(link)
         try:
             async with trio.open_nursery() as nursery:
 
@@ -324,26 +371,52 @@ class PeerLinks:
 
                 async def read_answers() -> None:
                     nonlocal read
-                    read = await self._read_answers(link, stream, started)
+                    read = await self._read_answers(link, stream, started, ear)
                     nursery.cancel_scope.cancel()
 
                 nursery.start_soon(write)
                 nursery.start_soon(read_answers)
+                if ear is not None:
+                    hello = self._hello_frame()
+
+                    async def listen() -> None:
+                        nonlocal silent
+                        quiet = await ear.watch(
+                            stream,
+                            keepalive=lambda: ear.spoke and writer.write_raw(hello),
+                            sent=lambda: link.sent_messages,
+                        )
+                        link.silences += 1
+                        link.keepalives = ear.spoke  # said nothing here: 2.0 again?
+                        peer = link.member.member_id
+                        log.warning("member link to %d silent for %.1f s: dial again", peer, quiet)
+                        silent = (f"silent for {quiet:.1f} s", False)
+                        nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(listen)
         finally:
             link.writer = None
             link.connected = trio.Event()
+        if silent is not None:
+            return silent
         if read is not None and (read[1] or wrote is None):
             return read
         return wrote or ("link closed", False)
 
     async def _read_answers(
-        self, link: PeerLink, stream: trio.abc.Stream, started: float
+        self,
+        link: PeerLink,
+        stream: trio.abc.Stream,
+        started: float,
+        ear: LinkSilence | None = None,
     ) -> tuple[str, bool]:
-        """Read our outbound link until it ends: a peer sends nothing on it, except its
-        own hello when it refuses ours or finds our member lists differ (logged here as
-        an ERROR, like on the peer).  Returns why the link ended, and whether refused."""
+        """Read our outbound link until it ends: a peer sends nothing on it but its own
+        hello: when it refuses ours or finds our member lists differ (logged here as an
+        ERROR, like on the peer), and, from a 2.1 member, as a keepalive (``ear`` hears
+        it, and is armed by it).  Returns why the link ended, and whether refused."""
         peer = link.member.member_id
         decoder = FrameDecoder(1 << 16)
+        seen: MemberHello | None = None
         while True:
             try:
                 data = await stream.receive_some(1 << 16)
@@ -351,6 +424,8 @@ class PeerLinks:
                 data, why = b"", _why_broken(exc)
             else:
                 why = f"closed by member {peer}"
+            if ear is not None:
+                ear.heard()
             if not data:
                 if trio.current_time() - started < QUICK_END:
                     return f"{why} right after our hello (refused it? see its log)", False
@@ -363,9 +438,14 @@ class PeerLinks:
             for answer in answers:
                 if not isinstance(answer, MemberHello):
                     return f"member {peer} sent {type(answer).__name__} on our link", False
+                if answer == seen:
+                    continue  # a keepalive
                 refusal = self._hello_answered(link, answer)
                 if refusal:
                     return refusal, True
+                seen = answer
+                if ear is not None and answer.protocol_version >= LINK_KEEPALIVES:
+                    ear.armed = ear.spoke = link.keepalives = True
 
     def _hello_answered(self, link: PeerLink, answer: MemberHello) -> str:
         """What a peer's answering hello says about our configuration and its: logged (an
@@ -439,7 +519,11 @@ class PeerLinks:
             live[1].cancel()
 
     def _hello(
-        self, hello: MemberHello, stream: trio.abc.Stream, scope: trio.CancelScope
+        self,
+        hello: MemberHello,
+        stream: trio.abc.Stream,
+        scope: trio.CancelScope,
+        ear: LinkSilence | None = None,
     ) -> tuple[int, bool]:
         """Check a link's first frame; return the member it names, and whether to answer
         it with our own hello (its member list differs from ours only in addresses: both
@@ -472,8 +556,13 @@ class PeerLinks:
             )
         if peer not in self.links:
             raise _Refused(f"member link hello from unknown member {peer}")
-        if peer in self._live:
-            raise ProtocolError(f"second link for member {peer}, whose link is open")
+        live = self._live.get(peer)
+        if live is not None:
+            quiet = stale(live[2], live[0])
+            if quiet is None:
+                raise ProtocolError(f"second link for member {peer}, whose link is open")
+            log.info("member %d dialled again; its link heard nothing for %.1f s", peer, quiet)
+            live[1].cancel()
         if difference is not None:
             self._report(
                 ADDRESSES_DIFFER,
@@ -484,7 +573,9 @@ class PeerLinks:
                 peer,
                 difference[1],
             )
-        self._live[peer] = (stream, scope)
+        self._live[peer] = (stream, scope, ear)
+        if ear is not None and hello.protocol_version >= LINK_KEEPALIVES:
+            ear.armed = True
         self.inbound[peer] = self.inbound.get(peer, 0) + 1
         return peer, difference is not None
 
@@ -508,7 +599,10 @@ class PeerLinks:
         peer = [-1]
         try:
             with scope:
-                await self._read_peer(stream, scope, peer)
+                async with trio.open_nursery() as nursery:  # the reader, keepalives, ear
+                    with suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        await self._read_peer(stream, scope, peer, nursery)
+                    nursery.cancel_scope.cancel()
             if scope.cancelled_caught and peer[0] < 0:
                 self.protocol_errors += 1
                 log.info("closing a consensus connection that sent no MemberHello in time")
@@ -520,19 +614,42 @@ class PeerLinks:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
 
+    async def _keep_inbound(
+        self, stream: trio.abc.Stream, scope: trio.CancelScope, peer: int, ear: LinkSilence
+    ) -> None:
+        """An inbound link's keepalives (a 2.0 caller takes our hello for one that agrees)
+        and its ear; the link (``scope``) is closed once silent, or once sending broke."""
+
+        def silent(quiet: float) -> None:
+            self.silent_inbound += 1
+            self.links[peer].silent_inbound += 1
+            log.warning("member link from %d silent for %.1f s: closed", peer, quiet)
+            scope.cancel()
+
+        await serve_keepalives(stream, ear, self._hello_frame(), silent)
+        scope.cancel()
+
     async def _read_peer(
-        self, stream: trio.abc.Stream, scope: trio.CancelScope, who: list[int]
+        self,
+        stream: trio.abc.Stream,
+        scope: trio.CancelScope,
+        who: list[int],
+        nursery: trio.Nursery,
     ) -> None:
         """Read, check and deliver one inbound link's messages until it ends or a
-        message fails its checks; ``who[0]`` is the member its hello named."""
+        message fails its checks; ``who[0]`` is the member its hello named.  Once the
+        hello is taken, the link's keepalives and its ear run in ``nursery``."""
         decoder = FrameDecoder(self.max_frame_size)
         receiver = Receiver(stream, HELLO_RECEIVE_SIZE)  # a stranger's costs little
         peer = -1
         deliver = self.deliver
         delivered = self.delivered
         members, me = self.member_ids, self.me.member_id
+        ear = self._ear()
         while True:
             data = await receiver.receive()
+            if ear is not None:
+                ear.heard()
             if not data:
                 return
             messages: list[ConsensusMessage] = []
@@ -546,14 +663,18 @@ class PeerLinks:
                     if peer < 0:
                         if not isinstance(message, MemberHello):
                             raise ProtocolError("member link did not start with MemberHello")
-                        peer, answer = self._hello(message, stream, scope)
+                        peer, answer = self._hello(message, stream, scope, ear)
                         who[0] = peer
                         receiver.grow(LINK_RECEIVE_SIZE)
                         scope.deadline = math.inf
                         self.gate.release(stream)  # a member's link: no longer a stranger
                         if answer:
                             await self._answer(stream, refused=False)
+                        if ear is not None:
+                            nursery.start_soon(self._keep_inbound, stream, scope, peer, ear)
                         continue
+                    if type(message) is MemberHello and message.member_id == peer:
+                        continue  # a 2.1 member's keepalive
                     reason = check_consensus_message(message, members, me, peer)
                     if reason is not None:
                         raise ProtocolError(f"{type(message).__name__}: {reason}")

@@ -268,6 +268,12 @@ class StatusCollector(Collector):
             s.ingress.protocol_errors + s.link_protocol_errors,
         )
         yield counter(
+            "triarch_member_link_silences_total",
+            "member links closed (and dialled again) because nothing came on them for the "
+            "silence bound: a partition, a paused or overloaded member",
+            sum(link.silences + link.silent_inbound for link in s.links),
+        )
+        yield counter(
             "triarch_ingress_connections_total",
             "client connections accepted",
             s.ingress.connections,

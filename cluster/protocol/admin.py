@@ -112,6 +112,10 @@ class LinkStatus(msgspec.Struct, kw_only=True):
     dropped: int = 0
     connects: int = 0
     backlog: int = 0
+    silences: int = 0
+    """Links to this member closed because nothing came back for the silence bound."""
+    silent_inbound: int = 0
+    """Links from this member closed because nothing came on them for the bound."""
 
 
 class SessionStatus(msgspec.Struct, kw_only=True):

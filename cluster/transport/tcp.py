@@ -28,6 +28,16 @@ KEEPALIVE_COUNT = 3
 found dead after about ``5 + 2 * 3`` seconds of silence, instead of the kernel's two hours:
 a member link is only given to a reconnecting member once its old one is closed."""
 
+USER_TIMEOUT_MS = 15_000
+"""``TCP_USER_TIMEOUT``: a connection whose sent data stays unacknowledged this long (the
+peer's host gone, a partition) is closed by the kernel, and a blocked send fails then,
+instead of after the kernel's retransmission limit (``tcp_retries2``: about 15 minutes).
+Keepalive covers only an idle connection; this covers one with data in flight.  Generous
+on purpose: a live peer acknowledges within milliseconds, even while its application is
+busy; a peer that reads nothing for this long (a full receive window all that time) is
+cut too.  Member links notice silence far sooner by themselves
+(:mod:`cluster.agents.silence`); this is the floor for every other connection."""
+
 
 def _tune(stream: trio.SocketStream) -> None:
     try:
@@ -37,6 +47,7 @@ def _tune(stream: trio.SocketStream) -> None:
             ("TCP_KEEPIDLE", KEEPALIVE_IDLE),
             ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
             ("TCP_KEEPCNT", KEEPALIVE_COUNT),
+            ("TCP_USER_TIMEOUT", USER_TIMEOUT_MS),
         ):
             if hasattr(socket, option):
                 stream.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)

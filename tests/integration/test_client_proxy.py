@@ -1,6 +1,6 @@
 """A client behind TCP proxies stays behind them (issue 41): three real member processes,
-a real TCP forwarder on loopback in front of each member's ingress port, and a client
-given only the forwarders' addresses.
+a real TCP forwarder on loopback (``faultproxy.Forwarder``) in front of each member's
+ingress port, and a client given only the forwarders' addresses.
 
 The members advertise their own ingress addresses (a REDIRECT's detail, a
 NewLeaderEvent's endpoints).  A client behind a proxy, a NAT, a port-forward or a load
@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 
 import trio
+from faultproxy import Forwarder
 
 import client
 from cluster.config import parse_members
@@ -30,58 +31,6 @@ HOST = "127.0.0.1"
 PROXY_SOURCE = "127.0.0.2"
 KV = "cluster.examples.kv:KeyValueService"
 NODE_ARGS = ["--election-timeout", "500ms"]
-
-
-class Forwarder:
-    """A TCP proxy: each connection accepted on ``port`` is joined to a new one to
-    ``HOST:target``, dialled from :data:`PROXY_SOURCE`."""
-
-    def __init__(self, target: int) -> None:
-        self.target = target
-        self.port = 0
-        self.accepted = 0
-        self.bytes_in = 0
-        """Bytes from the client to the member."""
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(0, host=HOST)
-        self.port = listeners[0].socket.getsockname()[1]
-        async with trio.open_nursery() as nursery:
-            for listener in listeners:
-                nursery.start_soon(trio.serve_listeners, self._join, [listener])
-            task_status.started()
-
-    async def _join(self, downstream: trio.SocketStream) -> None:
-        self.accepted += 1
-        sock = trio.socket.socket()
-        try:
-            await sock.bind((PROXY_SOURCE, 0))
-            await sock.connect((HOST, self.target))
-        except OSError:
-            sock.close()
-            await downstream.aclose()
-            return
-        except BaseException:  # cancelled in the middle of the dial
-            sock.close()
-            raise
-        upstream = trio.SocketStream(sock)
-        async with downstream, upstream, trio.open_nursery() as nursery:
-            nursery.start_soon(self._pump, downstream, upstream, nursery.cancel_scope, True)
-            nursery.start_soon(self._pump, upstream, downstream, nursery.cancel_scope, False)
-
-    async def _pump(
-        self,
-        source: trio.SocketStream,
-        sink: trio.SocketStream,
-        done: trio.CancelScope,
-        inbound: bool,
-    ) -> None:
-        with suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            while data := await source.receive_some(65536):
-                if inbound:
-                    self.bytes_in += len(data)
-                await sink.send_all(data)
-        done.cancel()  # either side closed: close both
 
 
 def established_from_client(ports: set[int]) -> list[str]:
@@ -114,7 +63,10 @@ def three_members(directory: Path) -> Iterator[LocalCluster]:
 
 @asynccontextmanager
 async def forwarders(cluster: LocalCluster) -> AsyncIterator[dict[int, Forwarder]]:
-    proxies = {m.member_id: Forwarder(m.ingress_port) for m in parse_members(cluster.members)}
+    proxies = {
+        m.member_id: Forwarder(m.ingress_port, source=PROXY_SOURCE)
+        for m in parse_members(cluster.members)
+    }
     async with trio.open_nursery() as nursery:
         for proxy in proxies.values():
             await nursery.start(proxy.run)
