@@ -4,8 +4,10 @@ Three ``python -m cluster.node`` members, each in a network namespace of its own
 clients (``netns_client.py``) in another, on a bridge (:mod:`netns`).  Under writes from
 four sessions the leader is isolated for 5 s, and again for 7 s (packets dropped,
 nothing reset), then healed.  A new leader must have been elected meanwhile, no
-acknowledged write may be lost, and the old leader must have caught up with the new
-leader's commit position (as it was at the heal) within :data:`BOUND`.
+acknowledged write may be lost, the old leader must have caught up with the new
+leader's commit position (as it was at the heal) within :data:`BOUND`, and the history
+of three more sessions writing and reading (queries of both levels) a few shared keys
+must be linearizable (``tests/lincheck.py``; follower reads: values written by then).
 
 Skipped, with the reason, where namespaces cannot be made (not root, no ``ip``).
 """
@@ -24,6 +26,7 @@ import pytest
 from netns import Lab, lab, unavailable
 
 from cluster.local import LocalCluster, free_ports
+from tests.lincheck import Op, check, check_follower_reads
 
 KV = "cluster.examples.kv:KeyValueService"
 HEARTBEAT_TIMEOUT = 1.0
@@ -168,6 +171,26 @@ def test_the_leader_cut_off_in_namespaces(namespaces: Lab, tmp_path: Path, cut: 
         )
         assert summary["lost"] == []
         assert back <= BOUND, back
+        history = [
+            Op(
+                op["client"],
+                op["kind"],
+                op["key"],
+                tuple(op["args"]),
+                op["call"],
+                op.get("ret"),
+                op.get("result"),
+                consistency=op.get("consistency", "linearizable"),
+            )
+            for op in json.loads((work / "history.json").read_text())
+            if op["kind"] == "put" or "ret" in op  # a read that never completed tells nothing
+        ]
+        result = check(history)
+        reads = sum(op.kind == "get" and op.ret is not None for op in history)
+        print(f"{len(history)} ops on the shared keys ({reads} reads), linearizable: {result.ok}")
+        assert result.ok, result.explain()
+        assert check_follower_reads(history) == []
+        assert reads > 0
     finally:
         if helper is not None and helper.poll() is None:
             helper.kill()
