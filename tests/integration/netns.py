@@ -10,7 +10,10 @@ addresses from outside.
 
 A partition: ``nft`` drop rules inside the member's namespace where ``nft`` is installed,
 else the member's bridge port is set down (:meth:`Lab.isolate`; isolation of one member
-only).  Either way packets are dropped, nothing is reset.
+only).  Either way packets are dropped, nothing is reset.  :meth:`Lab.split` cuts a
+member off from the other members only, its clients still reaching it (a deposed
+leader that clients can still ask): ``blackhole`` routes in both directions, which drop
+silently.
 
 :func:`unavailable` says why a lab cannot be made here (not root, no ``ip``, no
 namespaces); the tests skip with that reason.  Every namespace is deleted when the
@@ -111,6 +114,23 @@ class Lab:
             return "nft drop rules in its namespace"
         _run("ip", "-n", self.bridge, "link", "set", self._port(member_id), "down")
         return "its bridge port set down"
+
+    def split(self, member_id: int) -> str:
+        """Drop the packets between the member and every other member, both ways (not
+        those of the clients): blackhole routes, silent as a partition is."""
+        for other in range(len(self.members)):
+            if other != member_id:
+                for ns, to in ((member_id, other), (other, member_id)):
+                    _run("ip", "-n", self.members[ns], "route", "add", "blackhole",
+                         f"{self.address(to)}/32")  # fmt: skip
+        return "blackhole routes between it and the other members"
+
+    def unsplit(self, member_id: int) -> None:
+        for other in range(len(self.members)):
+            if other != member_id:
+                for ns, to in ((member_id, other), (other, member_id)):
+                    _run("ip", "-n", self.members[ns], "route", "del", "blackhole",
+                         f"{self.address(to)}/32")  # fmt: skip
 
     def heal(self, member_id: int) -> None:
         ns = self.members[member_id]

@@ -100,8 +100,17 @@ def namespaces() -> Iterator[Lab]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cut", CUTS)
-def test_the_leader_cut_off_in_namespaces(namespaces: Lab, tmp_path: Path, cut: float) -> None:
+@pytest.mark.parametrize(
+    ("cut", "from_clients"),
+    [*((cut, True) for cut in CUTS), (5.0, False)],
+    ids=[*(f"{cut:g}s" for cut in CUTS), "5s-members-only"],
+)
+def test_the_leader_cut_off_in_namespaces(
+    namespaces: Lab, tmp_path: Path, cut: float, from_clients: bool
+) -> None:
+    """``from_clients`` False: the leader is cut off from the other members only, so the
+    sessions connected to it keep asking it (writes and queries) while the others elect a
+    new leader: it must answer no query from its old state."""
     cluster = NamespacedCluster(tmp_path, namespaces)
     work = tmp_path / "clients"
     work.mkdir()
@@ -127,11 +136,14 @@ def test_the_leader_cut_off_in_namespaces(namespaces: Lab, tmp_path: Path, cut: 
             return recent[-1] if recent and writes() > 100 else None
 
         old = wait_until("a leader and writes", 90, leader, helper)
-        how = namespaces.isolate(old["m"])
+        how = namespaces.isolate(old["m"]) if from_clients else namespaces.split(old["m"])
         cut_at = time.time()
         before = writes()
         time.sleep(cut)
-        namespaces.heal(old["m"])
+        if from_clients:
+            namespaces.heal(old["m"])
+        else:
+            namespaces.unsplit(old["m"])
         healed = time.time()
 
         def new_leader() -> dict[str, Any] | None:
