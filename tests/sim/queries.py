@@ -86,6 +86,9 @@ class QueryOp:
     value: bytes | None = None
     late_answers: int = 0
     """OK answers that came after the first (to an earlier send: dropped by the client)."""
+    on_links: bool = False
+    """Asked over query connections (a follower query: :mod:`tests.sim.sim_follower`),
+    not on the session's connection: its own task sends it, not :meth:`ClientQueries.due`."""
 
     @property
     def level(self) -> str:
@@ -131,10 +134,11 @@ class ClientQueries:
         self.waiting[query.correlation_id] = query
 
     def due(self, now: float) -> list[QueryOp]:
-        return [q for q in self.waiting.values() if q.next_send_at <= now]
+        """The queries to send (again) on the session's connection now."""
+        return [q for q in self.waiting.values() if q.next_send_at <= now and not q.on_links]
 
     def next_due(self) -> float | None:
-        return min((q.next_send_at for q in self.waiting.values()), default=None)
+        return min((q.next_send_at for q in self.waiting.values() if not q.on_links), default=None)
 
     def sent(self, query: QueryOp, now: float, commit: int, min_position: int, member: int) -> None:
         if query.sends == 0:
