@@ -2,11 +2,13 @@
 
 The simulated clients ask the KV service for the value of a key without the log
 (:class:`~cluster.protocol.ingress.QueryRequest`, answered by the service's ``on_query``)
-at both consistency levels, on their session's connection, and ask again as the real
-client does (``client._query.ask``): with the **same** correlation id, when no answer came
-within :data:`~client._query.RESEND_AFTER`, after a NOT_LEADER or BUSY answer (a back-off
-doubling from :data:`~client._query.RETRY_MIN` to :data:`~client._query.RETRY_MAX`), and
-at once when the session moves to a new leader (or to a new session).
+at both consistency levels, and ask again as the real client does, with the **same**
+correlation id.  Linearizable ones go on their session's connection (``client._query.ask``):
+again when no answer came within :data:`~client._query.RESEND_AFTER`, after a NOT_LEADER
+or BUSY answer (a back-off doubling from :data:`~client._query.RETRY_MIN` to
+:data:`~client._query.RETRY_MAX`), and at once when the session moves to a new leader (or
+to a new session).  Follower ones go in turn to every member over query connections
+(``client._follower``; :mod:`tests.sim.sim_follower`).
 
 Invariant (9), :class:`QueryChecker`: an OK answer at ``log_position`` P to a query of key K
 

@@ -28,7 +28,9 @@ the simulated network, so this small shell drives :class:`client._connect.AsyncC
   first attempt is then *indeterminate*);
 * with ``query_share``, makes that share of its operations queries of a key written
   lately (or never), without the log, at both consistency levels, asked again as the
-  real client asks them (:mod:`tests.sim.queries`).
+  real client asks them (:mod:`tests.sim.queries`): linearizable ones on the session's
+  connection, follower ones in turn at every member over query connections
+  (:mod:`tests.sim.sim_follower`).
 
 Every request is recorded in a shared :class:`History` with virtual timestamps, and
 every reply the application saw (each session's, in order) in ``History.delivered``.

@@ -77,6 +77,8 @@ class SimFollowerReads:
         self._failures: dict[int, int] = {}
         self._turn = 0
         self._nursery: trio.Nursery | None = None
+        self.sent_to: dict[int, int] = {}
+        """member -> the follower queries sent to it (each send counted)."""
 
     def start(self, nursery: trio.Nursery, query: QueryOp) -> None:
         """Ask ``query`` (a follower one) until it is answered, in a task of its own."""
@@ -117,6 +119,7 @@ class SimFollowerReads:
                 try:
                     if await self._send(link, request):
                         queries.sent(query, trio.current_time(), commit, seen, member)
+                        self.sent_to[member] = self.sent_to.get(member, 0) + 1
                         client.trace("query", cid, query.level, query.key, query.sends, member)
                         with trio.move_on_after(RESEND_AFTER):
                             await event.wait()
