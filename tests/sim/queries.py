@@ -2,11 +2,13 @@
 
 The simulated clients ask the KV service for the value of a key without the log
 (:class:`~cluster.protocol.ingress.QueryRequest`, answered by the service's ``on_query``)
-at both consistency levels, on their session's connection, and ask again as the real
-client does (``client._query.ask``): with the **same** correlation id, when no answer came
-within :data:`~client._query.RESEND_AFTER`, after a NOT_LEADER or BUSY answer (a back-off
-doubling from :data:`~client._query.RETRY_MIN` to :data:`~client._query.RETRY_MAX`), and
-at once when the session moves to a new leader (or to a new session).
+at both consistency levels, and ask again as the real client does, with the **same**
+correlation id.  Linearizable ones go on their session's connection (``client._query.ask``):
+again when no answer came within :data:`~client._query.RESEND_AFTER`, after a NOT_LEADER
+or BUSY answer (a back-off doubling from :data:`~client._query.RETRY_MIN` to
+:data:`~client._query.RETRY_MAX`), and at once when the session moves to a new leader (or
+to a new session).  Follower ones go in turn to every member over query connections
+(``client._follower``; :mod:`tests.sim.sim_follower`).
 
 Invariant (9), :class:`QueryChecker`: an OK answer at ``log_position`` P to a query of key K
 
@@ -86,6 +88,9 @@ class QueryOp:
     value: bytes | None = None
     late_answers: int = 0
     """OK answers that came after the first (to an earlier send: dropped by the client)."""
+    on_links: bool = False
+    """Asked over query connections (a follower query: :mod:`tests.sim.sim_follower`),
+    not on the session's connection: its own task sends it, not :meth:`ClientQueries.due`."""
 
     @property
     def level(self) -> str:
@@ -131,10 +136,11 @@ class ClientQueries:
         self.waiting[query.correlation_id] = query
 
     def due(self, now: float) -> list[QueryOp]:
-        return [q for q in self.waiting.values() if q.next_send_at <= now]
+        """The queries to send (again) on the session's connection now."""
+        return [q for q in self.waiting.values() if q.next_send_at <= now and not q.on_links]
 
     def next_due(self) -> float | None:
-        return min((q.next_send_at for q in self.waiting.values()), default=None)
+        return min((q.next_send_at for q in self.waiting.values() if not q.on_links), default=None)
 
     def sent(self, query: QueryOp, now: float, commit: int, min_position: int, member: int) -> None:
         if query.sends == 0:

@@ -28,7 +28,9 @@ the simulated network, so this small shell drives :class:`client._connect.AsyncC
   first attempt is then *indeterminate*);
 * with ``query_share``, makes that share of its operations queries of a key written
   lately (or never), without the log, at both consistency levels, asked again as the
-  real client asks them (:mod:`tests.sim.queries`).
+  real client asks them (:mod:`tests.sim.queries`): linearizable ones on the session's
+  connection, follower ones in turn at every member over query connections
+  (:mod:`tests.sim.sim_follower`).
 
 Every request is recorded in a shared :class:`History` with virtual timestamps, and
 every reply the application saw (each session's, in order) in ``History.delivered``.
@@ -74,6 +76,7 @@ from cluster.protocol.version import PROTOCOL_VERSION
 from cluster.transport.sim import SimNetwork
 
 from .queries import Answer, ClientQueries, QueryOp
+from .sim_follower import SimFollowerReads
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode_response = msgspec.msgpack.Decoder(Response).decode
@@ -123,6 +126,8 @@ class History:
     """Every query of every client, in the order they were asked."""
     recent_keys: deque[str] = field(default_factory=lambda: deque(maxlen=16))
     """The keys of the latest writes (of any client): what the queries ask for."""
+    answered_by: dict[int, int] = field(default_factory=dict)
+    """member -> the follower queries it answered OK first (over a query connection)."""
 
     @property
     def acked(self) -> list[Op]:
@@ -134,10 +139,12 @@ class History:
         retried = sum(op.sends > 1 for op in ops)
         replies = sum(map(len, self.delivered.values()))
         answered = sum(q.answered_at is not None for q in self.queries)
+        by = ", ".join(f"m{m}: {n}" for m, n in sorted(self.answered_by.items()))
         return (
             f"{len(ops)} writes, {acked} acknowledged, {retried} offered again on a new "
             f"session, {replies} replies delivered, {self.duplicate_replies} duplicates "
-            f"dropped, {len(self.queries)} queries, {answered} answered"
+            f"dropped, {len(self.queries)} queries, {answered} answered "
+            f"(follower queries by member: {by or 'none'})"
         )
 
 
@@ -222,6 +229,8 @@ class SimClient:
         self._wake = trio.Event()
         self.ops_started = 0
         self.queries = ClientQueries(index)
+        self.follower_reads = SimFollowerReads(self)
+        self._nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -250,6 +259,7 @@ class SimClient:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             if self.own_egress:
                 self.response_channel = ""  # egress on the ingress connection
             else:
@@ -383,6 +393,8 @@ class SimClient:
         query = QueryOp(self.index, next(self._correlation_ids), key, level, trio.current_time())
         self.history.queries.append(query)
         self.queries.add(query)
+        if level == QUERY_FOLLOWER and self._nursery is not None:
+            self.follower_reads.start(self._nursery, query)  # to every member in turn
         self.ops_started += 1
         return query
 
@@ -715,7 +727,9 @@ class SimClient:
         if self.own_egress or self.egress_silence is None:
             return None
         awaited = [op.offered_at for op in self.outstanding.values()]
-        awaited += [q.first_sent_at for q in self.queries.waiting.values() if q.sends]
+        awaited += [
+            q.first_sent_at for q in self.queries.waiting.values() if q.sends and not q.on_links
+        ]
         if not awaited:
             return None
         return max(self._last_heard, min(awaited))
