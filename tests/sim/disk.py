@@ -1,0 +1,579 @@
+"""The simulator's disk: what a member wrote but has not made durable, and power cuts.
+
+A :class:`DiskModel` keeps, for every file and directory under a simulated member's data
+directory (a *root*), its **current** state (what the process sees: the real files on
+disk, mirrored here) and its **durable** state (what a power cut leaves):
+
+* a file's durable bytes are its bytes as of its last ``fsync``/``fdatasync`` (empty
+  for a file never synced); a write or a truncation changes only the current bytes;
+* a directory's durable entries are its entries as of its last ``fsync`` (of a
+  descriptor opened on the directory itself); a creation, ``mkdir``, rename, link or
+  unlink changes only the current entries.  A directory's entries name objects, so a
+  file renamed over another since the last sync of its directory is, after a power cut,
+  the other file again, with that file's durable bytes.
+
+The node writes through ``os`` (``open``, ``write``, ``pwrite``, ``ftruncate``,
+``fsync``, ``fdatasync``, ``rename``, ``replace``, ``link``, ``unlink``, ``mkdir``,
+``rmdir``, and ``shutil.rmtree``, which uses them with ``dir_fd``), never through the
+built-in ``open`` for its data directory (checked: :meth:`DiskModel.installed` makes a
+built-in ``open`` for writing under a root fail).  So :meth:`DiskModel.installed` wraps
+those ``os`` functions for the time of a run: a call on a path (or a descriptor opened)
+under a root is done for real and mirrored into the model; a sync is *not* done for
+real (durability is tracked, not performed: that is what makes real syncs cheap in the
+simulator); every other call is passed through untouched.
+
+:meth:`DiskModel.power_cut` first checks that the real files are exactly what the
+model says they are (nothing wrote around it), then puts the durable state on disk:
+entries created or renamed since their directory's last sync are forgotten, removed
+ones come back, and each file goes back to its durable bytes, except that its first
+page (4 KiB) with unsynced bytes may be **torn** (seeded: for half the files, each
+512-byte sector of it from the new bytes or the old, the file as long as the last new
+sector kept).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import io
+import os
+import random
+import shutil
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+PAGE = 4096
+SECTOR = 512
+
+_real = {
+    name: getattr(os, name)
+    for name in (
+        "open",
+        "close",
+        "write",
+        "pwrite",
+        "ftruncate",
+        "truncate",
+        "fsync",
+        "fdatasync",
+        "rename",
+        "replace",
+        "link",
+        "unlink",
+        "remove",
+        "mkdir",
+        "rmdir",
+        "symlink",
+    )
+}
+_real_open = builtins.open
+
+
+class DiskModelError(AssertionError):
+    """Something wrote under a modelled data directory around the model, or in a way
+    it does not model: its power cuts would not be the truth."""
+
+
+@dataclass(eq=False)
+class File:
+    current: bytearray = field(default_factory=bytearray)
+    durable: bytearray = field(default_factory=bytearray)
+    dirty_from: int | None = None
+    """The lowest offset where ``current`` may differ from ``durable`` (None: equal)."""
+
+    def _dirty(self, offset: int) -> None:
+        if self.dirty_from is None or offset < self.dirty_from:
+            self.dirty_from = offset
+
+    def write(self, offset: int, data: bytes) -> None:
+        size = len(self.current)
+        if offset > size:
+            self._dirty(size)
+            self.current.extend(bytes(offset - size))
+        else:
+            self._dirty(offset)
+        self.current[offset : offset + len(data)] = data
+
+    def truncate(self, length: int) -> None:
+        size = len(self.current)
+        if length < size:
+            self._dirty(length)
+            del self.current[length:]
+        elif length > size:
+            self._dirty(size)
+            self.current.extend(bytes(length - size))
+
+    def sync(self) -> None:
+        at = self.dirty_from
+        if at is not None:
+            del self.durable[at:]
+            self.durable += self.current[at:]
+            self.dirty_from = None
+
+    def after_power_cut(self, rng: random.Random | None) -> bytearray:
+        """The bytes a power cut leaves (the first unsynced page torn when ``rng``)."""
+        kept = bytearray(self.durable)
+        at = self.dirty_from
+        if rng is None or at is None or rng.random() < 0.5:
+            return kept
+        page = at - at % PAGE
+        new, end = self.current, len(self.durable)
+        for sector in range(page, min(page + PAGE, len(new)), SECTOR):
+            if rng.random() < 0.5:
+                stop = min(sector + SECTOR, len(new))
+                if stop > len(kept):
+                    kept.extend(bytes(stop - len(kept)))
+                kept[sector:stop] = new[sector:stop]
+                end = max(end, stop)
+        del kept[end:]
+        return kept
+
+
+@dataclass(eq=False)
+class Dir:
+    current: dict[str, File | Dir] = field(default_factory=dict)
+    durable: dict[str, File | Dir] = field(default_factory=dict)
+
+    def sync(self) -> None:
+        self.durable = dict(self.current)
+
+
+Node = File | Dir
+
+
+@dataclass
+class Root:
+    path: str
+    dir: Dir = field(default_factory=Dir)
+
+
+@dataclass
+class CutReport:
+    """What one power cut threw away."""
+
+    files_reverted: int = 0
+    bytes_lost: int = 0
+    torn: int = 0
+    entries_forgotten: int = 0
+    entries_restored: int = 0
+
+    def __str__(self) -> str:
+        return (
+            f"{self.files_reverted} files reverted ({self.bytes_lost} bytes lost, "
+            f"{self.torn} torn), {self.entries_forgotten} entries forgotten, "
+            f"{self.entries_restored} restored"
+        )
+
+
+class DiskModel:
+    """The durable and current state of the files under the registered roots."""
+
+    def __init__(self) -> None:
+        self.roots: dict[str, Root] = {}
+        self.fds: dict[int, tuple[Root, Node]] = {}
+        self.stats = {"syncs": 0, "directory_syncs": 0, "power_cuts": 0}
+        self._saved: dict[str, Any] | None = None
+        """The real functions while :meth:`installed`."""
+
+    # -- roots and paths -------------------------------------------------------------
+
+    def add_root(self, path: str | os.PathLike[str]) -> None:
+        """Model ``path`` (a member's data directory, empty or missing: a new disk)."""
+        key = os.path.abspath(os.fspath(path))
+        if os.path.exists(key) and os.listdir(key):
+            raise DiskModelError(f"{key}: a modelled directory must begin empty")
+        self.roots[key] = Root(key)
+
+    def _root_of(self, path: str) -> tuple[Root, list[str]] | None:
+        for key, root in self.roots.items():
+            if path == key:
+                return root, []
+            if path.startswith(key) and path[len(key)] == os.sep:
+                return root, path[len(key) + 1 :].split(os.sep)
+        return None
+
+    def _locate(self, path: Any, dir_fd: int | None = None) -> tuple[Root, Dir, str] | None:
+        """The root, parent directory and name of ``path`` if it is under a root (the
+        root itself has no parent: ``(root, root.dir, "")``); None otherwise."""
+        if isinstance(path, int):
+            raise DiskModelError("a path given as a descriptor")
+        text = os.fsdecode(os.fspath(path))
+        if dir_fd is not None and not os.path.isabs(text):
+            opened = self.fds.get(dir_fd)
+            if opened is None:
+                return None
+            root, parent = opened
+            if not isinstance(parent, Dir):
+                raise DiskModelError(f"dir_fd {dir_fd} is not a directory")
+            parts = os.path.normpath(text).split(os.sep)
+        else:
+            found = self._root_of(os.path.abspath(text))
+            if found is None:
+                return None
+            root, parts = found
+            if not parts:
+                return root, root.dir, ""
+            parent = root.dir
+        for part in parts[:-1]:
+            child = parent.current.get(part)
+            if not isinstance(child, Dir):
+                raise DiskModelError(f"{text}: {part} is not a directory the model knows")
+            parent = child
+        return root, parent, parts[-1]
+
+    def _node(self, path: Any, dir_fd: int | None = None) -> tuple[Root, Node] | None:
+        where = self._locate(path, dir_fd)
+        if where is None:
+            return None
+        root, parent, name = where
+        if not name:
+            return root, root.dir
+        node = parent.current.get(name)
+        if node is None:
+            raise DiskModelError(f"{os.fspath(path)!r}: not in the model")
+        return root, node
+
+    # -- the wrapped os functions ----------------------------------------------------
+
+    def _open(self, path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        where = self._locate(path, dir_fd)
+        fd: int = _real["open"](path, flags, mode, dir_fd=dir_fd)
+        if where is None:
+            return fd
+        root, parent, name = where
+        if not name:
+            node: Node = root.dir
+        else:
+            found = parent.current.get(name)
+            if found is None:
+                if not flags & os.O_CREAT:
+                    raise DiskModelError(f"{os.fspath(path)!r} opened, but not in the model")
+                found = parent.current[name] = File()
+            node = found
+        if isinstance(node, File) and flags & os.O_TRUNC and flags & (os.O_WRONLY | os.O_RDWR):
+            node.truncate(0)
+        self.fds[fd] = (root, node)
+        return fd
+
+    def _close(self, fd: int) -> None:
+        self.fds.pop(fd, None)
+        _real["close"](fd)
+
+    def _file(self, fd: int) -> File | None:
+        opened = self.fds.get(fd)
+        if opened is None:
+            return None
+        node = opened[1]
+        if not isinstance(node, File):
+            raise DiskModelError(f"descriptor {fd}: a write to a directory")
+        return node
+
+    def _write(self, fd: int, data: Any) -> int:
+        n: int = _real["write"](fd, data)
+        file = self._file(fd)
+        if file is not None and n > 0:
+            end = os.lseek(fd, 0, os.SEEK_CUR)
+            file.write(end - n, bytes(memoryview(data).cast("B")[:n]))
+        return n
+
+    def _pwrite(self, fd: int, data: Any, offset: int) -> int:
+        n: int = _real["pwrite"](fd, data, offset)
+        file = self._file(fd)
+        if file is not None and n > 0:
+            file.write(offset, bytes(memoryview(data).cast("B")[:n]))
+        return n
+
+    def _ftruncate(self, fd: int, length: int) -> None:
+        _real["ftruncate"](fd, length)
+        file = self._file(fd)
+        if file is not None:
+            file.truncate(length)
+
+    def _truncate(self, path: Any, length: int) -> None:
+        if isinstance(path, int):
+            self._ftruncate(path, length)
+            return
+        found = self._node(path)
+        _real["truncate"](path, length)
+        if found is not None:
+            node = found[1]
+            if not isinstance(node, File):
+                raise DiskModelError(f"{path!r}: truncate of a directory")
+            node.truncate(length)
+
+    def _sync(self, fd: int, real: str) -> None:
+        opened = self.fds.get(fd)
+        if opened is None:
+            _real[real](fd)
+            return
+        node = opened[1]
+        node.sync()  # durability is tracked here, not performed
+        if isinstance(node, Dir):
+            self.stats["directory_syncs"] += 1
+        else:
+            self.stats["syncs"] += 1
+
+    def _fsync(self, fd: Any) -> None:
+        self._sync(fd if isinstance(fd, int) else fd.fileno(), "fsync")
+
+    def _fdatasync(self, fd: Any) -> None:
+        self._sync(fd if isinstance(fd, int) else fd.fileno(), "fdatasync")
+
+    def _move(
+        self,
+        real: str,
+        src: Any,
+        dst: Any,
+        *,
+        src_dir_fd: int | None = None,
+        dst_dir_fd: int | None = None,
+    ) -> None:
+        a = self._locate(src, src_dir_fd)
+        b = self._locate(dst, dst_dir_fd)
+        _real[real](src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+        if a is None and b is None:
+            return
+        if a is None or b is None or not a[2] or not b[2] or a[0] is not b[0]:
+            raise DiskModelError(f"rename {src!r} -> {dst!r} crosses a modelled root")
+        node = a[1].current.pop(a[2], None)
+        if node is None:
+            raise DiskModelError(f"{src!r} renamed, but not in the model")
+        b[1].current[b[2]] = node
+
+    def _rename(self, src: Any, dst: Any, **kw: Any) -> None:
+        self._move("rename", src, dst, **kw)
+
+    def _replace(self, src: Any, dst: Any, **kw: Any) -> None:
+        self._move("replace", src, dst, **kw)
+
+    def _link(
+        self,
+        src: Any,
+        dst: Any,
+        *,
+        src_dir_fd: int | None = None,
+        dst_dir_fd: int | None = None,
+        follow_symlinks: bool = True,
+    ) -> None:
+        a = self._locate(src, src_dir_fd)
+        b = self._locate(dst, dst_dir_fd)
+        _real["link"](
+            src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd, follow_symlinks=follow_symlinks
+        )
+        if a is None and b is None:
+            return
+        if a is None or b is None or not a[2] or not b[2] or a[0] is not b[0]:
+            raise DiskModelError(f"link {src!r} -> {dst!r} crosses a modelled root")
+        node = a[1].current.get(a[2])
+        if not isinstance(node, File):
+            raise DiskModelError(f"{src!r} linked, but not a file in the model")
+        b[1].current[b[2]] = node
+
+    def _remove_entry(self, real: str, path: Any, dir_fd: int | None) -> None:
+        where = self._locate(path, dir_fd)
+        _real[real](path, dir_fd=dir_fd)
+        if where is None:
+            return
+        root, parent, name = where
+        if not name:  # the root itself: a new, empty disk from now on
+            root.dir = Dir()
+            return
+        if parent.current.pop(name, None) is None:
+            raise DiskModelError(f"{os.fspath(path)!r} removed, but not in the model")
+
+    def _unlink(self, path: Any, *, dir_fd: int | None = None) -> None:
+        self._remove_entry("unlink", path, dir_fd)
+
+    def _remove(self, path: Any, *, dir_fd: int | None = None) -> None:
+        self._remove_entry("remove", path, dir_fd)
+
+    def _rmdir(self, path: Any, *, dir_fd: int | None = None) -> None:
+        self._remove_entry("rmdir", path, dir_fd)
+
+    def _mkdir(self, path: Any, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        where = self._locate(path, dir_fd)
+        _real["mkdir"](path, mode, dir_fd=dir_fd)
+        if where is None:
+            return
+        _, parent, name = where
+        if name:
+            parent.current[name] = Dir()
+
+    def _symlink(self, src: Any, dst: Any, *args: Any, dir_fd: int | None = None) -> None:
+        if self._locate(dst, dir_fd) is not None:
+            raise DiskModelError(f"symlink {dst!r}: links are not modelled")
+        _real["symlink"](src, dst, *args, dir_fd=dir_fd)
+
+    def _builtin_open(self, file: Any, mode: str = "r", *args: Any, **kw: Any) -> Any:
+        if not isinstance(file, int) and set(mode) & set("wax+"):
+            if self._locate(file) is not None:
+                raise DiskModelError(
+                    f"built-in open({file!r}, {mode!r}) under a modelled directory: "
+                    "write through os, which the model sees"
+                )
+        return _real_open(file, mode, *args, **kw)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[DiskModel]:
+        """Route the process's ``os`` file calls through the model meanwhile."""
+        wrappers = {
+            "open": self._open,
+            "close": self._close,
+            "write": self._write,
+            "pwrite": self._pwrite,
+            "ftruncate": self._ftruncate,
+            "truncate": self._truncate,
+            "fsync": self._fsync,
+            "fdatasync": self._fdatasync,
+            "rename": self._rename,
+            "replace": self._replace,
+            "link": self._link,
+            "unlink": self._unlink,
+            "remove": self._remove,
+            "mkdir": self._mkdir,
+            "rmdir": self._rmdir,
+            "symlink": self._symlink,
+        }
+        if self._saved is not None:
+            raise DiskModelError("the disk model is installed already")
+        saved = {name: getattr(os, name) for name in wrappers}
+        saved_open = (builtins.open, io.open)
+        try:
+            for name, wrapper in wrappers.items():
+                setattr(os, name, wrapper)
+            builtins.open = io.open = self._builtin_open  # type: ignore[assignment]
+            self._saved = saved
+            yield self
+        finally:
+            self._saved = None
+            for name, function in saved.items():
+                setattr(os, name, function)
+            builtins.open, io.open = saved_open  # type: ignore[assignment]
+
+    @contextlib.contextmanager
+    def _suspended(self) -> Iterator[None]:
+        """The real functions meanwhile (the model's own work on disk)."""
+        saved = self._saved
+        if saved is None:
+            yield
+            return
+        wrappers = {name: getattr(os, name) for name in saved}
+        try:
+            for name, function in saved.items():
+                setattr(os, name, function)
+            builtins.open = io.open = _real_open
+            yield
+        finally:
+            for name, wrapper in wrappers.items():
+                setattr(os, name, wrapper)
+            builtins.open = io.open = self._builtin_open  # type: ignore[assignment]
+
+    # -- checks and power cuts -------------------------------------------------------
+
+    def verify(self, path: str | os.PathLike[str]) -> None:
+        """The real files under root ``path`` are the model's current state exactly."""
+        root = self.roots[os.path.abspath(os.fspath(path))]
+        if not os.path.isdir(root.path):
+            if root.dir.current:
+                raise DiskModelError(f"{root.path}: missing, the model holds files in it")
+            return
+        self._verify_dir(root.path, root.dir)
+
+    def _verify_dir(self, path: str, model: Dir) -> None:
+        real = {}
+        with os.scandir(path) as entries:
+            for entry in entries:
+                real[entry.name] = entry
+        if set(real) != set(model.current):
+            raise DiskModelError(
+                f"{path}: holds {sorted(real)}, the model {sorted(model.current)} "
+                "(something wrote around the model)"
+            )
+        for name, node in model.current.items():
+            child = os.path.join(path, name)
+            info = real[name].stat(follow_symlinks=False)
+            if isinstance(node, Dir):
+                if not stat.S_ISDIR(info.st_mode):
+                    raise DiskModelError(f"{child}: not the directory the model holds")
+                self._verify_dir(child, node)
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                raise DiskModelError(f"{child}: not the regular file the model holds")
+            with _real_open(child, "rb") as f:
+                data = f.read()
+            if data != node.current:
+                raise DiskModelError(
+                    f"{child}: {len(data)} bytes differ from the model's {len(node.current)} "
+                    "(something wrote around the model)"
+                )
+
+    def power_cut(self, path: str | os.PathLike[str], rng: random.Random | None) -> CutReport:
+        """Lose what root ``path`` did not make durable (``rng``: tear the first unsynced
+        page of each file at random; None: no tearing), on disk and in the model.  The
+        member using it must be stopped."""
+        root = self.roots[os.path.abspath(os.fspath(path))]
+        self.verify(path)
+        for fd, (owner, _) in list(self.fds.items()):
+            if owner is root:  # left open by a stopped member: gone with the power
+                del self.fds[fd]
+        report = CutReport()
+        self._count_forgotten(root.dir, report, set())
+        with self._suspended():
+            if os.path.isdir(root.path):
+                shutil.rmtree(root.path)
+            os.makedirs(root.path, exist_ok=True)
+            self._restore(root.path, root.dir, rng, {}, {}, report)
+        self.stats["power_cuts"] += 1
+        return report
+
+    def _count_forgotten(self, directory: Dir, report: CutReport, seen: set[int]) -> None:
+        if id(directory) in seen:
+            return
+        seen.add(id(directory))
+        for name, node in directory.current.items():
+            if directory.durable.get(name) is not node:
+                report.entries_forgotten += 1
+        for name, node in directory.durable.items():
+            if directory.current.get(name) is not node:
+                report.entries_restored += 1
+            if isinstance(node, Dir):
+                self._count_forgotten(node, report, seen)
+
+    def _restore(
+        self,
+        path: str,
+        directory: Dir,
+        rng: random.Random | None,
+        contents: dict[int, bytearray],
+        written: dict[int, str],
+        report: CutReport,
+    ) -> None:
+        """Write the durable tree of ``directory`` at ``path`` (with the real functions)
+        and make it current."""
+        directory.current = dict(directory.durable)
+        for name, node in directory.durable.items():
+            child = os.path.join(path, name)
+            if isinstance(node, Dir):
+                _real["mkdir"](child)
+                self._restore(child, node, rng, contents, written, report)
+                continue
+            key = id(node)
+            if key in written:  # a second link to the same file
+                _real["link"](written[key], child)
+                continue
+            if key not in contents:
+                data = node.after_power_cut(rng)
+                if node.dirty_from is not None:
+                    report.files_reverted += 1
+                    report.bytes_lost += max(0, len(node.current) - node.dirty_from)
+                    if data != node.durable:
+                        report.torn += 1
+                node.current = bytearray(data)
+                node.durable = bytearray(data)
+                node.dirty_from = None
+                contents[key] = data
+            with _real_open(child, "wb") as f:
+                f.write(contents[key])
+            written[key] = child

@@ -1,0 +1,131 @@
+"""The simulator's disk model (``tests/sim/disk.py``): what a power cut keeps and loses."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cluster.fileio import fsync_directory, replace_file, write_all
+
+from .disk import PAGE, DiskModel, DiskModelError
+
+
+@pytest.fixture
+def disk(tmp_path: Path):  # type: ignore[no-untyped-def]
+    model = DiskModel()
+    model.add_root(tmp_path / "root")
+    with model.installed():
+        yield model, tmp_path / "root"
+
+
+def _write(path: Path, data: bytes, *, sync: bool) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        write_all(fd, data, os.fstat(fd).st_size)
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def test_synced_bytes_and_entries_survive_and_unsynced_ones_are_lost(disk) -> None:  # type: ignore[no-untyped-def]
+    model, root = disk
+    root.mkdir()
+    _write(root / "a", b"kept", sync=True)
+    fsync_directory(root)
+    _write(root / "a", b" lost", sync=False)
+    _write(root / "b", b"never synced entry", sync=True)
+    report = model.power_cut(root, None)
+    assert sorted(os.listdir(root)) == ["a"]
+    assert (root / "a").read_bytes() == b"kept"
+    assert report.files_reverted == 1
+    assert report.entries_forgotten == 1
+
+
+def test_a_file_whose_entry_is_durable_but_never_synced_is_empty(disk) -> None:  # type: ignore[no-untyped-def]
+    model, root = disk
+    root.mkdir()
+    _write(root / "a", b"data", sync=False)
+    fsync_directory(root)
+    model.power_cut(root, None)
+    assert (root / "a").read_bytes() == b""
+
+
+def test_a_replace_not_followed_by_a_directory_sync_reverts(disk) -> None:  # type: ignore[no-untyped-def]
+    model, root = disk
+    root.mkdir()
+    replace_file(root / "state", b"old")  # fsyncs the file and the directory
+    tmp = root / "state.tmp"
+    _write(tmp, b"new", sync=True)
+    os.replace(tmp, root / "state")
+    assert (root / "state").read_bytes() == b"new"
+    model.power_cut(root, None)
+    assert sorted(os.listdir(root)) == ["state"]
+    assert (root / "state").read_bytes() == b"old"
+    replace_file(root / "state", b"new")
+    model.power_cut(root, None)
+    assert (root / "state").read_bytes() == b"new"
+
+
+def test_an_unlink_or_rmtree_not_synced_comes_back(disk) -> None:  # type: ignore[no-untyped-def]
+    model, root = disk
+    (root / "d").mkdir(parents=True)
+    _write(root / "d" / "x", b"x", sync=True)
+    fsync_directory(root / "d")
+    fsync_directory(root)
+    shutil.rmtree(root / "d")  # through os with dir_fd: the model sees it
+    assert not (root / "d").exists()
+    model.power_cut(root, None)
+    assert (root / "d" / "x").read_bytes() == b"x"
+    (root / "d" / "x").unlink()
+    fsync_directory(root / "d")
+    model.power_cut(root, None)
+    assert os.listdir(root / "d") == []
+
+
+def test_hard_links_stay_one_file(disk) -> None:  # type: ignore[no-untyped-def]
+    model, root = disk
+    root.mkdir()
+    _write(root / "a", b"same", sync=True)
+    os.link(root / "a", root / "b")
+    fsync_directory(root)
+    model.power_cut(root, None)
+    assert os.stat(root / "a").st_ino == os.stat(root / "b").st_ino
+
+
+def test_the_first_unsynced_page_may_tear_and_nothing_synced_changes(disk) -> None:  # type: ignore[no-untyped-def]
+    model, root = disk
+    root.mkdir()
+    synced = bytes(range(256)) * 20  # 5120 bytes: into the second page
+    _write(root / "seg", synced, sync=True)
+    fsync_directory(root)
+    outcomes = set()
+    for seed in range(40):
+        _write(root / "seg", b"\xff" * 6000, sync=False)
+        model.power_cut(root, random.Random(seed))
+        data = (root / "seg").read_bytes()
+        assert data[: len(synced)] == synced
+        assert len(data) <= 2 * PAGE  # only the first unsynced page may keep new bytes
+        assert set(data[len(synced) :]) <= {0, 0xFF}
+        outcomes.add(len(data) > len(synced))
+        if len(data) > len(synced):
+            os.truncate(root / "seg", len(synced))
+            fd = os.open(root / "seg", os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+    assert outcomes == {True, False}
+
+
+def test_writes_around_the_model_are_caught(disk) -> None:  # type: ignore[no-untyped-def]
+    model, root = disk
+    root.mkdir()
+    with pytest.raises(DiskModelError, match="built-in open"):
+        open(root / "x", "wb")  # noqa: SIM115
+    with model._suspended():
+        (root / "y").write_bytes(b"behind its back")
+    with pytest.raises(DiskModelError, match="around the model"):
+        model.power_cut(root, None)
