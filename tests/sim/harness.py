@@ -88,6 +88,7 @@ from cluster.service import ClientSession, Cluster
 from cluster.transport.sim import SimNetwork
 
 from .adversary import Adversary
+from .disk import DiskModel, DiskModelError
 from .sim_client import History, SimClient
 
 EPOCH_OFFSET_NS = 1_700_000_000 * 1_000_000_000
@@ -148,6 +149,10 @@ FAULTS = (
     "snapshot",
     "wipe",
 )
+POWER_CUT = "power-cut"
+"""A power cut (``tests/sim/disk.py``) of one member, a minority or all of them at once
+(drawn for about half the seeds, from an RNG of its own, as :data:`STOP_CLUSTER`):
+what they had not made durable is lost, and they are started again a little later."""
 STOP_CLUSTER = "stop-cluster"
 """An operator's SHUTDOWN or ABORT through the leader (drawn for about a third of the
 seeds, from an RNG of its own so that the other seeds' runs stay as they were): every
@@ -204,7 +209,9 @@ class SimConfig:
                 "leader_heartbeat_interval": 100_000_000,
                 "election_timeout": 300_000_000,
                 "startup_canvass_timeout": 1_000_000_000,
-                "fsync": FsyncPolicy.NONE,  # simulated crashes are process crashes
+                # real syncs, made cheap by the disk model (tests/sim/disk.py): what
+                # they make durable is what a power cut keeps
+                "fsync": FsyncPolicy.BATCH,
                 # inline: log writes in the duty cycle, the disk instant; thread: through
                 # the run_blocking seam, after a seeded disk latency; auto: thread on the
                 # leader, inline on followers
@@ -214,6 +221,8 @@ class SimConfig:
         )
         if random.Random(f"stop-cluster-{seed}").random() < 0.3:
             config.faults += (STOP_CLUSTER,)
+        if random.Random(f"power-cut-{seed}").random() < 0.5:
+            config.faults += (POWER_CUT,)
         node_fields = {f.name for f in fields(NodeConfig)}
         for key, value in overrides.items():
             if hasattr(config, key):  # the simulator's (segment_size: both)
@@ -854,6 +863,9 @@ class SimCluster:
             SimNode(i, f"n{i}", self.dir / f"node-{i}", random.Random(rng.getrandbits(64)))
             for i in range(nodes)
         ]
+        self.disk = DiskModel()
+        for sn in self.nodes:
+            self.disk.add_root(sn.dir)
         self.workload_rng = random.Random(rng.getrandbits(64))
         self.nemesis_rng = random.Random(rng.getrandbits(64))
         self.history = History()
@@ -876,6 +888,7 @@ class SimCluster:
             "compactions": 0,
             "snapshots_installed": 0,
             "wipes": 0,
+            "power_cuts": 0,
             "cluster_stops": 0,
             "stopped_by_action": 0,
         }
@@ -1054,8 +1067,11 @@ class SimCluster:
         data = header[:written] + (rng.randbytes(partial) if written == 8 else b"")
         if written == 8 and zlib.crc32(data[8:]) == struct.unpack("<I", header[4:])[0]:
             data = data[:-1]  # never a valid record by accident
-        with open(last.path, "ab") as f:
-            f.write(data)
+        fd = os.open(last.path, os.O_WRONLY | os.O_APPEND)  # through the disk model
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
         self.stats["torn"] += 1
         return f"{len(data)} bytes at {last.end}"
 
@@ -1066,6 +1082,21 @@ class SimCluster:
         self.checker.verified.pop(i, None)
         self.stats["wipes"] += 1
         self.event(self.nodes[i].host, "wipe")
+
+    async def power_cut(self, victims: list[int]) -> None:
+        """Cut the power of ``victims`` at once: each stops (if it runs) and loses what it
+        had not made durable (``tests/sim/disk.py``), its first unsynced page of each
+        file perhaps torn."""
+        for i in victims:
+            await self.crash(i)
+        for i in victims:
+            sn = self.nodes[i]
+            try:
+                report = self.disk.power_cut(sn.dir, sn.rng)
+            except DiskModelError as exc:
+                raise _Violation(f"n{i}: {exc}") from None
+            self.stats["power_cuts"] += 1
+            self.event(sn.host, "power-cut", str(report))
 
     async def restart(self, i: int) -> None:
         sn = self.nodes[i]
@@ -1248,6 +1279,17 @@ class SimCluster:
                 victim = leader if leader is not None and rng.random() < 0.5 else rng.randrange(n)
                 await self.wipe(victim)
                 self._nursery.start_soon(self._restart_later, victim, rng.uniform(0.2, 3.0))
+            elif kind == POWER_CUT:
+                draw = rng.random()
+                if draw < 0.5 or n == 1:
+                    victims = [rng.randrange(n)]
+                elif draw < 0.75:
+                    victims = rng.sample(range(n), (n - 1) // 2)
+                else:
+                    victims = list(range(n))  # a data-centre outage
+                await self.power_cut(victims)
+                for victim in victims:
+                    self._nursery.start_soon(self._restart_later, victim, rng.uniform(0.2, 3.0))
             elif kind == "pause":
                 self.pause(rng.randrange(n), rng.uniform(0.05, 2.0))
             elif kind == "reset":
@@ -1397,7 +1439,7 @@ class SimCluster:
         chunk_size = LeaderReplication.chunk_size
         LeaderReplication.chunk_size = SNAPSHOT_CHUNK
         try:
-            with deterministic_trio(self.seed):
+            with deterministic_trio(self.seed), self.disk.installed():
                 trio.run(
                     self._main,
                     scenario,
