@@ -8,7 +8,9 @@ disk, mirrored here) and its **durable** state (what a power cut leaves):
   for a file never synced); a write or a truncation changes only the current bytes;
 * a directory's durable entries are its entries as of its last ``fsync`` (of a
   descriptor opened on the directory itself); a creation, ``mkdir``, rename, link or
-  unlink changes only the current entries.  A directory's entries name objects, so a
+  unlink changes only the current entries.  A root made by the member itself is
+  durable once the directory holding it is fsynced: until then a power cut takes it
+  whole.  A directory's entries name objects, so a
   file renamed over another since the last sync of its directory is, after a power cut,
   the other file again, with that file's durable bytes.
 
@@ -147,6 +149,9 @@ Node = File | Dir
 class Root:
     path: str
     dir: Dir = field(default_factory=Dir)
+    durable: bool = False
+    """The root's own entry in its parent is durable: its parent was fsynced since the
+    root was made (a root not made durably vanishes whole in a power cut)."""
 
 
 @dataclass
@@ -173,6 +178,8 @@ class DiskModel:
     def __init__(self) -> None:
         self.roots: dict[str, Root] = {}
         self.fds: dict[int, tuple[Root, Node]] = {}
+        self.parent_fds: dict[int, list[Root]] = {}
+        """Descriptors opened on the directory holding roots: its fsync makes them durable."""
         self.stats = {"syncs": 0, "directory_syncs": 0, "power_cuts": 0}
         self._saved: dict[str, Any] | None = None
         """The real functions while :meth:`installed`."""
@@ -184,7 +191,7 @@ class DiskModel:
         key = os.path.abspath(os.fspath(path))
         if os.path.exists(key) and os.listdir(key):
             raise DiskModelError(f"{key}: a modelled directory must begin empty")
-        self.roots[key] = Root(key)
+        self.roots[key] = Root(key, durable=os.path.isdir(key))
 
     def _root_of(self, path: str) -> tuple[Root, list[str]] | None:
         for key, root in self.roots.items():
@@ -241,6 +248,11 @@ class DiskModel:
         where = self._locate(path, dir_fd)
         fd: int = _real["open"](path, flags, mode, dir_fd=dir_fd)
         if where is None:
+            if dir_fd is None and not isinstance(path, int):
+                holder = os.path.abspath(os.fsdecode(os.fspath(path)))
+                held = [r for r in self.roots.values() if os.path.dirname(r.path) == holder]
+                if held:
+                    self.parent_fds[fd] = held
             return fd
         root, parent, name = where
         if not name:
@@ -259,6 +271,7 @@ class DiskModel:
 
     def _close(self, fd: int) -> None:
         self.fds.pop(fd, None)
+        self.parent_fds.pop(fd, None)
         _real["close"](fd)
 
     def _file(self, fd: int) -> File | None:
@@ -306,7 +319,13 @@ class DiskModel:
     def _sync(self, fd: int, real: str) -> None:
         opened = self.fds.get(fd)
         if opened is None:
-            _real[real](fd)
+            held = self.parent_fds.get(fd)
+            if held is None:
+                _real[real](fd)
+                return
+            for root in held:  # their entries in their parent are durable now
+                root.durable = os.path.isdir(root.path)
+            self.stats["directory_syncs"] += 1
             return
         node = opened[1]
         node.sync()  # durability is tracked here, not performed
@@ -379,6 +398,7 @@ class DiskModel:
         root, parent, name = where
         if not name:  # the root itself: a new, empty disk from now on
             root.dir = Dir()
+            root.durable = False
             return
         if parent.current.pop(name, None) is None:
             raise DiskModelError(f"{os.fspath(path)!r} removed, but not in the model")
@@ -523,8 +543,12 @@ class DiskModel:
         with self._suspended():
             if os.path.isdir(root.path):
                 shutil.rmtree(root.path)
-            os.makedirs(root.path, exist_ok=True)
-            self._restore(root.path, root.dir, rng, {}, {}, report)
+            if not root.durable:  # made, but never named durably: gone, all of it
+                report.entries_forgotten += 1
+                root.dir = Dir()
+            else:
+                os.makedirs(root.path, exist_ok=True)
+                self._restore(root.path, root.dir, rng, {}, {}, report)
         self.stats["power_cuts"] += 1
         return report
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.fileio import fsync_directory, replace_file, write_all
+from cluster.fileio import fsync_directory, make_directory, replace_file, write_all
 
 from .disk import PAGE, DiskModel, DiskModelError
 
@@ -34,7 +34,7 @@ def _write(path: Path, data: bytes, *, sync: bool) -> None:
 
 def test_synced_bytes_and_entries_survive_and_unsynced_ones_are_lost(disk) -> None:  # type: ignore[no-untyped-def]
     model, root = disk
-    root.mkdir()
+    make_directory(root)  # the root itself durable
     _write(root / "a", b"kept", sync=True)
     fsync_directory(root)
     _write(root / "a", b" lost", sync=False)
@@ -48,7 +48,7 @@ def test_synced_bytes_and_entries_survive_and_unsynced_ones_are_lost(disk) -> No
 
 def test_a_file_whose_entry_is_durable_but_never_synced_is_empty(disk) -> None:  # type: ignore[no-untyped-def]
     model, root = disk
-    root.mkdir()
+    make_directory(root)  # the root itself durable
     _write(root / "a", b"data", sync=False)
     fsync_directory(root)
     model.power_cut(root, None)
@@ -57,7 +57,7 @@ def test_a_file_whose_entry_is_durable_but_never_synced_is_empty(disk) -> None: 
 
 def test_a_replace_not_followed_by_a_directory_sync_reverts(disk) -> None:  # type: ignore[no-untyped-def]
     model, root = disk
-    root.mkdir()
+    make_directory(root)  # the root itself durable
     replace_file(root / "state", b"old")  # fsyncs the file and the directory
     tmp = root / "state.tmp"
     _write(tmp, b"new", sync=True)
@@ -73,7 +73,7 @@ def test_a_replace_not_followed_by_a_directory_sync_reverts(disk) -> None:  # ty
 
 def test_an_unlink_or_rmtree_not_synced_comes_back(disk) -> None:  # type: ignore[no-untyped-def]
     model, root = disk
-    (root / "d").mkdir(parents=True)
+    make_directory(root / "d")
     _write(root / "d" / "x", b"x", sync=True)
     fsync_directory(root / "d")
     fsync_directory(root)
@@ -89,7 +89,7 @@ def test_an_unlink_or_rmtree_not_synced_comes_back(disk) -> None:  # type: ignor
 
 def test_hard_links_stay_one_file(disk) -> None:  # type: ignore[no-untyped-def]
     model, root = disk
-    root.mkdir()
+    make_directory(root)  # the root itself durable
     _write(root / "a", b"same", sync=True)
     os.link(root / "a", root / "b")
     fsync_directory(root)
@@ -99,7 +99,7 @@ def test_hard_links_stay_one_file(disk) -> None:  # type: ignore[no-untyped-def]
 
 def test_the_first_unsynced_page_may_tear_and_nothing_synced_changes(disk) -> None:  # type: ignore[no-untyped-def]
     model, root = disk
-    root.mkdir()
+    make_directory(root)  # the root itself durable
     synced = bytes(range(256)) * 20  # 5120 bytes: into the second page
     _write(root / "seg", synced, sync=True)
     fsync_directory(root)
@@ -122,10 +122,22 @@ def test_the_first_unsynced_page_may_tear_and_nothing_synced_changes(disk) -> No
 
 def test_writes_around_the_model_are_caught(disk) -> None:  # type: ignore[no-untyped-def]
     model, root = disk
-    root.mkdir()
+    make_directory(root)  # the root itself durable
     with pytest.raises(DiskModelError, match="built-in open"):
         open(root / "x", "wb")  # noqa: SIM115
     with model._suspended():
         (root / "y").write_bytes(b"behind its back")
     with pytest.raises(DiskModelError, match="around the model"):
         model.power_cut(root, None)
+
+
+def test_a_root_made_but_never_named_durably_vanishes_whole(disk) -> None:  # type: ignore[no-untyped-def]
+    model, root = disk
+    root.mkdir()
+    replace_file(root / "state", b"synced, in a directory never synced in its parent")
+    model.power_cut(root, None)
+    assert not root.exists()
+    make_directory(root)  # mkdir, then its parent fsynced
+    replace_file(root / "state", b"kept")
+    model.power_cut(root, None)
+    assert (root / "state").read_bytes() == b"kept"
