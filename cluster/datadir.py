@@ -87,5 +87,6 @@ class DataDir:
     def close(self) -> None:
         try:
             self.archive.close()
+            self.recording_log.close()
         finally:
             self.lock.release()
