@@ -203,7 +203,9 @@ class DiskModel:
 
     def _locate(self, path: Any, dir_fd: int | None = None) -> tuple[Root, Dir, str] | None:
         """The root, parent directory and name of ``path`` if it is under a root (the
-        root itself has no parent: ``(root, root.dir, "")``); None otherwise."""
+        root itself has no parent: ``(root, root.dir, "")``); None otherwise.  A path
+        whose parent the model does not hold raises :class:`DiskModelError` (call it
+        after the real call succeeded: where the parent is missing, that fails first)."""
         if isinstance(path, int):
             raise DiskModelError("a path given as a descriptor")
         text = os.fsdecode(os.fspath(path))
@@ -231,7 +233,7 @@ class DiskModel:
         return root, parent, parts[-1]
 
     def _node(self, path: Any, dir_fd: int | None = None) -> tuple[Root, Node] | None:
-        where = self._locate(path, dir_fd)
+        where = self._locate(path, dir_fd)  # after the real call
         if where is None:
             return None
         root, parent, name = where
@@ -245,14 +247,18 @@ class DiskModel:
     # -- the wrapped os functions ----------------------------------------------------
 
     def _open(self, path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
-        where = self._locate(path, dir_fd)
+        under = self._under(path, dir_fd)
+        existed = under and self._exists(path, dir_fd)
         fd: int = _real["open"](path, flags, mode, dir_fd=dir_fd)
+        if not under:
+            self._note_parent(fd, path, dir_fd)
+            return fd
+        try:
+            where = self._locate(path, dir_fd)
+        except BaseException:
+            _real["close"](fd)
+            raise
         if where is None:
-            if dir_fd is None and not isinstance(path, int):
-                holder = os.path.abspath(os.fsdecode(os.fspath(path)))
-                held = [r for r in self.roots.values() if os.path.dirname(r.path) == holder]
-                if held:
-                    self.parent_fds[fd] = held
             return fd
         root, parent, name = where
         if not name:
@@ -260,7 +266,8 @@ class DiskModel:
         else:
             found = parent.current.get(name)
             if found is None:
-                if not flags & os.O_CREAT:
+                if not flags & os.O_CREAT or existed:
+                    _real["close"](fd)
                     raise DiskModelError(f"{os.fspath(path)!r} opened, but not in the model")
                 found = parent.current[name] = File()
             node = found
@@ -268,6 +275,30 @@ class DiskModel:
             node.truncate(0)
         self.fds[fd] = (root, node)
         return fd
+
+    def _under(self, path: Any, dir_fd: int | None) -> bool:
+        """Is ``path`` under a root (the root itself included)?  Cheap: no system call."""
+        if isinstance(path, int):
+            return False
+        text = os.fsdecode(os.fspath(path))
+        if dir_fd is not None and not os.path.isabs(text):
+            return dir_fd in self.fds
+        return self._root_of(os.path.abspath(text)) is not None
+
+    def _note_parent(self, fd: int, path: Any, dir_fd: int | None) -> None:
+        """Remember ``fd`` if it is the directory holding roots (its fsync names them)."""
+        if dir_fd is None and not isinstance(path, int):
+            holder = os.path.abspath(os.fsdecode(os.fspath(path)))
+            held = [r for r in self.roots.values() if os.path.dirname(r.path) == holder]
+            if held:
+                self.parent_fds[fd] = held
+
+    def _exists(self, path: Any, dir_fd: int | None) -> bool:
+        try:
+            os.stat(path, dir_fd=dir_fd)
+        except OSError:
+            return False
+        return True
 
     def _close(self, fd: int) -> None:
         self.fds.pop(fd, None)
@@ -308,8 +339,8 @@ class DiskModel:
         if isinstance(path, int):
             self._ftruncate(path, length)
             return
-        found = self._node(path)
         _real["truncate"](path, length)
+        found = self._node(path)
         if found is not None:
             node = found[1]
             if not isinstance(node, File):
@@ -349,9 +380,11 @@ class DiskModel:
         src_dir_fd: int | None = None,
         dst_dir_fd: int | None = None,
     ) -> None:
-        a = self._locate(src, src_dir_fd)
-        b = self._locate(dst, dst_dir_fd)
+        a = self._locate(src, src_dir_fd) if self._exists(src, src_dir_fd) else None
         _real[real](src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+        b = self._locate(dst, dst_dir_fd)
+        if a is None and b is not None:
+            a = self._locate(src, src_dir_fd)  # renamed from under a root: not modelled
         if a is None and b is None:
             return
         if a is None or b is None or not a[2] or not b[2] or a[0] is not b[0]:
@@ -376,11 +409,11 @@ class DiskModel:
         dst_dir_fd: int | None = None,
         follow_symlinks: bool = True,
     ) -> None:
-        a = self._locate(src, src_dir_fd)
-        b = self._locate(dst, dst_dir_fd)
         _real["link"](
             src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd, follow_symlinks=follow_symlinks
         )
+        a = self._locate(src, src_dir_fd)
+        b = self._locate(dst, dst_dir_fd)
         if a is None and b is None:
             return
         if a is None or b is None or not a[2] or not b[2] or a[0] is not b[0]:
@@ -391,9 +424,11 @@ class DiskModel:
         b[1].current[b[2]] = node
 
     def _remove_entry(self, real: str, path: Any, dir_fd: int | None) -> None:
-        where = self._locate(path, dir_fd)
+        where = self._locate(path, dir_fd) if self._exists(path, dir_fd) else None
         _real[real](path, dir_fd=dir_fd)
         if where is None:
+            if self._locate(path, dir_fd) is not None:
+                raise DiskModelError(f"{os.fspath(path)!r} removed, but not in the model")
             return
         root, parent, name = where
         if not name:  # the root itself: a new, empty disk from now on
@@ -413,8 +448,8 @@ class DiskModel:
         self._remove_entry("rmdir", path, dir_fd)
 
     def _mkdir(self, path: Any, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
-        where = self._locate(path, dir_fd)
         _real["mkdir"](path, mode, dir_fd=dir_fd)
+        where = self._locate(path, dir_fd)
         if where is None:
             return
         _, parent, name = where
@@ -427,12 +462,11 @@ class DiskModel:
         _real["symlink"](src, dst, *args, dir_fd=dir_fd)
 
     def _builtin_open(self, file: Any, mode: str = "r", *args: Any, **kw: Any) -> Any:
-        if not isinstance(file, int) and set(mode) & set("wax+"):
-            if self._locate(file) is not None:
-                raise DiskModelError(
-                    f"built-in open({file!r}, {mode!r}) under a modelled directory: "
-                    "write through os, which the model sees"
-                )
+        if set(mode) & set("wax+") and self._under(file, None):
+            raise DiskModelError(
+                f"built-in open({file!r}, {mode!r}) under a modelled directory: "
+                "write through os, which the model sees"
+            )
         return _real_open(file, mode, *args, **kw)
 
     @contextlib.contextmanager
@@ -463,14 +497,14 @@ class DiskModel:
         try:
             for name, wrapper in wrappers.items():
                 setattr(os, name, wrapper)
-            builtins.open = io.open = self._builtin_open  # type: ignore[assignment]
+            builtins.open = io.open = self._builtin_open
             self._saved = saved
             yield self
         finally:
             self._saved = None
             for name, function in saved.items():
                 setattr(os, name, function)
-            builtins.open, io.open = saved_open  # type: ignore[assignment]
+            builtins.open, io.open = saved_open
 
     @contextlib.contextmanager
     def _suspended(self) -> Iterator[None]:
@@ -488,7 +522,7 @@ class DiskModel:
         finally:
             for name, wrapper in wrappers.items():
                 setattr(os, name, wrapper)
-            builtins.open = io.open = self._builtin_open  # type: ignore[assignment]
+            builtins.open = io.open = self._builtin_open
 
     # -- checks and power cuts -------------------------------------------------------
 

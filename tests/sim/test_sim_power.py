@@ -113,5 +113,5 @@ def test_without_syncs_a_power_cut_loses_what_was_acknowledged(tmp_path: Path) -
     async def scenario(sim: SimCluster) -> None:
         await _outages(sim, 2)
 
-    with pytest.raises(SimFailure, match="below its committed position|acknowledged write"):
+    with pytest.raises(SimFailure, match=r"below its committed position|acknowledged write"):
         _sim(31, 3, tmp_path, scenario, clients=3, fsync=FsyncPolicy.NONE)
