@@ -5,7 +5,8 @@
 ``MockClock(autojump_threshold=0)`` and Trio's deterministic scheduling seeded from the
 run seed.  Nodes talk over a :class:`~cluster.transport.sim.SimNetwork`, read a virtual
 clock, draw from seeded RNGs and do their archive I/O inline (no threads: autojump
-would skip time while a thread runs), on real files under ``tmp_path``.
+would skip time while a thread runs), on real files under ``tmp_path`` (each member's
+data directory modelled by :class:`~tests.sim.disk.DiskModel`).
 
 One seed expands into a printed configuration (:class:`SimConfig`), so a failing seed
 replays exactly::
@@ -14,7 +15,9 @@ replays exactly::
 
 A run is a **safety phase** (faults from the seed: delays, resets, partitions, the leader
 cut off from the majority, one-way links, crash/restart with torn writes, pauses,
-snapshot requests, an operator's SHUTDOWN or ABORT) followed by a
+snapshot requests, an operator's SHUTDOWN or ABORT, power cuts of one member, a
+minority or all: the members sync for real on the disk model of ``tests/sim/disk.py``,
+and a power cut loses what they had not synced) followed by a
 **liveness phase** (heal, restart everyone, require a leader and an acknowledged write
 within a bound, then all members converged).  :class:`Checker` tests the invariants every
 10 ms of virtual time and at the end:
