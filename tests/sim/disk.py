@@ -71,6 +71,14 @@ _real = {
     )
 }
 _real_open = builtins.open
+_UNMODELLED = tuple(
+    name
+    for name in ("writev", "pwritev", "posix_fallocate", "sendfile", "copy_file_range")
+    if hasattr(os, name)
+)
+"""Writes the node does not make: refused on a modelled descriptor, so that a new one
+cannot slip past the model."""
+_real.update({name: getattr(os, name) for name in _UNMODELLED})
 
 
 class DiskModelError(AssertionError):
@@ -461,6 +469,16 @@ class DiskModel:
             raise DiskModelError(f"symlink {dst!r}: links are not modelled")
         _real["symlink"](src, dst, *args, dir_fd=dir_fd)
 
+    def _unmodelled(self, name: str) -> Any:
+        real = _real[name]
+
+        def refuse(*args: Any, **kw: Any) -> Any:
+            if any(isinstance(a, int) and a in self.fds for a in args[:2]):
+                raise DiskModelError(f"os.{name} on a modelled file: not modelled")
+            return real(*args, **kw)
+
+        return refuse
+
     def _builtin_open(self, file: Any, mode: str = "r", *args: Any, **kw: Any) -> Any:
         if set(mode) & set("wax+") and self._under(file, None):
             raise DiskModelError(
@@ -489,7 +507,7 @@ class DiskModel:
             "mkdir": self._mkdir,
             "rmdir": self._rmdir,
             "symlink": self._symlink,
-        }
+        } | {name: self._unmodelled(name) for name in _UNMODELLED}
         if self._saved is not None:
             raise DiskModelError("the disk model is installed already")
         saved = {name: getattr(os, name) for name in wrappers}

@@ -1450,6 +1450,12 @@ class SimCluster:
                     clock=clock,
                     instruments=[_LivelockDetector(self)],
                 )
+            for sn in self.nodes:  # nothing wrote around the disk model
+                if self._failure is None:
+                    try:
+                        self.disk.verify(sn.dir)
+                    except DiskModelError as exc:
+                        self._failure = f"n{sn.index}: {exc}"
         finally:
             LeaderReplication.chunk_size = chunk_size
             logger.removeHandler(handler)

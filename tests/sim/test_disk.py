@@ -141,3 +141,14 @@ def test_a_root_made_but_never_named_durably_vanishes_whole(disk) -> None:  # ty
     replace_file(root / "state", b"kept")
     model.power_cut(root, None)
     assert (root / "state").read_bytes() == b"kept"
+
+
+def test_writes_the_model_does_not_know_are_refused_on_its_files(disk) -> None:  # type: ignore[no-untyped-def]
+    _, root = disk
+    make_directory(root)
+    fd = os.open(root / "f", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        with pytest.raises(DiskModelError, match="not modelled"):
+            os.writev(fd, [b"a", b"b"])
+    finally:
+        os.close(fd)
