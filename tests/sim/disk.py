@@ -37,12 +37,13 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import errno
 import io
 import os
 import random
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,6 +161,10 @@ class Root:
     durable: bool = False
     """The root's own entry in its parent is durable: its parent was fsynced since the
     root was made (a root not made durably vanishes whole in a power cut)."""
+    countdown: int | None = None
+    """Armed (:meth:`DiskModel.arm`): the power goes before this many more changes."""
+    dead: bool = False
+    """The power went (mid-operation): every change fails until the power cut."""
 
 
 @dataclass
@@ -188,7 +193,14 @@ class DiskModel:
         self.fds: dict[int, tuple[Root, Node]] = {}
         self.parent_fds: dict[int, list[Root]] = {}
         """Descriptors opened on the directory holding roots: its fsync makes them durable."""
-        self.stats = {"syncs": 0, "directory_syncs": 0, "power_cuts": 0}
+        self.stats = {
+            "syncs": 0,
+            "directory_syncs": 0,
+            "power_cuts": 0,
+            "power_lost_mid_operation": 0,
+        }
+        self.on_power_lost: Callable[[str], None] | None = None
+        """Told a root's path when its power goes mid-operation (:meth:`arm`)."""
         self._saved: dict[str, Any] | None = None
         """The real functions while :meth:`installed`."""
 
@@ -285,13 +297,48 @@ class DiskModel:
         return fd
 
     def _under(self, path: Any, dir_fd: int | None) -> bool:
-        """Is ``path`` under a root (the root itself included)?  Cheap: no system call."""
+        """Is ``path`` under a root (the root itself included)?  Cheap: no system call;
+        a change there counts towards an armed power cut (:meth:`arm`)."""
         if isinstance(path, int):
             return False
         text = os.fsdecode(os.fspath(path))
         if dir_fd is not None and not os.path.isabs(text):
-            return dir_fd in self.fds
-        return self._root_of(os.path.abspath(text)) is not None
+            opened = self.fds.get(dir_fd)
+            root = opened[0] if opened is not None else None
+        else:
+            found = self._root_of(os.path.abspath(text))
+            root = found[0] if found is not None else None
+        if root is None:
+            return False
+        self._tick(root)
+        return True
+
+    def _tick(self, root: Root) -> None:
+        """A change under ``root``: refused once its power went (mid-operation)."""
+        if root.countdown is not None:
+            root.countdown -= 1
+            if root.countdown <= 0:
+                root.countdown, root.dead = None, True
+                self.stats["power_lost_mid_operation"] += 1
+                if self.on_power_lost is not None:
+                    self.on_power_lost(root.path)
+        if root.dead:
+            raise OSError(errno.EIO, "the power is off (simulated)")
+
+    def arm(self, path: str | os.PathLike[str], changes: int) -> None:
+        """Let the power go under root ``path`` just before its ``changes``-th next
+        change (a write, a sync, a creation, a rename...): that one and every later one
+        fail with EIO, nothing more becomes durable, until :meth:`power_cut`."""
+        self.roots[os.path.abspath(os.fspath(path))].countdown = changes
+
+    def is_dead(self, path: str | os.PathLike[str]) -> bool:
+        return self.roots[os.path.abspath(os.fspath(path))].dead
+
+    def _fd_tick(self, *fds: int) -> None:
+        for fd in fds:
+            opened = self.fds.get(fd)
+            if opened is not None:
+                self._tick(opened[0])
 
     def _note_parent(self, fd: int, path: Any, dir_fd: int | None) -> None:
         """Remember ``fd`` if it is the directory holding roots (its fsync names them)."""
@@ -323,6 +370,7 @@ class DiskModel:
         return node
 
     def _write(self, fd: int, data: Any) -> int:
+        self._fd_tick(fd)
         n: int = _real["write"](fd, data)
         file = self._file(fd)
         if file is not None and n > 0:
@@ -331,6 +379,7 @@ class DiskModel:
         return n
 
     def _pwrite(self, fd: int, data: Any, offset: int) -> int:
+        self._fd_tick(fd)
         n: int = _real["pwrite"](fd, data, offset)
         file = self._file(fd)
         if file is not None and n > 0:
@@ -338,6 +387,7 @@ class DiskModel:
         return n
 
     def _ftruncate(self, fd: int, length: int) -> None:
+        self._fd_tick(fd)
         _real["ftruncate"](fd, length)
         file = self._file(fd)
         if file is not None:
@@ -347,6 +397,7 @@ class DiskModel:
         if isinstance(path, int):
             self._ftruncate(path, length)
             return
+        self._under(path, None)
         _real["truncate"](path, length)
         found = self._node(path)
         if found is not None:
@@ -356,6 +407,7 @@ class DiskModel:
             node.truncate(length)
 
     def _sync(self, fd: int, real: str) -> None:
+        self._fd_tick(fd)
         opened = self.fds.get(fd)
         if opened is None:
             held = self.parent_fds.get(fd)
@@ -388,6 +440,7 @@ class DiskModel:
         src_dir_fd: int | None = None,
         dst_dir_fd: int | None = None,
     ) -> None:
+        self._under(src, src_dir_fd) or self._under(dst, dst_dir_fd)
         a = self._locate(src, src_dir_fd) if self._exists(src, src_dir_fd) else None
         _real[real](src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
         b = self._locate(dst, dst_dir_fd)
@@ -417,6 +470,7 @@ class DiskModel:
         dst_dir_fd: int | None = None,
         follow_symlinks: bool = True,
     ) -> None:
+        self._under(dst, dst_dir_fd)
         _real["link"](
             src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd, follow_symlinks=follow_symlinks
         )
@@ -432,6 +486,7 @@ class DiskModel:
         b[1].current[b[2]] = node
 
     def _remove_entry(self, real: str, path: Any, dir_fd: int | None) -> None:
+        self._under(path, dir_fd)
         where = self._locate(path, dir_fd) if self._exists(path, dir_fd) else None
         _real[real](path, dir_fd=dir_fd)
         if where is None:
@@ -456,6 +511,7 @@ class DiskModel:
         self._remove_entry("rmdir", path, dir_fd)
 
     def _mkdir(self, path: Any, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        self._under(path, dir_fd)
         _real["mkdir"](path, mode, dir_fd=dir_fd)
         where = self._locate(path, dir_fd)
         if where is None:
@@ -586,6 +642,7 @@ class DiskModel:
         page of each file at random; None: no tearing), on disk and in the model.  The
         member using it must be stopped."""
         root = self.roots[os.path.abspath(os.fspath(path))]
+        root.countdown, root.dead = None, False
         self.verify(path)
         for fd, (owner, _) in list(self.fds.items()):
             if owner is root:  # left open by a stopped member: gone with the power

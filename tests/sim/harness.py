@@ -869,6 +869,7 @@ class SimCluster:
         self.disk = DiskModel()
         for sn in self.nodes:
             self.disk.add_root(sn.dir)
+        self.disk.on_power_lost = self._power_lost
         self.workload_rng = random.Random(rng.getrandbits(64))
         self.nemesis_rng = random.Random(rng.getrandbits(64))
         self.history = History()
@@ -978,11 +979,14 @@ class SimCluster:
                 task_status.started()
                 started = True
                 await node.run(handle_signals=False)
-            if not scope.cancelled_caught:
+            if not scope.cancelled_caught and not self.disk.is_dead(sn.dir):
                 self._stopped_by_itself(sn, node)
         except Exception as exc:
             self.log_lines.append("".join(traceback.format_exception(exc)))
-            self._fail(f"n{sn.index} raised {_leaf(exc)}")
+            if self.disk.is_dead(sn.dir) and not isinstance(exc, (_Violation, DiskModelError)):
+                self.event(sn.host, "died", _leaf(exc))  # its disk failing as the power went
+            else:
+                self._fail(f"n{sn.index} raised {_leaf(exc)}")
             if not started:
                 task_status.started()
         finally:
@@ -1086,10 +1090,30 @@ class SimCluster:
         self.stats["wipes"] += 1
         self.event(self.nodes[i].host, "wipe")
 
-    async def power_cut(self, victims: list[int]) -> None:
+    def _power_lost(self, path: str) -> None:
+        """The disk model says a member's power went in the middle of what it was doing
+        (its disk fails every change from now on): it stops at its next checkpoint."""
+        for sn in self.nodes:
+            if os.path.abspath(sn.dir) == path and sn.running and sn.scope is not None:
+                self.event(sn.host, "power-lost")
+                self.net.crash(sn.host)
+                sn.scope.cancel()
+
+    async def power_cut(
+        self, victims: list[int], *, mid_operation: random.Random | None = None
+    ) -> None:
         """Cut the power of ``victims`` at once: each stops (if it runs) and loses what it
         had not made durable (``tests/sim/disk.py``), its first unsynced page of each
-        file perhaps torn."""
+        file perhaps torn.  ``mid_operation``: the power of each running victim goes
+        just before a random one of its next 40 disk changes (an RNG draws which), or
+        after a second of virtual time, in the middle of whatever it does."""
+        if mid_operation is not None:
+            armed = [sn for sn in (self.nodes[i] for i in victims) if sn.running]
+            for sn in armed:
+                self.disk.arm(sn.dir, mid_operation.randint(1, 40))
+            with trio.move_on_after(1.0):
+                while not all(self.disk.is_dead(sn.dir) for sn in armed):  # noqa: ASYNC110
+                    await trio.sleep(0.001)
         for i in victims:
             await self.crash(i)
         for i in victims:
@@ -1290,7 +1314,7 @@ class SimCluster:
                     victims = rng.sample(range(n), (n - 1) // 2)
                 else:
                     victims = list(range(n))  # a data-centre outage
-                await self.power_cut(victims)
+                await self.power_cut(victims, mid_operation=rng if rng.random() < 0.5 else None)
                 for victim in victims:
                     self._nursery.start_soon(self._restart_later, victim, rng.uniform(0.2, 3.0))
             elif kind == "pause":

@@ -4,6 +4,7 @@ acknowledged is lost, every member restarts by itself, the members converge."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -14,15 +15,21 @@ from .harness import SimCluster, SimFailure
 from .test_sim import _compact_without, _in_the_middle_of_a_transfer, _installs, _node, _sim
 
 
-async def _outages(sim: SimCluster, rounds: int, victims: list[int] | None = None) -> None:
+async def _outages(
+    sim: SimCluster,
+    rounds: int,
+    victims: list[int] | None = None,
+    mid_operation: random.Random | None = None,
+) -> None:
     """``rounds`` power cuts under load (of ``victims``, or every member), each member
-    started again a moment later."""
-    await sim.start_workload()
+    started again a moment later (``mid_operation``: see :meth:`SimCluster.power_cut`)."""
+    if not sim.clients:
+        await sim.start_workload()
     await sim.wait_for_leader()
     for round_ in range(rounds):
         await sim.sleep(0.4 + 0.13 * round_)
         cut = list(range(len(sim.nodes))) if victims is None else victims
-        await sim.power_cut(cut)
+        await sim.power_cut(cut, mid_operation=mid_operation)
         await sim.sleep(0.3)
         for i in cut:
             await sim.restart(i)
@@ -46,6 +53,29 @@ def test_an_outage_of_every_member_loses_nothing_acknowledged(
     assert result.stats["power_cuts"] == 15
     assert sim.disk.stats["syncs"] > 100
     assert len(sim.history.acked) > 50
+
+
+@pytest.mark.parametrize("seed", [35, 36, 37])
+def test_outages_in_the_middle_of_disk_operations(tmp_path: Path, seed: int) -> None:
+    """The power goes just before a random disk change (a write, a sync, a rename, a
+    creation...) of each member, in the middle of whatever it was doing (an append and
+    its sync, a snapshot, a node-state save, a segment's creation, a compaction), one
+    member at a time and all together: nothing acknowledged is lost, every member
+    starts again by itself."""
+
+    async def scenario(sim: SimCluster) -> None:
+        rng = random.Random(seed)
+        await sim.start_workload()
+        for round_ in range(6):
+            victims = None if round_ % 2 else [rng.randrange(3)]
+            if round_ == 2:
+                sim.clients[0].request_snapshot()
+            await _outages(sim, 1, victims, mid_operation=rng)
+
+    sim, result = _sim(
+        seed, 3, tmp_path, scenario, clients=3, segment_size=4 << 10, archive_retention=1
+    )
+    assert sim.disk.stats["power_lost_mid_operation"] >= 6
 
 
 def test_a_power_cut_of_one_member_and_then_a_minority(tmp_path: Path) -> None:
