@@ -72,9 +72,7 @@ def test_outages_in_the_middle_of_disk_operations(tmp_path: Path, seed: int) -> 
                 sim.clients[0].request_snapshot()
             await _outages(sim, 1, victims, mid_operation=rng)
 
-    sim, result = _sim(
-        seed, 3, tmp_path, scenario, clients=3, segment_size=4 << 10, archive_retention=1
-    )
+    sim, _ = _sim(seed, 3, tmp_path, scenario, clients=3, segment_size=4 << 10, archive_retention=1)
     assert sim.disk.stats["power_lost_mid_operation"] >= 6
 
 
