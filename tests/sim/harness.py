@@ -1505,6 +1505,7 @@ class SimCluster:
             terms=dict(self.checker.leaders),
             stats=dict(self.stats)
             | {f"net_{k}": v for k, v in self.net.stats.items()}
+            | {f"disk_{k}": v for k, v in self.disk.stats.items()}
             | (
                 {f"adversary_{k}": v for k, v in self.adversary.stats.items()}
                 if self.adversary
