@@ -536,7 +536,9 @@ class DiskModel:
         return refuse
 
     def _builtin_open(self, file: Any, mode: str = "r", *args: Any, **kw: Any) -> Any:
-        if set(mode) & set("wax+") and self._under(file, None):
+        if set(mode) & set("wax+") and (
+            file in self.fds if isinstance(file, int) else self._under(file, None)
+        ):
             raise DiskModelError(
                 f"built-in open({file!r}, {mode!r}) under a modelled directory: "
                 "write through os, which the model sees"
