@@ -36,7 +36,14 @@ async def _outages(
         await sim.wait_for_leader(10.0)
 
 
-@pytest.mark.parametrize("archive_io", ["inline", "thread", "auto"])
+@pytest.mark.parametrize(
+    "archive_io",
+    [
+        pytest.param("inline", marks=pytest.mark.slow),
+        "thread",
+        pytest.param("auto", marks=pytest.mark.slow),
+    ],
+)
 def test_an_outage_of_every_member_loses_nothing_acknowledged(
     tmp_path: Path, archive_io: str
 ) -> None:
@@ -55,7 +62,9 @@ def test_an_outage_of_every_member_loses_nothing_acknowledged(
     assert len(sim.history.acked) > 50
 
 
-@pytest.mark.parametrize("seed", [35, 36, 37])
+@pytest.mark.parametrize(
+    "seed", [35, pytest.param(36, marks=pytest.mark.slow), pytest.param(37, marks=pytest.mark.slow)]
+)
 def test_outages_in_the_middle_of_disk_operations(tmp_path: Path, seed: int) -> None:
     """The power goes just before a random disk change (a write, a sync, a rename, a
     creation...) of each member, in the middle of whatever it was doing (an append and
