@@ -190,7 +190,7 @@ def test_an_unsynced_last_record_torn_across_a_sector_is_a_torn_tail(disk) -> No
     archive.close()
     # the first unsynced page torn: sectors 0-1535 are the same old or new; 1536-2047
     # old (2047 is past the old end: 0), 2048-2100 new
-    model.power_cut(root, _Draws(0.9, 0.9, 0.9, 0.9, 0.9, 0.1))  # type: ignore[arg-type]
+    model.power_cut(root, _Draws(0.9, 0.9, 0.9, 0.9, 0.9, 0.1))
     data = (root / "archive" / "log-00000000000000000000.seg").read_bytes()
     assert len(data) == 2047 + 54
     assert data[2047] == 0
