@@ -196,3 +196,25 @@ def test_an_unsynced_last_record_torn_across_a_sector_is_a_torn_tail(disk) -> No
     assert data[2047] == 0
     reopened = Archive.open(root / "archive")  # raises ArchiveCorruptionError today
     assert reopened.position == 2047
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding (issue 44, seed 23 with 5 nodes): an unsynced first write to a new "
+    "segment, its first sector lost (zeros) and the next kept, is refused as an empty "
+    "record followed by valid ones instead of truncated as a torn tail",
+)
+def test_an_unsynced_write_to_a_new_segment_with_a_lost_first_sector_is_a_torn_tail(disk) -> None:  # type: ignore[no-untyped-def]
+    model, root = disk
+    make_directory(root)
+    archive = Archive.open(root / "archive")
+    model.arm(root, 5)  # segment created, its directory synced, written; power goes at the sync
+    with pytest.raises(ArchiveWriteError):
+        archive.append(encode_record(b"a" * 600) + encode_record(b"b" * 100))
+    archive.close()
+    model.power_cut(root, _Draws(0.9, 0.9, 0.1))  # sector 0 lost, sector 512 kept
+    data = (root / "archive" / "log-00000000000000000000.seg").read_bytes()
+    assert data[:512] == bytes(512)
+    assert len(data) == 716
+    reopened = Archive.open(root / "archive")  # raises ArchiveCorruptionError today
+    assert reopened.position == 0
