@@ -25,6 +25,7 @@ from .archive.recording_log import CM_SERVICE_ID, RecordingLog
 from .archive.segments import Archive
 from .archive.storage import NodeStorage
 from .config import NodeConfig
+from .fileio import make_directory
 
 
 class DataDir:
@@ -40,7 +41,7 @@ class DataDir:
 
     def __init__(self, config: NodeConfig) -> None:
         self.path = Path(config.dir)
-        self.path.mkdir(parents=True, exist_ok=True)
+        make_directory(self.path)  # named durably in its parent: a power cut keeps it
         self.lock = DirectoryLock(self.path)  # first: one process per directory
         try:
             self._open(config)
@@ -86,5 +87,6 @@ class DataDir:
     def close(self) -> None:
         try:
             self.archive.close()
+            self.recording_log.close()
         finally:
             self.lock.release()

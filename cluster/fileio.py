@@ -1,5 +1,5 @@
 """Writing whole buffers to file descriptors (the archive, snapshots, certificates),
-making a rename or a new file in a directory durable, and reading a data directory's or
+making a rename, a new file or a new directory durable, and reading a data directory's or
 a backup's files: regular files only, no more than their size."""
 
 from __future__ import annotations
@@ -34,6 +34,20 @@ def fsync_directory(directory: str | os.PathLike[str] | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def make_directory(path: str | os.PathLike[str]) -> None:
+    """Create the directory ``path`` and any missing parents durably: each directory
+    made is then named in its parent, fsynced (a power cut would forget it otherwise,
+    and whatever was written in it)."""
+    path = Path(path)
+    missing = []
+    while not path.is_dir() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        directory.mkdir(exist_ok=True)
+        fsync_directory(directory.parent)
 
 
 def replace_file(path: Path, data: bytes) -> None:

@@ -72,7 +72,7 @@ from ..core.install import ChunkWrite, Transfer
 from ..core.service_container import ServiceContainer
 from ..core.snapshot import LoadedSnapshot, SnapshotError, load_snapshot, parse_snapshot
 from ..core.timers import TimerService
-from ..fileio import fsync_directory
+from ..fileio import fsync_directory, make_directory
 from .consensus import PeerLink, PeerLinks
 from .log import ArchiveAgent, LogBuffer
 from .replication import MAX_LINK_BACKLOG, Replicator
@@ -494,7 +494,7 @@ def _write_chunk(path: Path, write: ChunkWrite, length: int) -> int:
     """Write ``write`` at its offset of ``path`` (offset 0: a new file, other transfers'
     files removed); the last chunk is fsynced.  Returns the end written."""
     if write.offset == 0:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_directory(path.parent)
         for stale in path.parent.glob("install-*.tmp"):
             stale.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..fileio import fsync_directory, read_regular, write_all
+from ..fileio import fsync_directory, make_directory, read_regular, write_all
 from ..protocol.codec import SNAPSHOT, encode
 from ..protocol.errors import ProtocolError
 from ..protocol.snapshot import SnapshotRecord
@@ -36,7 +36,7 @@ def encode_snapshot(records: Iterable[Any]) -> bytes:
 def write_snapshot(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` whole or not at all: an error (a full disk) removes
     the temporary file and is raised."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_directory(path.parent)  # the first snapshot makes it: durably
     tmp = path.with_suffix(".tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

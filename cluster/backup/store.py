@@ -29,7 +29,7 @@ from ..archive.record import RECORD_HEADER, RECORD_HEADER_LENGTH, complete_lengt
 from ..archive.recording_log import CM_SERVICE_ID, RecordingLog
 from ..archive.segments import DEFAULT_SEGMENT_SIZE
 from ..archive.snapshots import snapshot_path
-from ..fileio import fsync_directory, replace_file, write_all
+from ..fileio import fsync_directory, make_directory, replace_file, write_all
 from .manifest import FORMAT, KIND_CONTINUOUS, KIND_LIVE, MANIFEST, ManifestError, read_manifest
 
 _PARTS = ("archive", "archive.new", "archive.old", "snapshots")
@@ -184,7 +184,7 @@ class BackupStore:
     # ------------------------------------------------------------------ writing
 
     def snapshot_temp(self) -> Path:
-        (self.out / "snapshots").mkdir(parents=True, exist_ok=True)
+        make_directory(self.out / "snapshots")  # the backup's folder too: durably
         return self.out / "snapshots" / "incoming.tmp"
 
     def add_snapshot(self, entries: list[dict[str, Any]], checked: Path) -> None:
@@ -215,7 +215,8 @@ class BackupStore:
         self._close_segment()
         staging = self.out / "archive.new"
         shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+        make_directory(self.out)  # named durably in its parent: a power cut keeps it
+        staging.mkdir()
         self._archive = staging
         self.manifest["snapshots"] = [
             e for e in self.manifest["snapshots"] if e["log_position"] >= position

@@ -5,7 +5,8 @@
 ``MockClock(autojump_threshold=0)`` and Trio's deterministic scheduling seeded from the
 run seed.  Nodes talk over a :class:`~cluster.transport.sim.SimNetwork`, read a virtual
 clock, draw from seeded RNGs and do their archive I/O inline (no threads: autojump
-would skip time while a thread runs), on real files under ``tmp_path``.
+would skip time while a thread runs), on real files under ``tmp_path`` (each member's
+data directory modelled by :class:`~tests.sim.disk.DiskModel`).
 
 One seed expands into a printed configuration (:class:`SimConfig`), so a failing seed
 replays exactly::
@@ -15,7 +16,9 @@ replays exactly::
 A run is a **safety phase** (faults from the seed: delays, resets, partitions, the leader
 cut off from the majority (half the time with its clock stopped until the heal: it
 never notices by itself), one-way links, crash/restart with torn writes, pauses,
-snapshot requests, an operator's SHUTDOWN or ABORT) followed by a
+snapshot requests, an operator's SHUTDOWN or ABORT, power cuts of one member, a
+minority or all: the members sync for real on the disk model of ``tests/sim/disk.py``,
+and a power cut loses what they had not synced) followed by a
 **liveness phase** (heal, restart everyone, require a leader and an acknowledged write
 within a bound, then all members converged).  :class:`Checker` tests the invariants every
 10 ms of virtual time and at the end:
@@ -94,6 +97,7 @@ from cluster.service import ClientSession, Cluster
 from cluster.transport.sim import SimNetwork
 
 from .adversary import Adversary
+from .disk import DiskModel, DiskModelError
 from .queries import Answer, QueryChecker, encode_answer
 from .sim_client import History, SimClient
 
@@ -155,6 +159,10 @@ FAULTS = (
     "snapshot",
     "wipe",
 )
+POWER_CUT = "power-cut"
+"""A power cut (``tests/sim/disk.py``) of one member, a minority or all of them at once
+(drawn for about half the seeds, from an RNG of its own, as :data:`STOP_CLUSTER`):
+what they had not made durable is lost, and they are started again a little later."""
 STOP_CLUSTER = "stop-cluster"
 """An operator's SHUTDOWN or ABORT through the leader (drawn for about a third of the
 seeds, from an RNG of its own so that the other seeds' runs stay as they were): every
@@ -214,7 +222,9 @@ class SimConfig:
                 "leader_heartbeat_interval": 100_000_000,
                 "election_timeout": 300_000_000,
                 "startup_canvass_timeout": 1_000_000_000,
-                "fsync": FsyncPolicy.NONE,  # simulated crashes are process crashes
+                # real syncs, made cheap by the disk model (tests/sim/disk.py): what
+                # they make durable is what a power cut keeps
+                "fsync": FsyncPolicy.BATCH,
                 # inline: log writes in the duty cycle, the disk instant; thread: through
                 # the run_blocking seam, after a seeded disk latency; auto: thread on the
                 # leader, inline on followers
@@ -224,6 +234,8 @@ class SimConfig:
         )
         if random.Random(f"stop-cluster-{seed}").random() < 0.3:
             config.faults += (STOP_CLUSTER,)
+        if random.Random(f"power-cut-{seed}").random() < 0.5:
+            config.faults += (POWER_CUT,)
         node_fields = {f.name for f in fields(NodeConfig)}
         for key, value in overrides.items():
             if hasattr(config, key):  # the simulator's (segment_size: both)
@@ -881,6 +893,10 @@ class SimCluster:
             SimNode(i, f"n{i}", self.dir / f"node-{i}", random.Random(rng.getrandbits(64)))
             for i in range(nodes)
         ]
+        self.disk = DiskModel()
+        for sn in self.nodes:
+            self.disk.add_root(sn.dir)
+        self.disk.on_power_lost = self._power_lost
         self.workload_rng = random.Random(rng.getrandbits(64))
         self.nemesis_rng = random.Random(rng.getrandbits(64))
         self.history = History()
@@ -904,6 +920,7 @@ class SimCluster:
             "compactions": 0,
             "snapshots_installed": 0,
             "wipes": 0,
+            "power_cuts": 0,
             "cluster_stops": 0,
             "stopped_by_action": 0,
         }
@@ -993,11 +1010,14 @@ class SimCluster:
                 task_status.started()
                 started = True
                 await node.run(handle_signals=False)
-            if not scope.cancelled_caught:
+            if not scope.cancelled_caught and not self.disk.is_dead(sn.dir):
                 self._stopped_by_itself(sn, node)
         except Exception as exc:
             self.log_lines.append("".join(traceback.format_exception(exc)))
-            self._fail(f"n{sn.index} raised {_leaf(exc)}")
+            if self.disk.is_dead(sn.dir) and not isinstance(exc, (_Violation, DiskModelError)):
+                self.event(sn.host, "died", _leaf(exc))  # its disk failing as the power went
+            else:
+                self._fail(f"n{sn.index} raised {_leaf(exc)}")
             if not started:
                 task_status.started()
         finally:
@@ -1087,8 +1107,11 @@ class SimCluster:
         data = header[:written] + (rng.randbytes(partial) if written == 8 else b"")
         if written == 8 and zlib.crc32(data[8:]) == struct.unpack("<I", header[4:])[0]:
             data = data[:-1]  # never a valid record by accident
-        with open(last.path, "ab") as f:
-            f.write(data)
+        fd = os.open(last.path, os.O_WRONLY | os.O_APPEND)  # through the disk model
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
         self.stats["torn"] += 1
         return f"{len(data)} bytes at {last.end}"
 
@@ -1099,6 +1122,41 @@ class SimCluster:
         self.checker.verified.pop(i, None)
         self.stats["wipes"] += 1
         self.event(self.nodes[i].host, "wipe")
+
+    def _power_lost(self, path: str) -> None:
+        """The disk model says a member's power went in the middle of what it was doing
+        (its disk fails every change from now on): it stops at its next checkpoint."""
+        for sn in self.nodes:
+            if os.path.abspath(sn.dir) == path and sn.running and sn.scope is not None:
+                self.event(sn.host, "power-lost")
+                self.net.crash(sn.host)
+                sn.scope.cancel()
+
+    async def power_cut(
+        self, victims: list[int], *, mid_operation: random.Random | None = None
+    ) -> None:
+        """Cut the power of ``victims`` at once: each stops (if it runs) and loses what it
+        had not made durable (``tests/sim/disk.py``), its first unsynced page of each
+        file perhaps torn.  ``mid_operation``: the power of each running victim goes
+        just before a random one of its next 40 disk changes (an RNG draws which), or
+        after a second of virtual time, in the middle of whatever it does."""
+        if mid_operation is not None:
+            armed = [sn for sn in (self.nodes[i] for i in victims) if sn.running]
+            for sn in armed:
+                self.disk.arm(sn.dir, mid_operation.randint(1, 40))
+            with trio.move_on_after(1.0):
+                while not all(self.disk.is_dead(sn.dir) for sn in armed):  # noqa: ASYNC110
+                    await trio.sleep(0.001)
+        for i in victims:
+            await self.crash(i)
+        for i in victims:
+            sn = self.nodes[i]
+            try:
+                report = self.disk.power_cut(sn.dir, sn.rng)
+            except DiskModelError as exc:
+                raise _Violation(f"n{i}: {exc}") from None
+            self.stats["power_cuts"] += 1
+            self.event(sn.host, "power-cut", str(report))
 
     async def restart(self, i: int) -> None:
         sn = self.nodes[i]
@@ -1320,6 +1378,17 @@ class SimCluster:
                 victim = leader if leader is not None and rng.random() < 0.5 else rng.randrange(n)
                 await self.wipe(victim)
                 self._nursery.start_soon(self._restart_later, victim, rng.uniform(0.2, 3.0))
+            elif kind == POWER_CUT:
+                draw = rng.random()
+                if draw < 0.5 or n == 1:
+                    victims = [rng.randrange(n)]
+                elif draw < 0.75:
+                    victims = rng.sample(range(n), (n - 1) // 2)
+                else:
+                    victims = list(range(n))  # a data-centre outage
+                await self.power_cut(victims, mid_operation=rng if rng.random() < 0.5 else None)
+                for victim in victims:
+                    self._nursery.start_soon(self._restart_later, victim, rng.uniform(0.2, 3.0))
             elif kind == "pause":
                 self.pause(rng.randrange(n), rng.uniform(0.05, 2.0))
             elif kind == "reset":
@@ -1472,7 +1541,7 @@ class SimCluster:
         chunk_size = LeaderReplication.chunk_size
         LeaderReplication.chunk_size = SNAPSHOT_CHUNK
         try:
-            with deterministic_trio(self.seed):
+            with deterministic_trio(self.seed), self.disk.installed():
                 trio.run(
                     self._main,
                     scenario,
@@ -1480,6 +1549,12 @@ class SimCluster:
                     clock=clock,
                     instruments=[_LivelockDetector(self)],
                 )
+            for sn in self.nodes:  # nothing wrote around the disk model
+                if self._failure is None:
+                    try:
+                        self.disk.verify(sn.dir)
+                    except DiskModelError as exc:
+                        self._failure = f"n{sn.index}: {exc}"
         finally:
             LeaderReplication.chunk_size = chunk_size
             logger.removeHandler(handler)
@@ -1505,6 +1580,7 @@ class SimCluster:
             terms=dict(self.checker.leaders),
             stats=dict(self.stats)
             | {f"net_{k}": v for k, v in self.net.stats.items()}
+            | {f"disk_{k}": v for k, v in self.disk.stats.items()}
             | (
                 {f"adversary_{k}": v for k, v in self.adversary.stats.items()}
                 if self.adversary

@@ -6,6 +6,7 @@ sent the snapshot instead and catches up above the record (point 7)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from cluster.archive.reader import list_segments
@@ -58,11 +59,15 @@ def test_a_transfer_whose_leader_crashed_is_removed_at_once(tmp_path: Path) -> N
 
 
 def _flip_bit(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x40]))
+    """Damage on the medium: written and synced through ``os``, so that the simulator's
+    disk model (``tests/sim/disk.py``) holds it as the file's durable bytes."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        byte = os.pread(fd, 1, offset)
+        os.pwrite(fd, bytes([byte[0] ^ 0x40]), offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def test_a_rebuilt_member_catches_up_above_a_corrupt_record_by_snapshot(tmp_path: Path) -> None:
