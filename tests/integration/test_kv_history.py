@@ -49,7 +49,7 @@ NODE_ARGS = [
 CLIENTS = 5
 KEYS = ("a", "b", "c")
 OP_TIMEOUT = 15.0  # seconds before an op is given up as indeterminate
-STEP_OPS = 80  # ops completed after each fault before the next step
+STEP_OPS = 50  # ops completed after each fault before the next step
 PACE = 0.005  # seconds between two ops of a client: a busy 2-core machine
 PAUSE = 2.5  # seconds the leader is stopped: past its heartbeat timeout (1 s)
 

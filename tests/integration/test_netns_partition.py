@@ -2,8 +2,8 @@
 
 Three ``python -m cluster.node`` members, each in a network namespace of its own, and the
 clients (``netns_client.py``) in another, on a bridge (:mod:`netns`).  Under writes from
-four sessions the leader is isolated for 5 s, and again for 7 s (packets dropped,
-nothing reset), then healed.  A new leader must have been elected meanwhile, no
+four sessions the leader is isolated for 7 s, and (another run) cut off from the other
+members only for 5 s (packets dropped, nothing reset), then healed.  A new leader must have been elected meanwhile, no
 acknowledged write may be lost, the old leader must have caught up with the new
 leader's commit position (as it was at the heal) within :data:`BOUND`, and the history
 of three more sessions writing and reading (queries of both levels) a few shared keys
@@ -37,9 +37,10 @@ NODE_ARGS = [
     "--election-timeout", "500ms",
 ]  # fmt: skip
 CUTS = [5.0, 7.0]
-"""5 s, as in issue 44; 7 s heals just after the kernel's fifth retransmission (6.2 s
-after the cut: 0.2, 0.6, 1.4, 3.0, 6.2 s), where a link left to the kernel waits
-longest (its next try is at 12.6 s)."""
+"""5 s, as in issue 44 (the suite runs it cut off from the members only: cut off from
+everyone, it passes with links left to the kernel too, see :data:`BOUND`); 7 s heals
+just after the kernel's fifth retransmission (6.2 s after the cut: 0.2, 0.6, 1.4, 3.0,
+6.2 s), where a link left to the kernel waits longest (its next try is at 12.6 s)."""
 BOUND = 2 * HEARTBEAT_TIMEOUT
 """Seconds from the heal to the old leader's commit position at the new leader's: two
 heartbeat timeouts.  Its links were found silent during the cut (after 1 s) and closed;
@@ -102,8 +103,8 @@ def namespaces() -> Iterator[Lab]:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("cut", "from_clients"),
-    [*((cut, True) for cut in CUTS), (5.0, False)],
-    ids=[*(f"{cut:g}s" for cut in CUTS), "5s-members-only"],
+    [(CUTS[1], True), (CUTS[0], False)],
+    ids=["7s", "5s-members-only"],
 )
 def test_the_leader_cut_off_in_namespaces(
     namespaces: Lab, tmp_path: Path, cut: float, from_clients: bool
