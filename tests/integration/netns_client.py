@@ -143,7 +143,9 @@ async def writers_and_read_back(
 
             async def count() -> None:
                 while not stop.exists():  # noqa: ASYNC240
-                    (directory / "acked").write_text(str(len(acked)))
+                    # whole or not at all: the test never reads a file being written
+                    (directory / "acked.tmp").write_text(str(len(acked)))
+                    (directory / "acked.tmp").replace(directory / "acked")
                     await trio.sleep(0.1)
 
             writers.start_soon(count)

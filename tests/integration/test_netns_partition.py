@@ -3,11 +3,12 @@
 Three ``python -m cluster.node`` members, each in a network namespace of its own, and the
 clients (``netns_client.py``) in another, on a bridge (:mod:`netns`).  Under writes from
 four sessions the leader is isolated for 7 s, and (another run) cut off from the other
-members only for 5 s (packets dropped, nothing reset), then healed.  A new leader must have been elected meanwhile, no
-acknowledged write may be lost, the old leader must have caught up with the new
-leader's commit position (as it was at the heal) within :data:`BOUND`, and the history
-of three more sessions writing and reading (queries of both levels) a few shared keys
-must be linearizable (``tests/lincheck.py``; follower reads: values written by then).
+members only for 5 s (packets dropped, nothing reset), then healed.  A new leader must
+have been elected meanwhile, no acknowledged write may be lost, the old leader must have
+caught up with the new leader's commit position (as it was at the heal) within
+:data:`BOUND`, and the history of three more sessions writing and reading (queries of
+both levels) a few shared keys must be linearizable (``tests/lincheck.py``; follower
+reads: values written by then).
 
 Skipped, with the reason, where namespaces cannot be made (not root, no ``ip``).
 """
