@@ -27,7 +27,17 @@ from pathlib import Path
 import pytest
 import trio
 from test_failover import archive_bytes, common_prefix_identical, restart, wait_for
-from test_linearizable_history import Recorder, hand_over, leader_of
+from test_linearizable_history import (
+    CLIENTS,
+    KEYS,
+    NODE_ARGS,
+    OP_TIMEOUT,
+    PACE,
+    STEP_OPS,
+    Recorder,
+    hand_over,
+    leader_of,
+)
 
 import client
 from cluster.examples.kv import KeyValueClient
@@ -36,21 +46,7 @@ from tests.lincheck import Op, cas, check, check_follower_reads, delete, get, pu
 
 pytestmark = pytest.mark.slow
 
-NODE_ARGS = [
-    "--leader-heartbeat-timeout",
-    "1s",
-    "--startup-canvass-timeout",
-    "5s",
-    "--election-timeout",
-    "500ms",
-    "--session-timeout",
-    "30s",
-]
-CLIENTS = 5
-KEYS = ("a", "b", "c")
-OP_TIMEOUT = 15.0  # seconds before an op is given up as indeterminate
-STEP_OPS = 50  # ops completed after each fault before the next step
-PACE = 0.005  # seconds between two ops of a client: a busy 2-core machine
+# the node settings, clients, keys and pacing are the register history test's
 PAUSE = 2.5  # seconds the leader is stopped: past its heartbeat timeout (1 s)
 
 
