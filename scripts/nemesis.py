@@ -71,6 +71,8 @@ NODE_ARGS = [
 ]  # fmt: skip
 STARTUP_LIMIT = 120.0
 """Seconds for a leader and the first ops (a busy machine)."""
+LEADER_WAIT = 5.0
+"""Seconds a fault waits for a leader to be known (then it picks a member at random)."""
 SETTLE = 3.0
 """Seconds of load after the last heal before the clients stop."""
 
@@ -206,6 +208,10 @@ def schedule(
                 if helper.poll() is not None:
                     raise RuntimeError(f"a client process exited ({helper.returncode})")
             leader = members.leader()
+            waited = time.monotonic() + LEADER_WAIT
+            while leader is None and time.monotonic() < waited:  # an election under way
+                time.sleep(0.1)
+                leader = members.leader()
             fault = lab.apply(kind, leader, rnd, hold)
             done.append(fault)
             say(f"fault {len(done)}: {kind} ({fault.how}), {fault.heal - fault.start:.1f} s")

@@ -23,6 +23,7 @@ Checks:
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import math
@@ -122,26 +123,47 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def window_stats(raw: Sequence[dict[str, Any]], lo: float, hi: float) -> dict[str, Any]:
-    """Ops completed in [lo, hi): count, rate, latency p50/p99 (ms), writes, given up
-    (invoked in it), the longest stretch with no write acknowledged (s)."""
-    done = [op for op in raw if op.get("ret") is not None and lo <= op["ret"] < hi]
-    latencies = [(op["ret"] - op["call"]) * 1000 for op in done]
-    acks = sorted(op["ret"] for op in done if op["kind"] == "put")
-    edges = [lo, *acks, hi]
-    span = max(hi - lo, 1e-9)
-    p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
-    return {
-        "from": lo,
-        "to": hi,
-        "ops": len(done),
-        "ops_per_s": round(len(done) / span, 1),
-        "writes": len(acks),
-        "p50_ms": None if p50 is None else round(p50, 1),
-        "p99_ms": None if p99 is None else round(p99, 1),
-        "given_up": sum(1 for op in raw if op.get("ret") is None and lo <= op["call"] < hi),
-        "longest_no_write_s": round(max(b - a for a, b in itertools.pairwise(edges)), 2),
-    }
+class Timeline:
+    """The ops by completion and by invocation, for windows of time (bisect, not scans:
+    a 30-minute run has a few hundred thousand ops and a few hundred windows)."""
+
+    def __init__(self, raw: Sequence[dict[str, Any]]) -> None:
+        self.done = sorted((op for op in raw if op.get("ret") is not None), key=_ret)
+        self.rets = [op["ret"] for op in self.done]
+        self.acks = [op["ret"] for op in self.done if op["kind"] == "put"]
+        self.given_up = sorted(op["call"] for op in raw if op.get("ret") is None)
+
+    def first_after(self, when: float, writes: bool) -> float | None:
+        times = self.acks if writes else self.rets
+        i = bisect.bisect_left(times, when)
+        return times[i] if i < len(times) else None
+
+    def stats(self, lo: float, hi: float) -> dict[str, Any]:
+        """Ops completed in [lo, hi): count, rate, latency p50/p99 (ms), writes, given
+        up (invoked in it), the longest stretch with no write acknowledged (s)."""
+        done = self.done[bisect.bisect_left(self.rets, lo) : bisect.bisect_left(self.rets, hi)]
+        latencies = [(op["ret"] - op["call"]) * 1000 for op in done]
+        acks = self.acks[bisect.bisect_left(self.acks, lo) : bisect.bisect_left(self.acks, hi)]
+        edges = [lo, *acks, hi]
+        span = max(hi - lo, 1e-9)
+        p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
+        given_up = bisect.bisect_left(self.given_up, hi) - bisect.bisect_left(self.given_up, lo)
+        return {
+            "from": lo,
+            "to": hi,
+            "ops": len(done),
+            "ops_per_s": round(len(done) / span, 1),
+            "writes": len(acks),
+            "p50_ms": None if p50 is None else round(p50, 1),
+            "p99_ms": None if p99 is None else round(p99, 1),
+            "given_up": given_up,
+            "longest_no_write_s": round(max(b - a for a, b in itertools.pairwise(edges)), 2),
+        }
+
+
+def _ret(op: dict[str, Any]) -> float:
+    ret: float = op["ret"]
+    return ret
 
 
 def catch_up(lines: Sequence[dict[str, Any]], heal: float, members: int) -> float | None:
@@ -231,13 +253,11 @@ def analyze(
         "error": final.get("error"),
     }
     recoveries = []
+    times = Timeline(raw)
     for fault in faults:
         heal = fault["heal"]
-        first_write = min(
-            (op["ret"] for op in raw if op["kind"] == "put" and (op.get("ret") or 0) >= heal),
-            default=None,
-        )
-        first_any = min((op["ret"] for op in raw if (op.get("ret") or 0) >= heal), default=None)
+        first_write = times.first_after(heal, writes=True)
+        first_any = times.first_after(heal, writes=False)
         recoveries.append(
             {
                 "fault": fault["kind"],
@@ -267,9 +287,9 @@ def analyze(
             {
                 "fault": i + 1,
                 "kind": fault["kind"],
-                "before": window_stats(raw, before_lo, fault["start"]),
-                "during": window_stats(raw, fault["start"], fault["heal"]),
-                "after": window_stats(raw, fault["heal"], after_hi),
+                "before": times.stats(before_lo, fault["start"]),
+                "during": times.stats(fault["start"], fault["heal"]),
+                "after": times.stats(fault["heal"], after_hi),
             }
         )
     timeline = []
@@ -298,7 +318,7 @@ def analyze(
         "checks": checks,
         "timeline": timeline,
         "windows": windows,
-        "whole_run": window_stats(raw, settings["began"], end),
+        "whole_run": times.stats(settings["began"], end),
     }
 
 
