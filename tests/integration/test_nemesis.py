@@ -1,5 +1,5 @@
 """A short run of ``scripts/nemesis.py`` (issue 44, items 1 and 2): three members in
-network namespaces of their own, four client sessions, about 13 s of faults in a fixed
+network namespaces of their own, four client sessions, about 10 s of faults in a fixed
 seeded order; the report must say that the history is linearizable, follower reads were
 sound, every acknowledged write is on every member, the members converged and the
 cluster served again within the bound after every heal.  Then the report's checker is
@@ -59,8 +59,8 @@ def test_a_short_nemesis_run(tmp_path: Path) -> None:
         pytest.skip(f"no network namespaces here: {why}")
     out = tmp_path / "out"
     code = nemesis.main(
-        ["--duration", "13", "--seed", str(SEED), "--out", str(out), "--clients", "2",
-         "--sessions", "2", "--quiet", "1,1.5", "--hold", "2,2.5", "--recovery-bound", "5"]
+        ["--duration", "10", "--seed", str(SEED), "--out", str(out), "--clients", "2",
+         "--sessions", "2", "--quiet", "0.8,1", "--hold", "2,2.2", "--recovery-bound", "5"]
     )  # fmt: skip
     report = json.loads((out / "report.json").read_text())
     text = (out / "report.md").read_text()
