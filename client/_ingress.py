@@ -32,7 +32,8 @@ import anyio
 import anyio.abc
 
 from cluster.protocol import EGRESS, FrameDecoder, ProtocolError
-from cluster.protocol.egress import NewLeaderEvent
+from cluster.protocol.egress import NewLeaderEvent, QueryResponse, SessionEvent
+from cluster.protocol.enums import EventCode, QueryStatus
 from cluster.protocol.framing import HEADER_LENGTH, LENGTH
 from cluster.transport.tls import speaks_tls
 
@@ -75,6 +76,22 @@ RECEIVE_SIZE = 1 << 18
 
 
 _READ_ERRORS: tuple[type[BaseException], ...] = (ProtocolError, *NETWORK_ERRORS)
+
+
+def _leads_nowhere(message: Any) -> bool:
+    """A message that only says its member does not lead and sends nowhere: a query
+    answered NOT_LEADER, a REDIRECT naming no leader.  It does not count as hearing from
+    the leader (:meth:`IngressWriter.liveness_loop`): a deposed leader cut off from the
+    other members but not from its clients answers every query it is asked again
+    NOT_LEADER, and every resume REDIRECT with no leader, for as long as the partition
+    lasts, while the others elected a leader long ago (found by ``scripts/nemesis.py``,
+    seed 44: sessions stuck for a whole 8 s split)."""
+    kind = type(message)
+    if kind is QueryResponse:
+        return bool(message.status is QueryStatus.NOT_LEADER)
+    if kind is SessionEvent:
+        return bool(message.code is EventCode.REDIRECT and message.leader_member_id < 0)
+    return False
 
 
 class Uniform(Protocol):
@@ -243,7 +260,7 @@ class IngressWriter:
             try:
                 while True:
                     data = await ingress.stream.receive(RECEIVE_SIZE)
-                    ingress.last_heard = current_time()
+                    heard = current_time()
                     self.trouble_since = None  # a member answered
                     messages: list[Any] = []
                     try:
@@ -251,6 +268,8 @@ class IngressWriter:
                     finally:  # what came before a bad frame still counts
                         if messages:
                             ingress.received = True
+                        if not messages or not all(map(_leads_nowhere, messages)):
+                            ingress.last_heard = heard
                         for message in messages:
                             if ingress.broken:
                                 break
@@ -556,7 +575,9 @@ class IngressWriter:
         """With egress on the ingress connection the leader sends something at least
         every second (a NewLeaderEvent when there is nothing else): a connection silent
         for :data:`LEADER_SILENCE` seconds is given up (its member is paused, cut off or
-        no longer leads) and the maintain loop tries the next member."""
+        no longer leads) and the maintain loop tries the next member.  A member that
+        says only that it does not lead and knows no leader (:func:`_leads_nowhere`)
+        counts as silent."""
         while True:
             await anyio.sleep(LEADER_SILENCE / 4)
             ingress = self.ingress
