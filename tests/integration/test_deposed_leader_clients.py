@@ -27,12 +27,13 @@ from client._ingress import LEADER_SILENCE
 from cluster.examples.kv import KeyValueClient
 
 CUT = 20.0
-BOUND = HEARTBEAT_TIMEOUT + LEADER_SILENCE + 5.0
+BOUND = HEARTBEAT_TIMEOUT + LEADER_SILENCE + 10.0
 """Seconds from the cut to answers from the new leader: the others' heartbeat timeout
 (2 s) and election, the deposed leader's own timeout (it steps down), then
 :data:`~client._ingress.LEADER_SILENCE` (3 s) of nothing but "not the leader" before the
-client tries the next member, which sends it to the new leader; 5 s for a busy
-machine.  Before, nothing was answered until the heal (:data:`CUT`)."""
+client tries the next member, which sends it to the new leader; 10 s for a busy
+machine (5.7-7.6 s measured while other tests ran).  Before, nothing was answered until
+the heal (:data:`CUT`)."""
 
 
 @pytest.mark.slow
