@@ -10,7 +10,8 @@ here, so the order below is the order they are handed out):
    second worker, beside the heavy ones;
 3. the real-time tests (real processes, elections, failover, the console watching a
    live cluster), a unit per file: whichever worker is free takes the next, so three
-   run at once (on two cores: they mostly wait on timers and sockets); they wait until
+   run at once (on two cores: they mostly wait on timers and sockets), the longest files
+   first (:data:`LONGEST_FIRST`); they wait until
    the heavy tests are done (a file lock the heavy worker holds while it runs them), and
    each must hold on a busy 2-core machine;
 4. the tests that measure the machine (:data:`ALONE`: the benchmarks' ratios, the stall
@@ -47,6 +48,28 @@ ALONE = (
 of time a loaded machine eats (a 9 s pause beside a 10 s session timeout): last, each
 alone."""
 
+LONGEST_FIRST = (
+    "integration/test_backup_live.py",
+    "integration/test_soak.py",
+    "integration/test_backup_restore.py",
+    "integration/test_kv_cli.py",
+    "integration/test_linearizable_history.py",
+    "integration/test_backup_drill.py",
+    "integration/test_nemesis.py",
+    "integration/test_kv_handover.py",
+    "integration/test_cluster_tool.py",
+    "integration/test_autosnapshot_processes.py",
+    "integration/test_exactly_once.py",
+    "integration/test_compaction.py",
+    "integration/test_handover.py",
+    "integration/test_queries.py",
+    "integration/test_tool_offline.py",
+    "integration/test_kv_history.py",
+)
+"""The real-time files that take longest (30-80 s each in a CI run), handed out first
+and longest first, so that the real-time units end together instead of one long file
+running on alone at the end while the other workers wait."""
+
 _TESTS = Path(__file__).parent
 
 
@@ -68,6 +91,15 @@ def _kind(where: str) -> int:
     if where.startswith(FIRST):
         return 1
     return 2
+
+
+def _order(where: str) -> tuple[int, int]:
+    """The units' order: by kind, then the longest real-time files first (the sort is
+    stable: collection order otherwise)."""
+    kind = _kind(where)
+    file = where.split("::")[0]
+    rank = LONGEST_FIRST.index(file) if kind == 2 and file in LONGEST_FIRST else len(LONGEST_FIRST)
+    return kind, rank
 
 
 def _waits(where: str) -> bool:
@@ -97,7 +129,7 @@ def _ports_of_this_worker(worker: str) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups off the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: _kind(_where(item)))  # stable: collection order in each
+    items.sort(key=lambda item: _order(_where(item)))
     for item in items:
         where = _where(item)
         kind = _kind(where)

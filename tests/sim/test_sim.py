@@ -33,8 +33,8 @@ from .run import Pool
 ROOT = Path(__file__).resolve().parents[2]
 
 SWEEP_SAFETY = 6.0  # virtual seconds of faults per sweep seed: many short seeds
-SWEEP_3 = range(1000, 1000 + int(os.environ.get("SIM_SEEDS_3", "48")))
-SWEEP_5 = range(5000, 5000 + int(os.environ.get("SIM_SEEDS_5", "16")))
+SWEEP_3 = range(1000, 1000 + int(os.environ.get("SIM_SEEDS_3", "32")))
+SWEEP_5 = range(5000, 5000 + int(os.environ.get("SIM_SEEDS_5", "10")))
 SWEEP_WORKERS = int(os.environ.get("SIM_WORKERS", "0")) or os.cpu_count() or 1
 SMOKE = range(1, 6)
 
