@@ -41,7 +41,8 @@ def test_the_members_a_leader_cannot_reach_elect_within_a_heartbeat_timeout_and_
             10.0,
         )
         leader = sim.leader()
-        assert leader is not None and leader != first
+        assert leader is not None
+        assert leader != first
         other = next(i for i in range(3) if i not in (first, leader))
         # the deposed leader never hears the new one (its link was refused in the run)
         sim.net.one_way(sim.nodes[leader].host, sim.nodes[first].host)
