@@ -318,7 +318,7 @@ def _why_not_torn(fd: int, file_length: int, bad: BadRecord) -> str | None:
         prefix_torn = (  # what an interrupted write of one record leaves
             plausible
             and bad.length is not None
-            and 0 < bad.length
+            and bad.length > 0
             and RECORD_HEADER_LENGTH + bad.length > len(tail)
         )
         if found:

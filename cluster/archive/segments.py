@@ -69,7 +69,6 @@ from .layout import drop_below, finish_reset, reset_directory
 from .reader import SegmentInfo as SegmentInfo
 from .reader import check_torn_tail, drain_scan, pread_full, scan_records, segment_name
 from .reader import list_segments as list_segments
-from .synced import SyncedMark, check_floor, read_floor
 from .reader import read_log as read_log
 from .record import (
     MAX_RECORD_LENGTH,
@@ -78,6 +77,7 @@ from .record import (
     RecordError,
     iter_records,
 )
+from .synced import SyncedMark, check_floor, read_floor
 
 __all__ = ["DEFAULT_SEGMENT_SIZE", "Archive", "FsyncPolicy", "SegmentInfo", "read_log"]
 

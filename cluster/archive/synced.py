@@ -82,9 +82,7 @@ def read_floor(directory: str | os.PathLike[str]) -> int:
         magic, position, crc = _MARK.unpack(data)
         if magic == _MAGIC and zlib.crc32(data[:12]) == crc:
             return int(position)
-    raise ArchiveCorruptionError(
-        path, 0, f"not a synced position ({len(data)} bytes); " + REMEDY
-    )
+    raise ArchiveCorruptionError(path, 0, f"not a synced position ({len(data)} bytes); " + REMEDY)
 
 
 def check_floor(path: Path, end: int, floor: int) -> None:
