@@ -11,6 +11,7 @@ import pytest
 from cluster.archive import Archive, ArchiveCorruptionError, encode_record, read_log
 from cluster.archive import synced as synced_module
 from cluster.archive.synced import FILE_NAME, read_floor
+from cluster.tool.offline import verify
 
 SEGMENT = "log-00000000000000000000.seg"
 MARK_EVERY = 2048
@@ -151,3 +152,25 @@ def test_a_mark_made_but_never_written_is_none_and_a_damaged_one_is_refused(
     with pytest.raises(ArchiveCorruptionError, match="not a synced position") as info:
         Archive.open(tmp_path, segment_size=1 << 20)
     assert info.value.path == str(mark)
+
+
+def test_verify_judges_a_members_directory_as_its_start_would(tmp_path: Path) -> None:
+    """``cluster-tool verify``: a lost sector past ``synced-position`` is a note (a start
+    truncates it); the last record damaged below it is damage."""
+    archive = tmp_path / "archive"
+    _append(archive, 0, 60)
+    path = archive / SEGMENT
+    _zero(path, 4608, 5120)
+    report = verify(tmp_path)
+    assert report["ok"], report["problems"]
+    [note] = report["problems"]
+    assert note["note"]
+    assert note["position"] == 4600
+    with path.open("r+b") as f:
+        f.seek(4150)
+        f.write(b"\xff")  # record 41, below the mark (4200)
+    report = verify(tmp_path)
+    assert not report["ok"]
+    [damage] = report["problems"]
+    assert damage["position"] == 4100
+    assert "below log position 4200" in damage["problem"]
