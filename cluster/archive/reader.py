@@ -369,8 +369,8 @@ def read_log(directory: str | os.PathLike[str]) -> Iterator[tuple[int, memoryvie
     :class:`ArchiveCorruptionError`. Safe to run while a node is appending (it reads up to
     the sizes seen when it starts).
     """
-    segments = list_segments(directory)
-    return _read_segments(segments, read_floor(directory))
+    synced = read_floor(directory)  # first: a node appending meanwhile only moves it on
+    return _read_segments(list_segments(directory), synced)
 
 
 def _read_segments(

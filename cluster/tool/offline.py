@@ -236,8 +236,8 @@ def verify(directory: Path) -> dict[str, Any]:
     synced = 0
     if archive.is_dir():
         try:
-            segments = list_segments(archive)
             synced = read_floor(archive)
+            segments = list_segments(archive)
         except ArchiveError as exc:
             problems.append(_damage(exc))
             segments = None
