@@ -33,8 +33,9 @@ record of the last segment, at position ``X``: below ``F`` it is rot, refused; w
 valid record after it, or with a zero sector as in 3, a torn write, truncated; anything
 else, rot, refused with the file, the position and the remedy.  What it cannot tell
 apart: rot after ``F`` (at most :data:`MARK_EVERY` bytes and the last append, the newest
-log) that zeroes a whole sector of a record, or that leaves nothing valid after it, is
-taken for a torn write, as a torn write is all it can be told from.
+log) in a record that holds a sector of zeros (its own, or made by the rot), or that
+leaves nothing valid after it, is taken for a torn write, as a torn write is all it can
+be told from.
 """
 
 from __future__ import annotations
