@@ -15,21 +15,25 @@ Torn tail or corruption
 -----------------------
 Opening the archive checks every record's CRC:
 
-* the first bad record of the *last* segment is a **torn tail** if no CRC-valid record can
-  be found after its start; the segment is then truncated at that record (logged as a
-  warning) and fsynced. Recovery looks (1) along the chain of length fields past it, which
-  an incomplete record at the end of the file or a length running past it cannot offer;
-  (2) for a complete record whose length field alone is damaged (a prefix of the bytes
-  after its header matches its CRC); (3) at every byte offset within
-  :data:`RESYNC_WINDOW`, for the records after damage to several headers. Damage to a
-  length field is thus not mistaken for a torn write;
-* any other bad record (in an earlier segment, or followed by valid records) is
-  **corruption** and raises :class:`ArchiveCorruptionError` naming the file and position.
-  A member must not silently drop entries it may have acknowledged: it stops, and the
-  operator repairs it from its peers (or wipes it so that it catches up from the leader).
-  In doubt it stops: a torn record whose partial body happens to embed a valid framed
-  record is reported as corruption, and so is a bad complete record when the scan (3)
-  exhausts :data:`RESYNC_CRC_BUDGET`.
+* the first bad record of the *last* segment, at or past the member's synced position
+  (:mod:`cluster.archive.synced`, which gives the argument), is a **torn tail** if no
+  CRC-valid record can be found after its start, or if it overlaps a 512-byte sector that
+  reads as zeros from its start (or the record's) to its end (or the file's): a sector of
+  the last, unsynced write that the power cut did not keep, after which every valid
+  record is the same unacknowledged write.  The segment is then truncated at that record
+  (logged as a warning) and fsynced. Recovery looks for valid records (1) along the chain
+  of length fields past it, which an incomplete record at the end of the file or a length
+  running past it cannot offer; (2) as a complete record whose length field alone is
+  damaged (a prefix of the bytes after its header matches its CRC); (3) at every byte
+  offset within :data:`RESYNC_WINDOW`, for the records after damage to several headers;
+* any other bad record (in an earlier segment, below the synced position, or followed by
+  valid records with no lost sector to explain it) is **corruption** and raises
+  :class:`ArchiveCorruptionError` naming the file, position and remedy.  A member must
+  not silently drop entries it may have acknowledged: it stops, and the operator
+  replaces it (it catches up from the leader).  In doubt it stops: a torn record whose
+  partial body happens to embed a valid framed record, with no zero sector, is reported
+  as corruption, and so is a bad complete record when the scan (3) exhausts
+  :data:`RESYNC_CRC_BUDGET`.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ from .record import (
     RecordError,
     iter_records,
 )
+from .synced import FILE_NAME as SYNCED_FILE
+from .synced import REMEDY, read_floor
 
 __all__ = [
     "READ_CHUNK",
@@ -74,6 +80,8 @@ RESYNC_WINDOW = 1 << 20
 """How far past a bad record recovery looks for valid records at every byte offset."""
 RESYNC_CRC_BUDGET = 512 << 20
 """Bytes the resynchronising scan may checksum before it gives up (and reports corruption)."""
+SECTOR = 512
+"""What a disk writes whole: a power cut keeps or loses each sector of an unsynced write."""
 
 _SEGMENT_NAME = re.compile(r"log-(\d{20})\.seg")
 _unpack_header = RECORD_HEADER.unpack_from
@@ -270,49 +278,85 @@ def _intact_length(tail: memoryview, limit: int) -> int | None:
     return None
 
 
+def _lost_sector(tail: memoryview, offset: int, span: int) -> bool:
+    """Whether a sector overlapping the first ``span`` bytes of ``tail`` (the file's bytes
+    from ``offset``, a bad record's start) reads as zeros from there, or from its start,
+    to its end or the file's: what a power cut leaves of an unsynced sector it lost."""
+    end = min(len(tail), span)
+    pos = 0
+    while pos < end:
+        stop = min(len(tail), pos + SECTOR - (offset + pos) % SECTOR)
+        if tail[pos:stop] == bytes(stop - pos):
+            return True
+        pos = stop
+    return False
+
+
 def _why_not_torn(fd: int, file_length: int, bad: BadRecord) -> str | None:
     """None if the first bad record of the last segment is a torn write, else why not.
 
-    It is torn unless a valid record can be found after its start: by following the chain
+    It is torn unless a valid record can be found after its start (by following the chain
     of length fields past it, as a complete record under a damaged length field, or by
-    resynchronising at every byte offset within :data:`RESYNC_WINDOW` (after damage to
-    several headers). If that scan runs out of budget, only a record cut short by the end
-    of the file (what an interrupted write leaves) is taken as torn. Runs only on the
+    resynchronising at every byte offset within :data:`RESYNC_WINDOW`, after damage to
+    several headers) with no lost sector overlapping it (:func:`_lost_sector`) to show
+    that those records are the rest of an unsynced write.  If the resynchronising scan
+    runs out of budget, only a record cut short by the end of the file (what an
+    interrupted write leaves) or a lost sector is taken as torn.  Runs only on the
     failure path; reads the rest of the segment.
     """
     tail = memoryview(pread_full(fd, max(0, file_length - bad.offset), bad.offset))
+    plausible = bad.length is not None and bad.length <= MAX_RECORD_LENGTH
+    span = RECORD_HEADER_LENGTH + (bad.length or 0 if plausible else 0)
+    why = None
     if bad.length is not None and _chain_has_valid_record(tail, RECORD_HEADER_LENGTH + bad.length):
-        return "valid records follow it"
-    length = _intact_length(tail, RESYNC_WINDOW)
-    if length is not None:
-        return f"its length field is damaged: the record is intact with length {length}"
-    found = _resync_finds_valid_record(tail, 1, RESYNC_WINDOW)
-    if found:
-        return "valid records follow it"
-    prefix_torn = (  # what an interrupted write of one record leaves
-        bad.length is not None
-        and 0 < bad.length <= MAX_RECORD_LENGTH
-        and RECORD_HEADER_LENGTH + bad.length > len(tail)
-    )
-    if found is None and not prefix_torn:
-        return (
-            "cannot rule out valid records after it; if the member crashed while writing "
-            "and the log is known to be a torn tail, truncate the file at this offset"
+        why = "valid records follow it"
+    elif (length := _intact_length(tail, RESYNC_WINDOW)) is not None:
+        why = f"its length field is damaged: the record is intact with length {length}"
+        span = max(span, RECORD_HEADER_LENGTH + length)
+    else:
+        found = _resync_finds_valid_record(tail, 1, RESYNC_WINDOW)
+        prefix_torn = (  # what an interrupted write of one record leaves
+            plausible
+            and bad.length is not None
+            and bad.length > 0
+            and RECORD_HEADER_LENGTH + bad.length > len(tail)
         )
-    return None
+        if found:
+            why = "valid records follow it"
+        elif found is None and not prefix_torn:
+            why = (
+                "cannot rule out valid records after it; if the member crashed while "
+                "writing and the log is known to be a torn tail, truncate the file at "
+                "this offset"
+            )
+    if why is not None and _lost_sector(tail, bad.offset, span):
+        return None  # the rest is the same unsynced write: nothing of it acknowledged
+    if why is not None:
+        why += ", and no sector of it reads as a power cut leaves one it lost"
+    return why
 
 
 def _corruption(segment: SegmentInfo, bad: BadRecord, why: str) -> ArchiveCorruptionError:
     return ArchiveCorruptionError(
         segment.path,
         segment.base + bad.offset,
-        f"{bad.reason} at file offset {bad.offset} (not a torn write: {why})",
+        f"{bad.reason} at file offset {bad.offset} (not a torn write: {why}); {REMEDY}",
     )
 
 
-def check_torn_tail(fd: int, segment: SegmentInfo, bad: BadRecord, *, last: bool) -> None:
-    """Return if ``bad`` is a torn tail, else raise :class:`ArchiveCorruptionError`."""
-    why = _why_not_torn(fd, segment.length, bad) if last else "it is not in the last segment"
+def check_torn_tail(
+    fd: int, segment: SegmentInfo, bad: BadRecord, *, last: bool, synced: int = 0
+) -> None:
+    """Return if ``bad`` is a torn tail, else raise :class:`ArchiveCorruptionError`.
+
+    ``synced``: the log position below which this member had synced its log
+    (:func:`cluster.archive.synced.read_floor`): damage there is never a torn write."""
+    if not last:
+        why: str | None = "it is not in the last segment"
+    elif segment.base + bad.offset < synced:
+        why = f"it is below log position {synced}, which this member had synced ({SYNCED_FILE})"
+    else:
+        why = _why_not_torn(fd, segment.length, bad)
     if why is not None:
         raise _corruption(segment, bad, why)
 
@@ -325,11 +369,13 @@ def read_log(directory: str | os.PathLike[str]) -> Iterator[tuple[int, memoryvie
     :class:`ArchiveCorruptionError`. Safe to run while a node is appending (it reads up to
     the sizes seen when it starts).
     """
-    segments = list_segments(directory)
-    return _read_segments(segments)
+    synced = read_floor(directory)  # first: a node appending meanwhile only moves it on
+    return _read_segments(list_segments(directory), synced)
 
 
-def _read_segments(segments: list[SegmentInfo]) -> Iterator[tuple[int, memoryview]]:
+def _read_segments(
+    segments: list[SegmentInfo], synced: int = 0
+) -> Iterator[tuple[int, memoryview]]:
     for index, segment in enumerate(segments):
         last = index == len(segments) - 1
         fd, _size = open_regular_segment(segment)
@@ -337,7 +383,7 @@ def _read_segments(segments: list[SegmentInfo]) -> Iterator[tuple[int, memoryvie
             bad = yield from scan_records(fd, 0, segment.length, segment.base)
             if bad is None:
                 continue
-            check_torn_tail(fd, segment, bad, last=last)
+            check_torn_tail(fd, segment, bad, last=last, synced=synced)
             return
         finally:
             os.close(fd)

@@ -30,7 +30,8 @@ of the last segment, if it is a **torn tail**, is truncated (logged as a warning
 fsynced; any other bad record is **corruption** and raises
 :class:`ArchiveCorruptionError` naming the file and position. How the two are told apart,
 and why a member stops rather than drop data, is stated in :mod:`cluster.archive.reader`,
-which holds the reading side (listing and scanning segment files, :func:`read_log`).
+which holds the reading side (listing and scanning segment files, :func:`read_log`), and
+:mod:`cluster.archive.synced` (``synced-position``, where the log was durable at least).
 
 Compaction and reset
 --------------------
@@ -76,6 +77,7 @@ from .record import (
     RecordError,
     iter_records,
 )
+from .synced import SyncedMark, check_floor, read_floor
 
 __all__ = ["DEFAULT_SEGMENT_SIZE", "Archive", "FsyncPolicy", "SegmentInfo", "read_log"]
 
@@ -138,6 +140,7 @@ class Archive:
         segment_size: int,
         fsync: FsyncPolicy,
         recovered_truncated_bytes: int,
+        synced: int = 0,
     ) -> None:
         """Internal: use :meth:`Archive.open`."""
         self._directory = directory
@@ -149,6 +152,7 @@ class Archive:
         self._fsync = fsync
         self._closed = False
         self._broken = False
+        self._mark = SyncedMark(directory, synced)
         self.recovered_truncated_bytes = recovered_truncated_bytes
         """Bytes of torn tail that :meth:`open` cut off (0 after a clean shutdown)."""
         self.sync_times = LatencyHistogram()
@@ -189,6 +193,7 @@ class Archive:
             path.mkdir(parents=True, exist_ok=True)
             fsync_directory(path.parent)
         segments = drop_below(path, list_segments(path), start_position)
+        synced = read_floor(path)
         truncated = 0
         fd: int | None = None
         try:
@@ -201,7 +206,7 @@ class Archive:
                 scan_from = min(max(0, verify_from - segment.base), segment.length)
                 bad = drain_scan(scan_records(fd, scan_from, segment.length))
                 if bad is not None:
-                    check_torn_tail(fd, segment, bad, last=last)
+                    check_torn_tail(fd, segment, bad, last=last, synced=synced)
                     dropped = segment.length - bad.offset
                     os.ftruncate(fd, bad.offset)
                     os.fsync(fd)
@@ -217,6 +222,8 @@ class Archive:
                 if not last:
                     os.close(fd)
                     fd = None
+            if segments:
+                check_floor(segments[-1].path, segments[-1].end, synced)
         except BaseException:
             if fd is not None:
                 os.close(fd)
@@ -228,6 +235,7 @@ class Archive:
             segment_size=segment_size,
             fsync=fsync,
             recovered_truncated_bytes=truncated,
+            synced=synced,
         )
 
     # -- properties ---------------------------------------------------------------------
@@ -313,6 +321,7 @@ class Archive:
                     began = time.perf_counter_ns()
                     os.fdatasync(self._fd)
                     self.sync_times.observe_ns(time.perf_counter_ns() - began)
+                    self._mark.synced(self._position)
         except OSError as exc:
             self._rollback(*previous, created)
             failed = self._paths[-1] if self._paths else self._directory
@@ -411,6 +420,7 @@ class Archive:
             return
         keep = max(0, bisect.bisect_left(self._bases, position) - 1)
         self._check_boundary(keep, position)
+        self._mark.lower(position)  # first: it must never say more than the log holds
         try:
             removed = False
             while len(self._bases) > keep + 1:
@@ -531,6 +541,7 @@ class Archive:
         self._bases = [position]
         self._paths = [segment]
         self._position = position
+        self._mark = SyncedMark(directory, 0)  # the new directory has none
         self._broken = False
         logger.info("%s: log replaced by an empty one beginning at %d", directory, position)
 

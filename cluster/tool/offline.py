@@ -36,6 +36,7 @@ from ..archive.reader import (
 from ..archive.record import RECORD_HEADER_LENGTH
 from ..archive.recording_log import CM_SERVICE_ID, RecordingLog
 from ..archive.snapshots import read_snapshot, snapshot_path
+from ..archive.synced import read_floor
 from ..backup.check import backup_problems, marks, problem
 from ..backup.manifest import MANIFEST, ManifestError, Promise, read_manifest
 from ..core.snapshot import LoadedSnapshot, SnapshotError, parse_snapshot
@@ -108,12 +109,14 @@ def scan_log(
     whole_until: int | None = None,
     marks: Iterable[int] = (),
     since: int = 0,
+    synced: int = 0,
 ) -> LogScan:
     """Every record of ``segments``, each segment read to the size it was listed with.
 
     A bad record in the last segment that no valid record follows is a torn tail: a
     note (a start truncates it) for a member's directory; damage below ``whole_until``
-    (a backup's ``log_end``: it was written whole)."""
+    (a backup's ``log_end``: it was written whole) or ``synced`` (the member's
+    ``synced-position``, :mod:`cluster.archive.synced`)."""
     scan = LogScan(whole_end=segments[0].base if segments else None)
     points = sorted(marks)
     whole = True
@@ -156,7 +159,7 @@ def scan_log(
             if whole:
                 scan.whole_end, whole = position, False
             try:
-                check_torn_tail(fd, segment, bad, last=index == len(segments) - 1)
+                check_torn_tail(fd, segment, bad, last=index == len(segments) - 1, synced=synced)
             except ArchiveError as exc:
                 scan.problems.append(_damage(exc))
                 continue
@@ -230,15 +233,17 @@ def verify(directory: Path) -> dict[str, Any]:
                                 "truncates it", note=True))  # fmt: skip
     segments: list[SegmentInfo] | None = []
     archive = directory / "archive"
+    synced = 0
     if archive.is_dir():
         try:
+            synced = read_floor(archive)
             segments = list_segments(archive)
         except ArchiveError as exc:
             problems.append(_damage(exc))
             segments = None
     to_check = marks(promise, recording) if promise is not None else {}
     since = promise.log_start if promise is not None and promise.log_start is not None else 0
-    scan = scan_log(segments or [], marks=to_check, since=since,
+    scan = scan_log(segments or [], marks=to_check, since=since, synced=synced,
                     whole_until=None if promise is None else (promise.log_end or 0))  # fmt: skip
     problems += scan.problems
     snapshots: list[dict[str, Any]] = []

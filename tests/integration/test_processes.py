@@ -16,6 +16,7 @@ import pytest
 import trio
 
 import client
+from cluster.archive import encode_record
 from cluster.examples.kv import KeyValueClient
 from cluster.local import LocalCluster
 
@@ -95,6 +96,26 @@ def test_torn_tail_is_truncated_with_a_warning(tmp_path: Path) -> None:
         assert "WARNING" in text
         assert last.name in text
         assert last.stat().st_size >= size_before - 15  # only the torn bytes went
+
+
+def test_an_unsynced_write_whose_first_sector_was_lost_is_truncated(tmp_path: Path) -> None:
+    """What a power cut can leave of an append in flight (issue 44): the sector holding
+    its start lost (zeros to the sector's end), a later one kept (valid records after
+    the hole).  Nothing of it was acknowledged: the member truncates it and starts."""
+    with LocalCluster(1, KV, tmp_path) as cluster:
+        trio.run(put_keys, cluster.ingress_endpoints, 0, 500)
+        cluster.kill(0)
+        last = segments(cluster)[-1]
+        size = last.stat().st_size
+        kept = b"".join(encode_record(bytes([i]) * 90) for i in range(1, 9))
+        with last.open("ab") as f:
+            f.write(bytes(512 - size % 512) + kept)
+        cluster.start(0)
+        cluster.wait_ready()
+        assert trio.run(missing_keys, cluster.ingress_endpoints, 500) == []
+        text = node_log(cluster)
+        assert f"truncated torn tail at log position {size}" in text
+        assert last.name in text
 
 
 def test_corruption_before_the_tail_stops_the_node_naming_file_and_position(

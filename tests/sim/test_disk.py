@@ -167,12 +167,6 @@ class _Draws:
         return self.draws.pop(0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding (issue 44): a record left unsynced by a power cut, its first sector "
-    "(the length field's first byte) lost and the next kept, is taken for a synced record "
-    "whose length field rotted: start-up refuses instead of truncating the torn tail",
-)
 def test_an_unsynced_last_record_torn_across_a_sector_is_a_torn_tail(disk) -> None:  # type: ignore[no-untyped-def]
     """The sequence the simulator found (test_sim_power.py, seed 37): the log synced to
     file offset 2047; a 54-byte record appended there (``pwrite``); the power goes
@@ -194,16 +188,10 @@ def test_an_unsynced_last_record_torn_across_a_sector_is_a_torn_tail(disk) -> No
     data = (root / "archive" / "log-00000000000000000000.seg").read_bytes()
     assert len(data) == 2047 + 54
     assert data[2047] == 0
-    reopened = Archive.open(root / "archive")  # raises ArchiveCorruptionError today
+    reopened = Archive.open(root / "archive")
     assert reopened.position == 2047
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding (issue 44, seed 23 with 5 nodes): an unsynced first write to a new "
-    "segment, its first sector lost (zeros) and the next kept, is refused as an empty "
-    "record followed by valid ones instead of truncated as a torn tail",
-)
 def test_an_unsynced_write_to_a_new_segment_with_a_lost_first_sector_is_a_torn_tail(disk) -> None:  # type: ignore[no-untyped-def]
     model, root = disk
     make_directory(root)
@@ -216,5 +204,5 @@ def test_an_unsynced_write_to_a_new_segment_with_a_lost_first_sector_is_a_torn_t
     data = (root / "archive" / "log-00000000000000000000.seg").read_bytes()
     assert data[:512] == bytes(512)
     assert len(data) == 716
-    reopened = Archive.open(root / "archive")  # raises ArchiveCorruptionError today
+    reopened = Archive.open(root / "archive")
     assert reopened.position == 0

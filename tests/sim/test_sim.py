@@ -38,17 +38,7 @@ SWEEP_5 = range(5000, 5000 + int(os.environ.get("SIM_SEEDS_5", "10")))
 SWEEP_WORKERS = int(os.environ.get("SIM_WORKERS", "0")) or os.cpu_count() or 1
 SMOKE = range(1, 6)
 
-KNOWN_BUGS: list[tuple[str, str]] = [
-    (
-        r"not a torn write: its length field is damaged"
-        r"|empty record at file offset \d+ \(not a torn write: valid records follow it\)",
-        "issue 44: a power cut kept an unsynced last record but its first sector (the "
-        "length field's first byte): start-up takes it for rot, not a torn tail, and "
-        "refuses; or lost the first sector of an unsynced write and kept the next, a hole "
-        "of zeros before valid records (test_sim_power.py seed 37; `tests.sim.run --seed "
-        "23 --nodes 5`; the two strict xfail tests in test_disk.py)",
-    ),
-]
+KNOWN_BUGS: list[tuple[str, str]] = []
 """(regex over the failure reason, why): open node bugs, reported with a replay seed.  A
 seed failing this way is an expected failure (it passes once the bug is fixed); any other
 failure fails the test."""
