@@ -196,6 +196,8 @@ class Node:
                 leader_heartbeat_timeout_ns=cfg.leader_heartbeat_timeout,
                 election_timeout_ns=cfg.election_timeout,
                 startup_canvass_timeout_ns=cfg.startup_canvass_timeout,
+                slow_disk_threshold_ns=cfg.slow_disk_threshold,
+                slow_disk_period_ns=cfg.slow_disk_period,
             ),
             self.egress,
             self.authenticator,
