@@ -424,7 +424,7 @@ class Node:
                 log.info("authenticator %s", self.config.authenticator)
             recovered = self._recover()
             async with trio.open_nursery() as nursery:
-                self._nursery = self.duty.nursery = nursery
+                self._nursery = self.duty.nursery = self.catchup.nursery = nursery
                 self.snapshots.start(nursery, recovered)
                 self.ingress_port = await nursery.start(self.ingress.run)
                 await nursery.start(self.egress.run)

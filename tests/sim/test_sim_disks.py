@@ -1,0 +1,151 @@
+"""Slow and lying disks in the simulator (issue 44, item 4; ``tests/sim/disk_faults.py``).
+
+A dying disk (every sync takes a fraction of a second or seconds of virtual time) on the
+leader makes it hand leadership over while the cluster goes on committing; on a follower
+the others commit without it.  Bit rot in a durable log record is refused at start-up
+with an error naming the segment file and position, the member is rebuilt from its
+leader, and no rotted byte is ever applied or served (invariants (2), (3) and (10)).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .harness import SimCluster
+from .test_sim import _node, _sim
+
+
+def _acked(sim: SimCluster) -> int:
+    return len(sim.history.acked)
+
+
+async def _slow_leader(sim: SimCluster, per_sync: tuple[float, float]) -> tuple[int, int]:
+    """Under load, the leader's disk turns slow: returns (the old leader, the new one),
+    once another member leads and has acknowledged writes of its own."""
+    await sim.start_workload()
+    old = await sim.wait_for_leader()
+    await sim.sleep(0.5)
+    sim.disk_faults.start_slow(old, per_sync, spell=0.0)
+    await sim.wait_for("another member leads", lambda: sim.leader() not in (None, old), within=10.0)
+    new = sim.leader()
+    assert new is not None
+    before = _acked(sim)
+    await sim.wait_for("writes acknowledged", lambda: _acked(sim) > before + 20, within=5.0)
+    sim.disk_faults.end_slow()
+    await sim.sleep(1.0)
+    return old, new
+
+
+@pytest.mark.parametrize("archive_io", ["thread", pytest.param("auto", marks=pytest.mark.slow)])
+def test_a_leader_whose_disk_is_slow_hands_leadership_over(tmp_path: Path, archive_io: str) -> None:
+    """Each sync on the leader takes 0.4-0.6 s (its log does become durable, so the
+    heartbeat timeout's rule never fires): past the 300 ms bound for 2 s it hands
+    leadership over with a WARNING, and the cluster commits on.  Without the rule the
+    leader stays."""
+
+    async def scenario(sim: SimCluster) -> None:
+        old, new = await _slow_leader(sim, (0.4, 0.6))
+        assert old != new
+
+    sim, result = _sim(41, 3, tmp_path, scenario, clients=3, archive_io=archive_io)
+    told = [line for line in sim.log_lines if "its disk is slow" in line]
+    assert told, "the leader said why it handed over"
+    assert "hands leadership of" in told[0]
+    assert "WARNING" in told[0]
+    assert result.stats["disk_slow_syncs"] > 3
+
+
+def test_a_leader_whose_disk_stalls_for_seconds_is_replaced(tmp_path: Path) -> None:
+    """Syncs of 1.5-2 s written inline block the leader's event loop (its network held,
+    its clock jumping on): its followers' heartbeat timeout (1 s) elects another
+    leader, and the cluster commits on."""
+
+    async def scenario(sim: SimCluster) -> None:
+        old, new = await _slow_leader(sim, (1.5, 2.0))
+        assert old != new
+
+    _sim(42, 3, tmp_path, scenario, clients=2, archive_io="inline")
+
+
+def test_a_follower_whose_disk_is_slow_moves_no_leadership(tmp_path: Path) -> None:
+    """A follower's syncs of 0.3-0.5 s, inline (it stalls) or not: the leader and the
+    other follower commit without it, and it catches up once its disk is fast again."""
+
+    async def scenario(sim: SimCluster) -> None:
+        await sim.start_workload()
+        leader = await sim.wait_for_leader()
+        await sim.sleep(0.5)
+        follower = (leader + 1) % 3
+        sim.disk_faults.start_slow(follower, (0.3, 0.5), spell=0.0)
+        before = _acked(sim)
+        await sim.sleep(4.0)
+        assert sim.leader() == leader
+        assert _acked(sim) > before + 50
+        sim.disk_faults.end_slow()
+        await sim.sleep(1.0)
+
+    _, result = _sim(43, 3, tmp_path, scenario, clients=3, archive_io="auto")
+    assert result.stats["disk_slow_syncs"] > 3
+
+
+def _rot_member(sim: SimCluster, i: int) -> None:
+    import random
+
+    rot = sim.disk_faults.rot(i, random.Random(i))
+    assert rot is not None, "a durable, checked record to rot"
+
+
+def test_a_rotted_record_is_refused_at_start_up_and_the_member_rebuilt(tmp_path: Path) -> None:
+    """A record of a stopped member's log rots: its start-up scan refuses to start,
+    naming the segment file and a position inside the rotted record; the runbook's
+    remedy (a new data directory) rebuilds it from its leader; nothing rotted is
+    applied or served, and every acknowledged write is on every member."""
+
+    async def scenario(sim: SimCluster) -> None:
+        await sim.start_workload()
+        leader = await sim.wait_for_leader()
+        await sim.sleep(1.5)
+        victim = (leader + 1) % 3
+        await sim.crash(victim)
+        _rot_member(sim, victim)
+        await sim.restart(victim)
+        await sim.wait_for(
+            "the rotted member rebuilt", lambda: sim.disk_faults.stats["rot_repairs"] >= 1, 10.0
+        )
+        await sim.wait_for("it runs again", lambda: sim.nodes[victim].running, 10.0)
+        await sim.sleep(1.0)
+
+    sim, result = _sim(44, 3, tmp_path, scenario, clients=3, segment_size=4 << 10)
+    assert result.stats["rot_refusals"] >= 1
+    refusal = [line for line in sim.log_lines if "ArchiveCorruptionError" in line]
+    assert refusal
+    assert ".seg" in refusal[-1]
+
+
+def test_a_rotted_record_on_a_running_leader_is_never_served(tmp_path: Path) -> None:
+    """The leader's log rots below what it holds in memory, where a follower that was
+    down needs it: the catch-up read fails its CRC, the leader reports it, takes a
+    snapshot above it (none was: this seed found a follower that never caught up) and
+    sends that instead; the follower never holds the rotted bytes ((10))."""
+
+    async def scenario(sim: SimCluster) -> None:
+        await sim.start_workload()
+        leader = await sim.wait_for_leader()
+        await sim.sleep(0.5)
+        lagger = (leader + 1) % 3
+        await sim.crash(lagger)
+        await sim.sleep(2.0)
+        sim.clients[0].request_snapshot()
+        await sim.sleep(1.0)
+        _rot_member(sim, leader)
+        await sim.restart(lagger)
+        await sim.sleep(3.0)
+        assert sim.leader() == leader
+        assert _node(sim, leader).archive_errors >= 1
+
+    sim, result = _sim(45, 3, tmp_path, scenario, clients=3, segment_size=4 << 10)
+    assert any("taking one to send it instead" in line for line in sim.log_lines)
+    assert any("sending it the snapshot at" in line for line in sim.log_lines)
+    assert result.stats["snapshots_installed"] >= 1
