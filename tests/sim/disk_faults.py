@@ -12,17 +12,21 @@ cannot block, so the sync returns late through the node's own I/O structure:
   ways (a clog) and its clock jumps ahead by the delay, standing still until the world
   catches up, so nothing comes in or goes out and no timer of its own fires meanwhile.
 
-**A lying disk** (bit rot, a misdirected write): one to three bits of a durable record of
-a member's log segment flip (:meth:`~tests.sim.disk.DiskModel.rot`), in a record the
+**A lying disk** (bit rot, a misdirected write): one to three bits of a durable record
+of a member's log segment flip (:meth:`~tests.sim.disk.DiskModel.rot`), in a record the
 checker has already read from it (the rot comes later), never the last record of the
 last segment (that one is indistinguishable from a torn write: the start-up scan
-truncates it, as it must).  The member must never apply it nor ship it: its start-up
-scan refuses to start with an error naming the segment file and position (the sim then
-does the runbook's remedy: a new, empty data directory, rebuilt from the leader), a
-catch-up read gives a follower a snapshot instead, the background check reports it.
-Invariant (10), checked at the end of the run: every member that holds the log at a
-rotted position holds the committed bytes there, except the rotted member while its rot
-is in place (never read, or read and refused); a rotted entry applied would break (3).
+truncates it, as it must). A rotted member counts as one that will lose its state (its
+remedy is a new disk): no rot while a member is rebuilding, no wipe while a rot is
+unrepaired, as no second wipe comes while one member rebuilds (more than a minority of
+members without their state is a lost majority, not a fault to survive). The member must
+never apply it nor ship it: its start-up scan refuses to start with an error naming the
+segment file and position (the sim then does the runbook's remedy: a new, empty data
+directory, rebuilt from the leader), a catch-up read gives a follower a snapshot
+instead, the background check reports it. Invariant (10), checked at the end of the run:
+every member that holds the log at a rotted position holds the committed bytes there,
+except the rotted member while its rot is in place (never read, or read and refused); a
+rotted entry applied would break (3).
 """
 
 from __future__ import annotations
@@ -136,6 +140,10 @@ class DiskFaults:
         read from it, not the last record of the last segment."""
         if self.rots or self.repairing:
             return None  # one rotted member at a time
+        from .harness import _catching_up
+
+        if any(_catching_up(sn) for sn in self.sim.nodes if sn.running):
+            return None  # a member rebuilding (a wipe): a rotted one would be a second
         sn = self.sim.nodes[i]
         verified = self.sim.checker.verified.get(i, 0)
         segments = list_segments(sn.dir / "archive")

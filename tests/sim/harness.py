@@ -1405,6 +1405,8 @@ class SimCluster:
                 # members of three that lost their disks have lost what was acknowledged).
                 if not all(sn.running and not _catching_up(sn) for sn in self.nodes):
                     continue
+                if self.disk_faults.rots or self.disk_faults.repairing:
+                    continue  # a rotted member is one that will lose its state too
                 leader = self.leader()
                 victim = leader if leader is not None and rng.random() < 0.5 else rng.randrange(n)
                 await self.wipe(victim)
