@@ -135,9 +135,10 @@ class DiskFaults:
 
     # -- bit rot ---------------------------------------------------------------------
 
-    def rot(self, i: int, rng: random.Random) -> Rot | None:
+    def rot(self, i: int, rng: random.Random, within: tuple[int, int] = (0, -1)) -> Rot | None:
         """Flip bits of a durable record of member ``i``'s log that the checker has
-        read from it, not the last record of the last segment."""
+        read from it, not the last record of the last segment (``within``: a record in
+        that range of log positions; -1: no upper bound)."""
         if self.rots or self.repairing:
             return None  # one rotted member at a time
         from .harness import _catching_up
@@ -163,7 +164,11 @@ class DiskFaults:
             if index == len(segments) - 1:
                 records = records[:-1]
             for offset, length in records:
-                if segment.base + offset + length <= verified:
+                low, high = within
+                start = segment.base + offset
+                if (high >= 0 and start + length > high) or start < low:
+                    continue
+                if start + length <= verified:
                     candidates.append((segment.path, segment.base, offset, length))
         if not candidates:
             return None
