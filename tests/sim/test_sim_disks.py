@@ -12,7 +12,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from .harness import SimCluster
+import pytest
+
+from .harness import SimCluster, SimFailure
 from .test_sim import _installs, _node, _sim
 
 
@@ -148,3 +150,22 @@ def test_a_rotted_record_on_a_running_leader_is_never_served(tmp_path: Path) -> 
     sim, _ = _sim(45, 3, tmp_path, scenario, clients=2, segment_size=4 << 10)
     assert any("taking one to send it instead" in line for line in sim.log_lines)
     assert any("sending it the snapshot at" in line for line in sim.log_lines)
+
+
+def test_a_rotted_record_on_another_member_fails_the_run(tmp_path: Path) -> None:
+    """(10) has teeth: the bytes a member's disk rotted, found at the same position on
+    another member (as if it had been served them), fail the run."""
+
+    async def scenario(sim: SimCluster) -> None:
+        await sim.start_workload()
+        leader = await sim.wait_for_leader()
+        await sim.sleep(1.0)
+        rotted, other = (leader + 1) % 3, (leader + 2) % 3
+        rot = sim.disk_faults.rot(rotted, random.Random(1))
+        assert rot is not None
+        theirs = sim.nodes[other].dir / "archive" / rot.path.name
+        offset = rot.offset
+        sim.disk.rot(theirs, offset, rot.path.read_bytes()[offset : offset + 1])
+
+    with pytest.raises(SimFailure, match=r"where n\d's disk rotted"):
+        _sim(46, 3, tmp_path, scenario, clients=1, segment_size=4 << 10)
