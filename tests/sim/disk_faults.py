@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING
 import trio
 
 from cluster.archive.errors import ArchiveCorruptionError
-from cluster.archive.reader import list_segments
+from cluster.archive.reader import SegmentInfo, list_segments
 from cluster.archive.record import RecordError, iter_records
 
-from .disk import DiskModelError
+from .disk import SECTOR, DiskModelError
 
 if TYPE_CHECKING:
     from .harness import SimCluster, SimNode
@@ -81,7 +81,13 @@ class DiskFaults:
         self.slow: int | None = None
         """The member whose disk is slow now."""
         self.repairing: set[int] = set()
-        self.stats = {"slow_spells": 0, "rots": 0, "rot_refusals": 0, "rot_repairs": 0}
+        self.stats = {
+            "slow_spells": 0,
+            "rots": 0,
+            "misdirected": 0,
+            "rot_refusals": 0,
+            "rot_repairs": 0,
+        }
 
     # -- slow disks ------------------------------------------------------------------
 
@@ -135,10 +141,19 @@ class DiskFaults:
 
     # -- bit rot ---------------------------------------------------------------------
 
-    def rot(self, i: int, rng: random.Random, within: tuple[int, int] = (0, -1)) -> Rot | None:
+    def rot(
+        self,
+        i: int,
+        rng: random.Random,
+        within: tuple[int, int] = (0, -1),
+        *,
+        misdirected: bool = False,
+    ) -> Rot | None:
         """Flip bits of a durable record of member ``i``'s log that the checker has
         read from it, not the last record of the last segment (``within``: a record in
-        that range of log positions; -1: no upper bound)."""
+        that range of log positions; -1: no upper bound).  ``misdirected``: instead, a
+        512-byte sector of a segment before the last one, within such records, becomes
+        another sector of the log (a write that landed in the wrong place)."""
         if self.rots or self.repairing:
             return None  # one rotted member at a time
         from .harness import _catching_up
@@ -172,6 +187,8 @@ class DiskFaults:
                     candidates.append((segment.path, segment.base, offset, length))
         if not candidates:
             return None
+        if misdirected:
+            return self._misdirect(i, rng, candidates, segments[:-1])
         path, base, offset, length = rng.choice(candidates)
         flip_at = offset + rng.randrange(4, length)  # the CRC or the body
         with open(path, "rb") as f:
@@ -185,6 +202,43 @@ class DiskFaults:
         self.rots.append(found)
         self.stats["rots"] += 1
         self.sim.event(sn.host, "rot", path.name, base + offset, length)
+        return found
+
+    def _misdirect(
+        self,
+        i: int,
+        rng: random.Random,
+        records: list[tuple[Path, int, int, int]],
+        earlier: list[SegmentInfo],
+    ) -> Rot | None:
+        """A sector of a segment before the last, wholly within ``records``, becomes
+        another sector of the same or another segment (other bytes)."""
+        paths = {segment.path for segment in earlier}
+        spans: dict[Path, list[tuple[int, int]]] = {}
+        for path, _, offset, length in records:
+            if path in paths:
+                spans.setdefault(path, []).append((offset, offset + length))
+        sectors: list[tuple[Path, int]] = []
+        for path, ranges in spans.items():
+            low, high = min(a for a, _ in ranges), max(b for _, b in ranges)
+            first = -(-low // SECTOR) * SECTOR
+            sectors += [(path, at) for at in range(first, high - SECTOR + 1, SECTOR)]
+        if len(sectors) < 2:
+            return None
+        (path, at), (source, source_at) = rng.sample(sectors, 2)
+        data = source.read_bytes()[source_at : source_at + SECTOR]
+        if data == path.read_bytes()[at : at + SECTOR]:
+            return None
+        ranges = spans[path]
+        begin = max(a for a, _ in ranges if a <= at)
+        end = min(b for _, b in ranges if b >= at + SECTOR)
+        base = next(s.base for s in earlier if s.path == path)
+        was = self.sim.disk.rot(path, at, data)
+        found = Rot(i, path, base + begin, end - begin, at, was)
+        self.rots.append(found)
+        self.stats["rots"] += 1
+        self.stats["misdirected"] += 1
+        self.sim.event(self.sim.nodes[i].host, "misdirected", path.name, at, source.name, source_at)
         return found
 
     def rots_of(self, i: int) -> list[Rot]:

@@ -1425,7 +1425,7 @@ class SimCluster:
             elif kind == SLOW_DISK:
                 self._nursery.start_soon(self.disk_faults.slow_spell, rng)
             elif kind == ROT:
-                self.disk_faults.rot(rng.randrange(n), rng)
+                self.disk_faults.rot(rng.randrange(n), rng, misdirected=rng.random() < 0.5)
             elif kind == "pause":
                 self.pause(rng.randrange(n), rng.uniform(0.05, 2.0))
             elif kind == "reset":

@@ -90,16 +90,22 @@ def test_a_follower_whose_disk_is_slow_moves_no_leadership(tmp_path: Path) -> No
     assert result.stats["disk_slow_syncs"] > 3
 
 
-def _rot_member(sim: SimCluster, i: int, within: tuple[int, int] = (0, -1)) -> None:
-    rot = sim.disk_faults.rot(i, random.Random(i), within)
+def _rot_member(
+    sim: SimCluster, i: int, within: tuple[int, int] = (0, -1), *, misdirected: bool = False
+) -> None:
+    rot = sim.disk_faults.rot(i, random.Random(i), within, misdirected=misdirected)
     assert rot is not None, "a durable, checked record to rot"
 
 
-def test_a_rotted_record_is_refused_at_start_up_and_the_member_rebuilt(tmp_path: Path) -> None:
-    """A record of a stopped member's log rots: its start-up scan refuses to start,
-    naming the segment file and a position inside the rotted record; the runbook's
-    remedy (a new data directory) rebuilds it from its leader; nothing rotted is
-    applied or served, and every acknowledged write is on every member."""
+@pytest.mark.parametrize("misdirected", [False, True], ids=["bit-rot", "misdirected"])
+def test_a_rotted_record_is_refused_at_start_up_and_the_member_rebuilt(
+    tmp_path: Path, misdirected: bool
+) -> None:
+    """A record of a stopped member's log rots (bits flip, or a sector of an earlier
+    segment becomes another sector of the log): its start-up scan refuses to start,
+    naming the segment file and a position inside the damage; the runbook's remedy (a
+    new data directory) rebuilds it from its leader; nothing rotted is applied or
+    served, and every acknowledged write is on every member."""
 
     async def scenario(sim: SimCluster) -> None:
         await sim.start_workload()
@@ -107,7 +113,7 @@ def test_a_rotted_record_is_refused_at_start_up_and_the_member_rebuilt(tmp_path:
         await sim.sleep(1.5)
         victim = (leader + 1) % 3
         await sim.crash(victim)
-        _rot_member(sim, victim)
+        _rot_member(sim, victim, misdirected=misdirected)
         await sim.restart(victim)
         await sim.wait_for(
             "the rotted member rebuilt", lambda: sim.disk_faults.stats["rot_repairs"] >= 1, 10.0
@@ -116,6 +122,7 @@ def test_a_rotted_record_is_refused_at_start_up_and_the_member_rebuilt(tmp_path:
 
     sim, result = _sim(44, 3, tmp_path, scenario, clients=2, segment_size=4 << 10)
     assert result.stats["rot_refusals"] >= 1
+    assert result.stats.get("misdirected", 0) == int(misdirected)
     refusal = [line for line in sim.log_lines if "ArchiveCorruptionError" in line]
     assert refusal
     assert ".seg" in refusal[-1]
