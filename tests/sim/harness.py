@@ -18,7 +18,8 @@ cut off from the majority (half the time with its clock stopped until the heal: 
 never notices by itself), one-way links, crash/restart with torn writes, pauses,
 snapshot requests, an operator's SHUTDOWN or ABORT, power cuts of one member, a
 minority or all: the members sync for real on the disk model of ``tests/sim/disk.py``,
-and a power cut loses what they had not synced) followed by a
+and a power cut loses what they had not synced; a slow disk, bit rot and misdirected
+writes: ``tests/sim/disk_faults.py``) followed by a
 **liveness phase** (heal, restart everyone, require a leader and an acknowledged write
 within a bound, then all members converged).  :class:`Checker` tests the invariants every
 10 ms of virtual time and at the end:
@@ -51,6 +52,11 @@ within a bound, then all members converged).  :class:`Checker` tests the invaria
    when it arrived, a linearizable one's P is at least the highest commit position any
    member had when the client first sent it, and every answer's P is at least the
    ``min_position`` it asked for and every position its client had received before.
+10. slow and lying disks (issue 44, :mod:`tests.sim.disk_faults`): no member but the
+    rotted one holds other bytes than the committed ones where a member's disk rotted
+    (nothing rotted was served), a member that stops on its rotted log names the file
+    and a position in the damage (anything else fails the run), and a leader whose disk
+    turns slow hands over (``--slow-disk-threshold``, 300 ms for 2 s here).
 
 A task that keeps running while virtual time stands still (a spin on a deadline) fails
 the run as a livelock instead of hanging it.
