@@ -55,8 +55,10 @@ within a bound, then all members converged).  :class:`Checker` tests the invaria
 10. slow and lying disks (issue 44, :mod:`tests.sim.disk_faults`): no member but the
     rotted one holds other bytes than the committed ones where a member's disk rotted
     (nothing rotted was served), a member that stops on its rotted log names the file
-    and a position in the damage (anything else fails the run), and a leader whose disk
-    turns slow hands over (``--slow-disk-threshold``, 300 ms for 2 s here).
+    and a position in the damage (anything else fails the run).  A slow disk has no
+    invariant of its own in a seeded run (every other one holds through it); that a
+    slow leader hands over (``--slow-disk-threshold``, 300 ms for 2 s here) is
+    ``test_sim_disks.py``'s.
 
 A task that keeps running while virtual time stands still (a spin on a deadline) fails
 the run as a livelock instead of hanging it.
