@@ -1006,8 +1006,11 @@ class SimCluster:
         finally:
             sn.blocking = False
         if sn.sync_debt:
+            # the thread is still in its sync: a caller cancelled meanwhile waits for it
+            # (cluster/agents/worker.py), as a killed process stuck in fsync does
             debt, sn.sync_debt = sn.sync_debt, 0.0
-            await trio.sleep(debt)
+            with trio.CancelScope(shield=True):
+                await trio.sleep(debt)
         return result
 
     async def _node_task(
