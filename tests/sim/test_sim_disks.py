@@ -168,3 +168,13 @@ def test_a_rotted_record_on_another_member_fails_the_run(tmp_path: Path) -> None
 
     with pytest.raises(SimFailure, match=r"where n\d's disk rotted"):
         _sim(46, 3, tmp_path, scenario, clients=1, segment_size=4 << 10)
+
+
+def test_seed_185_a_member_crashed_in_a_slow_sync_starts_again(tmp_path: Path) -> None:
+    """Seed 185 of the sweep (a slow disk): a member crashed while a slow sync made
+    through its writer thread had not returned lost what that call made (its data
+    directory, opened and locked at start-up) and could not start again ("in use by
+    another process").  A thread's call cannot be cancelled half-way: the crash now
+    waits for it, as the real writer thread's caller does."""
+    result = _sim(185, 3, tmp_path, keep_dirs=False)[1]
+    assert result.stats["slow_spells"] >= 1
