@@ -241,6 +241,23 @@ SETTINGS: tuple[Setting, ...] = (
         format_duration,
     ),
     Setting(
+        "slow-disk-threshold",
+        1_000_000_000,
+        _or_off(parse_duration_ns),
+        "a leader whose every append, for --slow-disk-period, took longer than this to "
+        "become durable on its own disk (a dying disk) hands leadership over; 0 or none: "
+        "never (a leader whose log does not become durable at all hands over after "
+        "--leader-heartbeat-timeout either way)",
+        _show_or_off(format_duration),
+    ),
+    Setting(
+        "slow-disk-period",
+        10_000_000_000,
+        _positive(parse_duration_ns),
+        "how long every append must have been slower than --slow-disk-threshold",
+        format_duration,
+    ),
+    Setting(
         "initial-cluster-state",
         "auto",
         _choice("auto", "new"),
@@ -481,6 +498,9 @@ class NodeConfig:
     leader_heartbeat_interval: int = 200_000_000
     election_timeout: int = 1_000_000_000
     startup_canvass_timeout: int = 500_000_000
+    slow_disk_threshold: int = 1_000_000_000
+    """Nanoseconds (0: off)."""
+    slow_disk_period: int = 10_000_000_000
     initial_cluster_state: str = "auto"
     slow_tick_interval: int = 10_000_000
     max_concurrent_sessions: int = 10

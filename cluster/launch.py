@@ -31,7 +31,7 @@ from typing import Any
 
 import trio
 
-from .archive.errors import ArchiveError
+from .archive.errors import ArchiveCorruptionError, ArchiveError
 from .archive.identity import DataDirError
 from .config import SETTINGS, ConfigError, NodeConfig, describe, load_config
 from .core.service_errors import ServiceFailure
@@ -43,6 +43,15 @@ from .service import ClusteredService
 from .transport.base import ListenError, listen_error_in
 
 log = logging.getLogger("cluster.node")
+
+CORRUPTION_REMEDY = (
+    "this member's log holds other bytes than it wrote (a damaged disk: bit rot, a "
+    "misdirected write), and nothing of it was applied or sent past that point; while "
+    "the other members hold a quorum, move its --dir aside (keep it to look into) and "
+    "start it on an empty one: its leader rebuilds it (docs/data-directory.md, "
+    "'Replacing a failed member'); check the disk first"
+)
+"""What a member that finds its log corrupt at start-up tells the operator to do."""
 
 OTHER_VARIABLES = frozenset(
     {
@@ -214,6 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DataDirError as exc:
         log.error("cannot start: %s", exc)
         return 2
+    except ArchiveCorruptionError as exc:
+        log.error("cannot start: %s; %s", exc, CORRUPTION_REMEDY)
+        return 1
     except ArchiveError as exc:
         log.error("cannot start: %s", exc)
         return 1

@@ -196,6 +196,8 @@ class Node:
                 leader_heartbeat_timeout_ns=cfg.leader_heartbeat_timeout,
                 election_timeout_ns=cfg.election_timeout,
                 startup_canvass_timeout_ns=cfg.startup_canvass_timeout,
+                slow_disk_threshold_ns=cfg.slow_disk_threshold,
+                slow_disk_period_ns=cfg.slow_disk_period,
             ),
             self.egress,
             self.authenticator,
@@ -422,7 +424,7 @@ class Node:
                 log.info("authenticator %s", self.config.authenticator)
             recovered = self._recover()
             async with trio.open_nursery() as nursery:
-                self._nursery = self.duty.nursery = nursery
+                self._nursery = self.duty.nursery = self.catchup.nursery = nursery
                 self.snapshots.start(nursery, recovered)
                 self.ingress_port = await nursery.start(self.ingress.run)
                 await nursery.start(self.egress.run)

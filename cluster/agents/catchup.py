@@ -73,6 +73,7 @@ from ..core.service_container import ServiceContainer
 from ..core.snapshot import LoadedSnapshot, SnapshotError, load_snapshot, parse_snapshot
 from ..core.timers import TimerService
 from ..fileio import fsync_directory, make_directory
+from ..protocol.enums import ClusterAction
 from .consensus import PeerLink, PeerLinks
 from .log import ArchiveAgent, LogBuffer
 from .replication import MAX_LINK_BACKLOG, Replicator
@@ -117,6 +118,10 @@ class Host(Protocol):
 
     def now_ns(self) -> int: ...
 
+    async def request_action(
+        self, action: ClusterAction, *, terminate: bool = False
+    ) -> tuple[bool, str]: ...
+
 
 def install_path(data_dir: Path, transfer: Transfer) -> Path:
     return (
@@ -138,6 +143,10 @@ class CatchUp:
         self.snapshots_sent = 0
         self.installs = 0
         self._installing = False
+        self.nursery: trio.Nursery | None = None
+        """The node's (set when it runs): a snapshot asked for, above a corrupt record."""
+        self._snapshot_asked: set[int] = set()
+        """Corrupt positions a snapshot was asked for, to send instead."""
         self._nursery: trio.Nursery | None = None
         self.refused_installs = 0
         self.abandoned_installs = 0
@@ -199,12 +208,21 @@ class CatchUp:
         if replication.bad_positions.get(member_id) == position:
             return True
         if not replication.fall_back_to_snapshot(member_id, position, snapshot):
+            if position in self._snapshot_asked:
+                return False  # asked already: the replicator tries again meanwhile
+            self._snapshot_asked.add(position)
+            nursery = self.nursery
+            asking = nursery is not None and node.cm.is_ready_leader
             log.error(
-                "member %d needs the corrupt record at %d and no snapshot is above it: "
-                "it cannot catch up from this member",
+                "member %d needs the corrupt record at %d and no snapshot is above it: %s",
                 member_id,
                 position,
+                "taking one to send it instead"
+                if asking
+                else "it cannot catch up from this member",
             )
+            if asking and nursery is not None:
+                nursery.start_soon(self._snapshot_above, position)
             return False
         node.cm.counters.snapshot_fallbacks += 1
         log.warning(
@@ -214,6 +232,14 @@ class CatchUp:
             snapshot,
         )
         return True
+
+    async def _snapshot_above(self, position: int) -> None:
+        """Put a SNAPSHOT on the log so that a snapshot above the corrupt record at
+        ``position`` exists to send instead (the replicator tries again meanwhile)."""
+        ok, message = await self.node.request_action(ClusterAction.SNAPSHOT)
+        if not ok:
+            self._snapshot_asked.discard(position)  # asked again at the next try
+            log.warning("no snapshot above the corrupt record at %d: %s", position, message)
 
     def replicators(
         self,

@@ -29,6 +29,7 @@ them together.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Awaitable, Callable
 
@@ -60,6 +61,10 @@ def whole_records_end(start: int, data: bytes) -> int:
 
 _unpack_length = struct.Struct("<I").unpack_from
 
+CORRUPT_RETRY_S = 1.0
+"""How long a replicator waits before it reads a corrupt record again, when no snapshot
+above it was there to send instead (the leader takes one)."""
+
 
 class Replicator:
     def __init__(
@@ -90,6 +95,9 @@ class Replicator:
         is sent a snapshot above it instead."""
         self.corrupt_at = -1
         """A position the archive could not give back intact: not shipped from."""
+        self.corrupt_retry = math.inf
+        """When to read at :attr:`corrupt_at` again (no snapshot above it was there to
+        send instead: one is being taken)."""
         self.connects = link.connects
         # one number for both the test and the wait: no FP drift
         self.next_heartbeat = -1e18
@@ -160,7 +168,7 @@ class Replicator:
             if (
                 start < end
                 and link.backlog < MAX_LINK_BACKLOG
-                and start != self.corrupt_at
+                and (start != self.corrupt_at or trio.current_time() >= self.corrupt_retry)
                 and not window_full
             ):
                 term = cm.leadership_term_id
@@ -179,10 +187,13 @@ class Replicator:
                             data = await self.read_log(start, stop)
                         stop = start + len(data)
                 except ArchiveCorruptionError as exc:
-                    self.corrupt_at = start
-                    self.on_corrupt(exc)
-                    if self.fall_back is not None:
-                        self.fall_back(self.member_id, start)  # then it needs a snapshot
+                    if start != self.corrupt_at:
+                        self.on_corrupt(exc)
+                    self.corrupt_at, self.corrupt_retry = start, math.inf
+                    # True: it needs the snapshot above it now; False: none is there yet
+                    # (one is being taken): read again in a while
+                    if self.fall_back is not None and not self.fall_back(self.member_id, start):
+                        self.corrupt_retry = trio.current_time() + CORRUPT_RETRY_S
                     continue
                 except (ValueError, FileNotFoundError):
                     # compacted meanwhile: the log below the new start is gone

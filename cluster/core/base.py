@@ -44,6 +44,10 @@ class ConsensusConfig:
     election_timeout_ns: int = 1_000_000_000
     election_status_interval_ns: int = 100_000_000
     startup_canvass_timeout_ns: int = 500_000_000
+    slow_disk_threshold_ns: int = 1_000_000_000
+    """A leader whose every append, for ``slow_disk_period_ns``, took longer than this
+    from encoded to durable on its own disk hands leadership over (0: never)."""
+    slow_disk_period_ns: int = 10_000_000_000
     max_session_queries: int = 256
     """Queries of one session a member holds at once (waiting for their read round or
     for the service to apply); one past it is answered BUSY (:mod:`cluster.core.reads`,

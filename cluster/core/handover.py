@@ -1,17 +1,20 @@
 """A leader handing leadership over (Raft's leadership transfer, with ``TimeoutNow``).
 
 A leader hands over on an operator's request (``cluster-tool transfer-leadership``), when
-it is stopped (SIGTERM, ``cluster-tool shutdown`` of one member) and when its own log
+it is stopped (SIGTERM, ``cluster-tool shutdown`` of one member), when its own log
 cannot be made durable for a leader heartbeat timeout (a full or failing disk: writes
-must go on elsewhere).  :meth:`Handover.start` picks the target, the voting follower
-heard from lately with the most log (or the one asked for); meanwhile the leader takes
-no new work, so the target catches up; once the target has verified and durably
-appended all of the leader's log, the leader sends it :class:`TimeoutNow`, and the
-target campaigns at once with a ``RequestVote`` flagged ``VOTE_TRANSFER``, which
-members with a live leader, and the leader itself, consider (they ignore other
-candidates while their leader is alive).  Its log is as up to date as any, so it wins
-within a round trip; the old leader steps down when it sees the later term.  Nothing
-acknowledged can be lost: the election's rules are unchanged, only its timing.
+must go on elsewhere) and when its disk is slow (a dying disk: every append of the last
+``slow_disk_period_ns`` took more than ``slow_disk_threshold_ns`` from being encoded to
+being durable here, measured at each slow tick: :class:`DiskLatency`).
+:meth:`Handover.start` picks the target, the voting follower heard from lately with the
+most log (or the one asked for); meanwhile the leader takes no new work, so the target
+catches up; once the target has verified and durably appended all of the leader's log,
+the leader sends it :class:`TimeoutNow`, and the target campaigns at once with a
+``RequestVote`` flagged ``VOTE_TRANSFER``, which members with a live leader, and the
+leader itself, consider (they ignore other candidates while their leader is alive). Its
+log is as up to date as any, so it wins within a round trip; the old leader steps down
+when it sees the later term. Nothing acknowledged can be lost: the election's rules are
+unchanged, only its timing.
 
 A hand-over not done within the election timeout is given up (the leader takes work
 again), except for a leader whose log cannot be made durable, which then steps down.
@@ -20,6 +23,7 @@ again), except for a leader whose log cannot be made durable, which then steps d
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 from ..protocol.consensus import TimeoutNow
 from .base import ConsensusConfig, ConsensusPort, TermView
@@ -27,6 +31,64 @@ from .log import ReplicatedLog
 from .tracker import ProgressTracker
 
 log = logging.getLogger("cluster.consensus")
+
+
+class DiskLatency:
+    """How long this leader's own log takes from encoded to durable here, and since
+    when every append has taken more than a bound (a dying disk).
+
+    At each slow tick the leader notes the end of its log if it grew (``published``);
+    when the archive position passes notes, what became durable took the time since
+    the oldest of them (to within a slow tick: its oldest bytes waited that long).  A
+    note still not durable after the bound counts as slow too.  An append within the
+    bound ends the slow spell; an idle log (nothing pending) neither starts nor ends
+    one."""
+
+    __slots__ = ("notes", "period_ns", "slow_since_ns", "threshold_ns", "worst_ns")
+
+    def __init__(self, threshold_ns: int, period_ns: int) -> None:
+        self.threshold_ns = threshold_ns
+        self.period_ns = period_ns
+        self.notes: deque[tuple[int, int]] = deque()
+        """(time, log position) of the log ends not yet durable here, oldest first."""
+        self.slow_since_ns: int | None = None
+        """When the oldest append of the current slow spell began (None: not slow)."""
+        self.worst_ns = 0
+        """The longest append of the current slow spell."""
+
+    def reset(self) -> None:
+        self.notes.clear()
+        self.slow_since_ns = None
+        self.worst_ns = 0
+
+    def on_tick(self, now_ns: int, published: int, durable: int) -> int | None:
+        """Note the log's end; returns how long appends have been slow once that is at
+        least the period (None otherwise, or when the rule is off)."""
+        if self.threshold_ns <= 0:
+            return None
+        notes = self.notes
+        if notes and notes[0][1] <= durable:
+            began, _ = notes.popleft()  # the oldest bytes of what became durable
+            while notes and notes[0][1] <= durable:
+                notes.popleft()
+            self._took(began, now_ns - began)
+        if notes and now_ns - notes[0][0] > self.threshold_ns:
+            self._took(notes[0][0], now_ns - notes[0][0])
+        if published > durable and (not notes or published > notes[-1][1]):
+            notes.append((now_ns, published))
+        since = self.slow_since_ns
+        if since is None or now_ns - since < self.period_ns:
+            return None
+        return now_ns - since
+
+    def _took(self, began_ns: int, took_ns: int) -> None:
+        if took_ns <= self.threshold_ns:
+            self.slow_since_ns = None
+            self.worst_ns = 0
+            return
+        if self.slow_since_ns is None:
+            self.slow_since_ns = began_ns
+        self.worst_ns = max(self.worst_ns, took_ns)
 
 
 class Handover:
@@ -38,6 +100,7 @@ class Handover:
         "config",
         "consensus",
         "deadline_ns",
+        "disk_latency",
         "log",
         "progress",
         "reason",
@@ -70,14 +133,25 @@ class Handover:
         """Step down if the hand-over does not happen in time (the log is not durable)."""
         self._stalled_since_ns: int | None = None
         self._stalled_at = -1
+        self.disk_latency = DiskLatency(config.slow_disk_threshold_ns, config.slow_disk_period_ns)
+        """The leader's append-to-durable time (a dying disk hands leadership over)."""
 
     @property
     def active(self) -> bool:
         return self.target >= 0
 
-    def start(self, now_ns: int, to: int | None, reason: str, *, step_down: bool = False) -> str:
+    def start(
+        self,
+        now_ns: int,
+        to: int | None,
+        reason: str,
+        *,
+        step_down: bool = False,
+        warn: bool = False,
+    ) -> str:
         """Hand leadership to ``to`` (None: the best voting follower); returns why it
-        cannot ("" once under way)."""
+        cannot ("" once under way).  ``warn``: log it as a WARNING (something for an
+        operator to look into), as every ``step_down`` one is."""
         if not self.view.is_ready_leader:
             return "this member is not the ready leader"
         if self.active:
@@ -105,8 +179,8 @@ class Handover:
         self.deadline_ns = now_ns + self.config.election_timeout_ns
         self.sent = False
         # asked for (a stop, transfer-leadership): routine; a leader whose disk does not
-        # take its log (step_down) is something to look into
-        (log.warning if step_down else log.info)(
+        # take its log (step_down), or a slow disk (warn), is something to look into
+        (log.warning if step_down or warn else log.info)(
             "member %d hands leadership of term %d to member %d: %s",
             self.config.member_id,
             self.view.leadership_term_id,
@@ -153,6 +227,7 @@ class Handover:
         """No longer leading (the hand-over happened, or an election came first)."""
         self.target = -1
         self._stalled_since_ns = None
+        self.disk_latency.reset()
 
     def on_slow_tick(self, now_ns: int) -> str | None:
         """Give up a hand-over past its deadline; start one when this leader's log has
@@ -169,7 +244,33 @@ class Handover:
             )
             if self.step_down:
                 return "its log cannot be made durable and no follower took over"
-        return self._check_durable(now_ns)
+        reason = self._check_durable(now_ns)
+        if reason is None and not self.active:
+            self._check_slow(now_ns)
+        return reason
+
+    def _check_slow(self, now_ns: int) -> None:
+        """Hand over when every append has been slow for the period (a dying disk: the
+        followers commit without this leader, but its clients wait on a slow member,
+        and one sync may come to block its event loop).  Not a step-down: nothing is
+        wrong with what it holds, and with no follower to take over it leads on."""
+        rlog = self.log
+        if self.config.member_count == 1:
+            return
+        latency = self.disk_latency
+        slow_for = latency.on_tick(now_ns, rlog.published_position, rlog.archive_position)
+        if slow_for is None:
+            return
+        worst = latency.worst_ns
+        latency.reset()  # a new spell must pass before the next try
+        reason = (
+            f"its disk is slow: every append of the last {slow_for / 1e9:.1f}s took over "
+            f"{latency.threshold_ns / 1e6:.0f} ms to become durable (the "
+            f"slowest {worst / 1e6:.0f} ms)"
+        )
+        why_not = self.start(now_ns, None, reason, warn=True)
+        if why_not:
+            log.warning("member %d: %s; it leads on: %s", self.config.member_id, reason, why_not)
 
     def _check_durable(self, now_ns: int) -> str | None:
         rlog = self.log

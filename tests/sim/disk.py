@@ -201,6 +201,11 @@ class DiskModel:
         }
         self.on_power_lost: Callable[[str], None] | None = None
         """Told a root's path when its power goes mid-operation (:meth:`arm`)."""
+        self.slow: dict[str, Callable[[], float]] = {}
+        """Roots whose disk is slow (:meth:`set_slow`): each sync's seconds, drawn."""
+        self.on_slow_sync: Callable[[str, float], None] | None = None
+        """Told a slow root's path and how long each sync there takes (virtual seconds:
+        the caller makes the sync return that late; the model cannot block)."""
         self._saved: dict[str, Any] | None = None
         """The real functions while :meth:`installed`."""
 
@@ -409,6 +414,8 @@ class DiskModel:
     def _sync(self, fd: int, real: str) -> None:
         self._fd_tick(fd)
         opened = self.fds.get(fd)
+        if opened is not None and self.slow:
+            self._slow_sync(opened[0])
         if opened is None:
             held = self.parent_fds.get(fd)
             if held is None:
@@ -599,6 +606,66 @@ class DiskModel:
             for name, wrapper in wrappers.items():
                 setattr(os, name, wrapper)
             builtins.open = io.open = self._builtin_open
+
+    # -- slow and lying disks (issue 44, item 4) ---------------------------------------
+
+    def set_slow(self, path: str | os.PathLike[str], seconds: Callable[[], float] | None) -> None:
+        """Make every sync under root ``path`` take ``seconds()`` (None: fast again).
+        The sync is tracked at once; :attr:`on_slow_sync` is told how late it returns."""
+        key = os.path.abspath(os.fspath(path))
+        if key not in self.roots:
+            raise DiskModelError(f"{key}: not a modelled root")
+        if seconds is None:
+            self.slow.pop(key, None)
+        else:
+            self.slow[key] = seconds
+        self.stats.setdefault("slow_syncs", 0)
+
+    def _slow_sync(self, root: Root) -> None:
+        draw = self.slow.get(root.path)
+        if draw is None:
+            return
+        delay = draw()
+        self.stats["slow_syncs"] = self.stats.get("slow_syncs", 0) + 1
+        if self.on_slow_sync is not None:
+            self.on_slow_sync(root.path, delay)
+
+    def durable_extent(self, path: str | os.PathLike[str]) -> int:
+        """How many leading bytes of the file at ``path`` are durable and current alike
+        (what a read returns, and a power cut keeps)."""
+        found = self._node(os.path.abspath(os.fspath(path)))
+        if found is None or not isinstance(found[1], File):
+            raise DiskModelError(f"{path}: not a modelled file")
+        file = found[1]
+        extent = min(len(file.durable), len(file.current))
+        if file.dirty_from is not None:
+            extent = min(extent, file.dirty_from)
+        return extent
+
+    def rot(self, path: str | os.PathLike[str], offset: int, data: bytes) -> bytes:
+        """Bit rot, or a misdirected write: the durable bytes at ``offset`` of the file
+        at ``path`` become ``data`` (on disk, and in the model's current and durable
+        state alike: nothing the node did, so nothing it can know of but by reading).
+        Returns the bytes they were."""
+        key = os.path.abspath(os.fspath(path))
+        found = self._node(key)
+        if found is None or not isinstance(found[1], File):
+            raise DiskModelError(f"{path}: not a modelled file")
+        file = found[1]
+        end = offset + len(data)
+        if end > self.durable_extent(key):
+            raise DiskModelError(f"{path}: [{offset}, {end}) is not durable")
+        was = bytes(file.current[offset:end])
+        with self._suspended():
+            fd = _real["open"](key, os.O_WRONLY)
+            try:
+                _real["pwrite"](fd, data, offset)
+            finally:
+                _real["close"](fd)
+        file.current[offset:end] = data
+        file.durable[offset:end] = data
+        self.stats["rotted"] = self.stats.get("rotted", 0) + 1
+        return was
 
     # -- checks and power cuts -------------------------------------------------------
 

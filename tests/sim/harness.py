@@ -18,7 +18,8 @@ cut off from the majority (half the time with its clock stopped until the heal: 
 never notices by itself), one-way links, crash/restart with torn writes, pauses,
 snapshot requests, an operator's SHUTDOWN or ABORT, power cuts of one member, a
 minority or all: the members sync for real on the disk model of ``tests/sim/disk.py``,
-and a power cut loses what they had not synced) followed by a
+and a power cut loses what they had not synced; a slow disk, bit rot and misdirected
+writes: ``tests/sim/disk_faults.py``) followed by a
 **liveness phase** (heal, restart everyone, require a leader and an acknowledged write
 within a bound, then all members converged).  :class:`Checker` tests the invariants every
 10 ms of virtual time and at the end:
@@ -51,6 +52,13 @@ within a bound, then all members converged).  :class:`Checker` tests the invaria
    when it arrived, a linearizable one's P is at least the highest commit position any
    member had when the client first sent it, and every answer's P is at least the
    ``min_position`` it asked for and every position its client had received before.
+10. slow and lying disks (issue 44, :mod:`tests.sim.disk_faults`): no member but the
+    rotted one holds other bytes than the committed ones where a member's disk rotted
+    (nothing rotted was served), a member that stops on its rotted log names the file
+    and a position in the damage (anything else fails the run).  A slow disk has no
+    invariant of its own in a seeded run (every other one holds through it); that a
+    slow leader hands over (``--slow-disk-threshold``, 300 ms for 2 s here) is
+    ``test_sim_disks.py``'s.
 
 A task that keeps running while virtual time stands still (a spin on a deadline) fails
 the run as a livelock instead of hanging it.
@@ -98,6 +106,7 @@ from cluster.transport.sim import SimNetwork
 
 from .adversary import Adversary
 from .disk import DiskModel, DiskModelError
+from .disk_faults import ROT, SLOW_DISK, DiskFaults
 from .queries import Answer, QueryChecker, encode_answer
 from .sim_client import History, SimClient
 
@@ -229,6 +238,9 @@ class SimConfig:
                 # the run_blocking seam, after a seeded disk latency; auto: thread on the
                 # leader, inline on followers
                 "archive_io": rng.choice(["inline", "thread", "auto"]),
+                # a leader whose disk is slow hands over (tests/sim/disk_faults.py)
+                "slow_disk_threshold": 300_000_000,
+                "slow_disk_period": 2_000_000_000,
             },
             adversary=rng.random() < 0.35,
         )
@@ -236,6 +248,10 @@ class SimConfig:
             config.faults += (STOP_CLUSTER,)
         if random.Random(f"power-cut-{seed}").random() < 0.5:
             config.faults += (POWER_CUT,)
+        if random.Random(f"slow-disk-{seed}").random() < 0.25:
+            config.faults += (SLOW_DISK,)
+        if random.Random(f"rot-{seed}").random() < 0.25:
+            config.faults += (ROT,)
         node_fields = {f.name for f in fields(NodeConfig)}
         for key, value in overrides.items():
             if hasattr(config, key):  # the simulator's (segment_size: both)
@@ -359,11 +375,19 @@ class SimNode:
     restart_at: float | None = None
     frozen_at: float | None = None
     """Its clock stands still at this virtual time (:meth:`SimCluster.freeze`)."""
+    blocking: bool = False
+    """In a call through its ``run_blocking`` seam (the writer thread)."""
+    sync_debt: float = 0.0
+    """Seconds of slow syncs made in that call: it returns that much later."""
+    blocked_until: float = 0.0
+    """An inline slow sync blocks its event loop until then: its clock reads at least
+    this (it jumped when the sync returned) and its network is held until then."""
 
     def clock_ns(self) -> int:
-        """The member's monotonic clock: virtual time, unless frozen."""
+        """The member's monotonic clock: virtual time, unless frozen (or blocked)."""
         frozen = self.frozen_at
-        return int((trio.current_time() if frozen is None else frozen) * 1e9)
+        now = trio.current_time() if frozen is None else frozen
+        return int(max(now, self.blocked_until) * 1e9)
 
     def state(self) -> str:
         node = self.node
@@ -897,6 +921,8 @@ class SimCluster:
         for sn in self.nodes:
             self.disk.add_root(sn.dir)
         self.disk.on_power_lost = self._power_lost
+        self.disk_faults = DiskFaults(self, seed)
+        self.disk.on_slow_sync = self.disk_faults.on_slow_sync
         self.workload_rng = random.Random(rng.getrandbits(64))
         self.nemesis_rng = random.Random(rng.getrandbits(64))
         self.history = History()
@@ -967,13 +993,25 @@ class SimCluster:
         )
 
     async def _run_blocking(self, sn: SimNode, fn: Callable[..., Any], *args: Any) -> Any:
-        """Archive I/O inline (no threads), after a seeded disk latency."""
+        """Archive I/O inline (no threads), after a seeded disk latency; a slow disk's
+        syncs made in it make it return that much later (:mod:`tests.sim.disk_faults`)."""
         await trio.sleep(sn.rng.uniform(*self.config.disk_latency))
         if fn is compact:
             # the checker reads committed log from the members' archives: let it see what
             # a compaction is about to delete (a check every 10 ms could miss it)
             self.checker.check()
-        return fn(*args)
+        sn.blocking, sn.sync_debt = True, 0.0
+        try:
+            result = fn(*args)
+        finally:
+            sn.blocking = False
+        if sn.sync_debt:
+            # the thread is still in its sync: a caller cancelled meanwhile waits for it
+            # (cluster/agents/worker.py), as a killed process stuck in fsync does
+            debt, sn.sync_debt = sn.sync_debt, 0.0
+            with trio.CancelScope(shield=True):
+                await trio.sleep(debt)
+        return result
 
     async def _node_task(
         self, sn: SimNode, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -987,6 +1025,7 @@ class SimCluster:
         )
         sn.incarnation += 1
         sn.frozen_at = None  # a new process
+        sn.blocking, sn.sync_debt = False, 0.0
         node = _ObservedNode(
             self._node_config(sn.index),
             service,
@@ -1016,6 +1055,8 @@ class SimCluster:
             self.log_lines.append("".join(traceback.format_exception(exc)))
             if self.disk.is_dead(sn.dir) and not isinstance(exc, (_Violation, DiskModelError)):
                 self.event(sn.host, "died", _leaf(exc))  # its disk failing as the power went
+            elif self.disk_faults.refused(sn, exc):
+                pass  # its rotted log found and refused: the remedy follows
             else:
                 self._fail(f"n{sn.index} raised {_leaf(exc)}")
             if not started:
@@ -1120,6 +1161,7 @@ class SimCluster:
         await self.crash(i)
         shutil.rmtree(self.nodes[i].dir, ignore_errors=True)
         self.checker.verified.pop(i, None)
+        self.disk_faults.wiped(i)
         self.stats["wipes"] += 1
         self.event(self.nodes[i].host, "wipe")
 
@@ -1374,6 +1416,8 @@ class SimCluster:
                 # members of three that lost their disks have lost what was acknowledged).
                 if not all(sn.running and not _catching_up(sn) for sn in self.nodes):
                     continue
+                if self.disk_faults.rots or self.disk_faults.repairing:
+                    continue  # a rotted member is one that will lose its state too
                 leader = self.leader()
                 victim = leader if leader is not None and rng.random() < 0.5 else rng.randrange(n)
                 await self.wipe(victim)
@@ -1389,6 +1433,10 @@ class SimCluster:
                 await self.power_cut(victims, mid_operation=rng if rng.random() < 0.5 else None)
                 for victim in victims:
                     self._nursery.start_soon(self._restart_later, victim, rng.uniform(0.2, 3.0))
+            elif kind == SLOW_DISK:
+                self._nursery.start_soon(self.disk_faults.slow_spell, rng)
+            elif kind == ROT:
+                self.disk_faults.rot(rng.randrange(n), rng, misdirected=rng.random() < 0.5)
             elif kind == "pause":
                 self.pause(rng.randrange(n), rng.uniform(0.05, 2.0))
             elif kind == "reset":
@@ -1429,6 +1477,7 @@ class SimCluster:
         for client in self.clients:
             client.stop()  # no new writes; what they hold goes on
         self.heal()
+        self.disk_faults.end_slow()
         for sn in self.nodes:
             await self.restart(sn.index)
         self.event("sim", "liveness")
@@ -1502,6 +1551,7 @@ class SimCluster:
                 if liveness:
                     await self.liveness_phase()
                 self.checker.final(self.history)
+                self.disk_faults.check_final()
                 nursery.cancel_scope.cancel()
         except _Violation as exc:
             self._fail(str(exc))
@@ -1581,6 +1631,7 @@ class SimCluster:
             stats=dict(self.stats)
             | {f"net_{k}": v for k, v in self.net.stats.items()}
             | {f"disk_{k}": v for k, v in self.disk.stats.items()}
+            | {k: v for k, v in self.disk_faults.stats.items() if v}
             | (
                 {f"adversary_{k}": v for k, v in self.adversary.stats.items()}
                 if self.adversary

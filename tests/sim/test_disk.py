@@ -206,3 +206,28 @@ def test_an_unsynced_write_to_a_new_segment_with_a_lost_first_sector_is_a_torn_t
     assert len(data) == 716
     reopened = Archive.open(root / "archive")
     assert reopened.position == 0
+
+
+def test_a_slow_disk_tells_each_sync_and_a_rot_survives_a_power_cut(disk) -> None:  # type: ignore[no-untyped-def]
+    """Issue 44, item 4: a slow root's syncs are told with their drawn time (and still
+    tracked); a rot changes durable bytes on disk and in the model alike (a power cut
+    keeps it, and verify() sees nothing written around the model), never bytes that are
+    not durable."""
+    model, root = disk
+    told: list[tuple[str, float]] = []
+    model.on_slow_sync = lambda path, delay: told.append((path, delay))
+    make_directory(root)
+    model.set_slow(root, lambda: 0.25)
+    _write(root / "a", b"0123456789", sync=True)
+    assert told == [(str(root), 0.25)]
+    model.set_slow(root, None)
+    _write(root / "a", b"tail", sync=False)
+    fsync_directory(root)
+    assert len(told) == 1
+    assert model.durable_extent(root / "a") == 10
+    with pytest.raises(DiskModelError, match="not durable"):
+        model.rot(root / "a", 9, b"xy")
+    assert model.rot(root / "a", 2, b"!") == b"2"
+    model.verify(root)
+    model.power_cut(root, None)
+    assert (root / "a").read_bytes() == b"01!3456789"

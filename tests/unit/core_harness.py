@@ -126,6 +126,10 @@ class MemoryShell:
         """The queries answered, with the applied position they were answered at."""
         self.lagging = False
         """The service applies nothing for now (it lags behind the commit position)."""
+        self.slow_ns = 0
+        """Each write becomes durable this long after it was taken (a slow disk)."""
+        self.writes: list[tuple[int, int]] = []
+        """(when durable, log end) of the writes taken but not yet durable (slow_ns)."""
 
     @property
     def applied_position(self) -> int:
@@ -142,13 +146,24 @@ class MemoryShell:
         truncate = cm.log.pending_truncate
         if truncate is not None:
             del self.disk[truncate:]
+            self.writes[:] = [(due, min(end, truncate)) for due, end in self.writes]
             cm.on_truncated(truncate)
         batch = cm.take_log_batch()
         if batch is not None:
             start, data = batch
             assert start == len(self.disk)
             self.disk += data
-            cm.on_archive_position(len(self.disk), self.now)
+            if not self.slow_ns:
+                cm.on_archive_position(len(self.disk), self.now)
+            elif len(self.writes) > 1:  # joins the write waiting for the one under way
+                self.writes[-1] = (self.writes[-1][0], len(self.disk))
+            else:  # one write at a time, each slow_ns long (group commit)
+                after = self.writes[-1][0] if self.writes else self.now
+                self.writes.append((max(after, self.now) + self.slow_ns, len(self.disk)))
+        durable = [end for due, end in self.writes if due <= self.now]
+        if durable:
+            del self.writes[: len(durable)]
+            cm.on_archive_position(durable[-1], self.now)
 
     def apply(self, commit_position: int) -> bool:
         if self.lagging or commit_position <= self.applied[self.member]:
@@ -204,6 +219,9 @@ class Cluster:
         """Per member, the queries it answered and the applied position it did at."""
         self.lagging: set[int] = set()
         """Members whose service applies nothing for now."""
+        self.slow: dict[int, int] = {}
+        """Members whose disk is slow: each write durable this many ns after it is taken."""
+        self.writes: dict[int, list[tuple[int, int]]] = {i: [] for i in range(n)}
         for i in range(n):
             self._start(i, catching_up=catching_up)
 
@@ -225,6 +243,7 @@ class Cluster:
         )
         self.members[i] = cm
         self.disk[i] = bytearray()
+        self.writes[i] = []
         self.applied[i] = 0
         cm.enter_election(self.now, "start-up", is_startup=True)
 
@@ -265,6 +284,8 @@ class Cluster:
         shell.stuck = i in self.stuck
         shell.answered = self.answered.setdefault(i, [])
         shell.lagging = i in self.lagging
+        shell.slow_ns = self.slow.get(i, 0)
+        shell.writes = self.writes.setdefault(i, [])
         drive(self.members[i], shell, self.now)
 
     def step(self, dt: int = 10 * MS) -> None:

@@ -319,6 +319,8 @@ def test_every_setting_settable_from_each_layer(tmp_path: Path) -> None:
         "leader-heartbeat-interval": ("50ms", 50 * MS),
         "election-timeout": ("2s", 2 * SECOND),
         "startup-canvass-timeout": ("5s", 5 * SECOND),
+        "slow-disk-threshold": ("300ms", 300 * MS),
+        "slow-disk-period": ("3s", 3 * SECOND),
         "initial-cluster-state": ("new", "new"),
         "slow-tick-interval": ("5ms", 5 * MS),
         "max-concurrent-sessions": ("7", 7),

@@ -170,3 +170,80 @@ def test_a_leader_whose_log_cannot_be_made_durable_steps_aside() -> None:
     new._append(SessionMessageHeader(new.leadership_term_id, 1, 0, b"after"))
     end = new.log.published_position
     c.run_until(lambda: all(cm.commit_position >= end for cm in c.members.values()))
+
+
+def _slow_disk_run(c: Cluster, slow: int, seconds: float, took_ms: int = 400) -> None:
+    """Member ``slow``'s appends take ``took_ms`` each to become durable, under a
+    message a step (10 ms) on the leader, for ``seconds`` or until the leader changes."""
+    first = c.leader()
+    c.slow[slow] = took_ms * MS
+    for step in range(int(seconds * 100)):
+        if c.leader() is not first:
+            break
+        if first is not None and not first.handover.active:  # it takes no work then
+            c.append(f"m{step}".encode())
+        c.step()
+    del c.slow[slow]
+
+
+def _tighten(c: Cluster, threshold_ms: int = 200, period_ms: int = 2000) -> None:
+    for cm in c.members.values():
+        cm.handover.disk_latency.threshold_ns = threshold_ms * MS
+        cm.handover.disk_latency.period_ns = period_ms * MS
+
+
+def test_a_leader_whose_disk_is_slow_hands_leadership_over(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every append takes 400 ms to become durable on the leader (its log does become
+    durable: never a heartbeat timeout's stall): past a 200 ms bound for 2 s it hands
+    leadership over, with a WARNING naming the slow disk, and nothing committed is
+    lost (the harness checks every step)."""
+    caplog.set_level(logging.DEBUG, "cluster")
+    c = Cluster(3, seed=21)
+    _tighten(c)
+    leader = c.leader_with_a_committed_entry()
+    began = c.now
+    _slow_disk_run(c, leader.config.member_id, 6.0)
+    steps_until(c, lambda: c.leader() is not None)
+    new = c.leader()
+    assert new is not None
+    assert new is not leader
+    assert c.now - began < 3500 * MS  # the 2 s period, a slow append or two, a round trip
+    (told,) = [r for r in caplog.records if "its disk is slow" in r.getMessage()]
+    assert told.levelno == logging.WARNING
+    assert "hands leadership of" in told.getMessage()
+    end = new.log.published_position
+    c.run_until(lambda: all(cm.commit_position >= end for cm in c.members.values()))
+
+
+def test_a_slow_follower_or_a_slow_disk_under_the_bound_moves_no_leadership() -> None:
+    """The rule is the leader's own disk, over its bound: a follower's slow disk (the
+    others commit without it), or a leader's 400 ms appends under the default 1 s
+    bound, leave the leader where it is."""
+    c = Cluster(3, seed=22)
+    _tighten(c)
+    leader = c.leader_with_a_committed_entry()
+    follower = next(i for i in range(3) if i != leader.config.member_id)
+    _slow_disk_run(c, follower, 5.0)
+    assert c.leader() is leader
+    c = Cluster(3, seed=23)  # the defaults: 1 s, for 10 s
+    leader = c.leader_with_a_committed_entry()
+    _slow_disk_run(c, leader.config.member_id, 12.0)
+    assert c.leader() is leader
+    assert leader.handover.disk_latency.slow_since_ns is None
+
+
+def test_an_idle_leader_or_an_off_rule_never_hands_over_for_its_disk() -> None:
+    c = Cluster(3, seed=24)
+    _tighten(c, threshold_ms=0)  # off
+    leader = c.leader_with_a_committed_entry()
+    _slow_disk_run(c, leader.config.member_id, 5.0)
+    assert c.leader() is leader
+    c = Cluster(3, seed=25)
+    _tighten(c)
+    leader = c.leader_with_a_committed_entry()
+    c.slow[leader.config.member_id] = 400 * MS  # slow, but nothing to write
+    for _ in range(500):
+        c.step()
+    assert c.leader() is leader
