@@ -40,13 +40,18 @@ FIRST = ("unit/", "sim/")
 clusters: they wait)."""
 ALONE = (
     "unit/test_stalls.py",
-    "integration/test_bench.py",
+    "integration/test_bench.py::test_open_loop_against_pysyncobj_compares_latency_at_the_same_rate",
+    "integration/test_bench.py::test_one_in_flight_is_one_message_in_flight",
+    "integration/test_bench.py::test_floor_bench_measures_plain_and_trio_nodes",
+    "integration/test_bench.py::test_floor_bench_paced_sends_at_the_rate_asked",
+    "integration/test_bench.py::test_the_paced_probe_and_the_bench_open_loop_agree_at_a_low_rate",
     "integration/test_sessions_survive.py::test_a_paused_leader_keeps_every_session",
     "integration/test_overload.py::test_a_flooding_client_does_not_starve_a_well_behaved_one",
 )
-"""Tests that measure the machine (CPU shares, latency and throughput ratios) or a margin
-of time a loaded machine eats (a 9 s pause beside a 10 s session timeout): last, each
-alone."""
+"""Tests that measure the machine (CPU shares, latency and throughput ratios, rates) or a
+margin of time a loaded machine eats (a 9 s pause beside a 10 s session timeout): last,
+each alone.  The bench's other tests (its refusals, a report's fields) run with the
+real-time ones."""
 
 LONGEST_FIRST = (
     "integration/test_backup_live.py",
