@@ -97,6 +97,7 @@ from cluster.service import ClientSession, Cluster
 from cluster.transport.sim import SimNetwork
 
 from .adversary import Adversary
+from .clocks import CLOCK_STEP, TIMER_BASE, ClockChecker, draw_step, timer_for
 from .disk import DiskModel, DiskModelError
 from .queries import Answer, QueryChecker, encode_answer
 from .sim_client import History, SimClient
@@ -236,6 +237,8 @@ class SimConfig:
             config.faults += (STOP_CLUSTER,)
         if random.Random(f"power-cut-{seed}").random() < 0.5:
             config.faults += (POWER_CUT,)
+        if random.Random(f"clock-step-{seed}").random() < 0.3:
+            config.faults += (CLOCK_STEP,)
         node_fields = {f.name for f in fields(NodeConfig)}
         for key, value in overrides.items():
             if hasattr(config, key):  # the simulator's (segment_size: both)
@@ -271,8 +274,15 @@ class SimKV(KeyValueService):
     counting the requests it applies, and telling ``on_reply`` each numbered reply it
     gives (exactly once out: the checker compares them with what clients receive)."""
 
-    def __init__(self, on_reply: ReplyGiven | None = None) -> None:
+    def __init__(
+        self,
+        on_reply: ReplyGiven | None = None,
+        on_timer: Callable[[int, int], None] | None = None,
+    ) -> None:
         super().__init__()
+        self.on_timer = on_timer
+        """Given: every third write schedules a timer of its own (``tests/sim/clocks.py``),
+        told here as (correlation id, deadline)."""
         self.journal: list[tuple[int, int, bytes]] = []
         self.applications: dict[int, int] = {}
         self.on_reply = on_reply
@@ -293,6 +303,10 @@ class SimKV(KeyValueService):
         self.cluster = cluster
         super().on_start(cluster, snapshot)
 
+    def on_timer_event(self, correlation_id: int, timestamp: int) -> None:
+        if correlation_id < TIMER_BASE:  # a TTL's (none in this workload)
+            super().on_timer_event(correlation_id, timestamp)
+
     def on_query(self, payload: bytes) -> bytes:
         """The value of the key ``payload`` names (:func:`~tests.sim.queries.encode_answer`);
         read-only."""
@@ -308,6 +322,11 @@ class SimKV(KeyValueService):
         self.journal.append((self.cluster.log_position, session.id, bytes(payload)))
         rid = _decode_put(payload).request_id
         self.applications[rid] = self.applications.get(rid, 0) + 1
+        if self.on_timer is not None:
+            timer = timer_for(self.cluster.log_position, rid, timestamp)
+            if timer is not None:
+                self.cluster.schedule_timer(*timer)
+                self.on_timer(*timer)
         # the container numbers and keeps each reply the service gives (every member)
         replies = session.replies  # type: ignore[attr-defined]
         before = replies.last
@@ -359,11 +378,20 @@ class SimNode:
     restart_at: float | None = None
     frozen_at: float | None = None
     """Its clock stands still at this virtual time (:meth:`SimCluster.freeze`)."""
+    skew_ns: int = 0
+    """Its wall clock's distance from the others' (the seed's ``clock_skew_ms``)."""
+    clock_step_ns: int = 0
+    """How far its wall clock was stepped (the fault ``clock-step``; the machine's clock:
+    kept across restarts)."""
 
     def clock_ns(self) -> int:
         """The member's monotonic clock: virtual time, unless frozen."""
         frozen = self.frozen_at
         return int((trio.current_time() if frozen is None else frozen) * 1e9)
+
+    def wall_clock_ns(self) -> int:
+        """The member's wall clock (epoch ns): its monotonic clock, skewed and stepped."""
+        return EPOCH_OFFSET_NS + self.skew_ns + self.clock_step_ns + self.clock_ns()
 
     def state(self) -> str:
         node = self.node
@@ -412,6 +440,8 @@ class Checker:
         self.delivered_checked: dict[int, int] = {}
         self.checks = 0
         self.elections_seen = 0
+        #: (10) cluster time and timers
+        self.clocks = ClockChecker(self.fail)
         #: (9) the queries' answers
         self.queries = QueryChecker(self.fail, lambda: len(self.committed))
 
@@ -427,6 +457,7 @@ class Checker:
             record = self.records[end] = LOG.decode(body)
             self._parsed = end
             self.queries.on_record(end, record, _decode_put)
+            self.clocks.on_record(end, record)
             if type(record) is SessionMessageHeader and record.sequence:
                 self._check_sequence(record, end)
             elif isinstance(record, SessionCloseEvent):
@@ -923,6 +954,7 @@ class SimCluster:
             "power_cuts": 0,
             "cluster_stops": 0,
             "stopped_by_action": 0,
+            "clock_steps": 0,
         }
         self.stops_seen: set[tuple[int, int]] = set()
         """(member, log position) of every SHUTDOWN or ABORT that stopped a member."""
@@ -979,11 +1011,17 @@ class SimCluster:
         self, sn: SimNode, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         skew = self.config.clock_skew_ms[sn.index] if self.config.clock_skew_ms else 0
+        sn.skew_ns = skew * 1_000_000
         checker, member = self.checker, sn.index
         service = SimKV(
             lambda session_id, number, payload, trimmed: checker.reply_given(
                 member, session_id, number, payload, trimmed
-            )
+            ),
+            (
+                (lambda cid, deadline: checker.clocks.scheduled(member, cid, deadline))
+                if CLOCK_STEP in self.config.faults
+                else None
+            ),
         )
         sn.incarnation += 1
         sn.frozen_at = None  # a new process
@@ -995,7 +1033,7 @@ class SimCluster:
             ),
             network=self.net.host(sn.host),
             clock_ns=sn.clock_ns,
-            epoch_offset_ns=EPOCH_OFFSET_NS + skew * 1_000_000,
+            wall_clock_ns=sn.wall_clock_ns,
             rng=random.Random(sn.rng.getrandbits(64)),
             run_blocking=lambda fn, *args: self._run_blocking(sn, fn, *args),
         )
@@ -1180,6 +1218,14 @@ class SimCluster:
             sn.frozen_at = trio.current_time()
             self.stats["freezes"] += 1
             self.event(sn.host, "freeze")
+
+    def step_clock(self, i: int, step_ns: int) -> None:
+        """Step member ``i``'s wall clock by ``step_ns`` (back if negative): its
+        monotonic clock goes on as before."""
+        sn = self.nodes[i]
+        sn.clock_step_ns += step_ns
+        self.stats["clock_steps"] += 1
+        self.event(sn.host, "clock-step", round(step_ns / 1e9, 3))
 
     def partition(self, *groups: list[int]) -> None:
         self.stats["partitions"] += 1
@@ -1397,6 +1443,10 @@ class SimCluster:
                 self.net.reset(self.nodes[victim].host)
             elif kind == STOP_CLUSTER:
                 await self.stop_cluster(abort=rng.random() < 0.5)
+            elif kind == CLOCK_STEP:
+                leader = self.leader()
+                victim = leader if leader is not None and rng.random() < 0.5 else rng.randrange(n)
+                self.step_clock(victim, draw_step(rng))
             elif kind == "snapshot" and self.clients:
                 self.stats["snapshot_requests"] += 1
                 rng.choice(self.clients).request_snapshot()
@@ -1448,8 +1498,18 @@ class SimCluster:
         await self.wait_for(
             "a query was not answered", lambda: not any(c.queries for c in self.clients), timeout
         )
+        await self.wait_for("a timer due did not fire", self._timers_fired, timeout)
         self.stop_workload()
         await self.wait_for("members did not converge", self._converged, timeout)
+
+    def _timers_fired(self) -> bool:
+        """(10) every timer due a second before the leader's cluster time has fired."""
+        leader = self.leader()
+        node = self.nodes[leader].node if leader is not None else None
+        if node is None:
+            return False
+        self.checker.check()
+        return not self.checker.clocks.overdue(node.cm.log.cluster_time(node.now_ns()))
 
     def _converged(self) -> bool:
         leader = self.leader()
