@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from core_harness import SECOND, Cluster
+
 from cluster.archive.record import iter_records
 from cluster.core.timers import POLL_LIMIT
 from cluster.protocol import LOG
 from cluster.protocol.ingress import SessionMessageHeader
 from cluster.protocol.log import NewLeadershipTermEvent, TimerEvent
-
-from core_harness import SECOND, Cluster
 
 
 def _log(cluster: Cluster, member: int) -> list[tuple[int, Any]]:
