@@ -16,9 +16,10 @@ replays exactly::
 A run is a **safety phase** (faults from the seed: delays, resets, partitions, the leader
 cut off from the majority (half the time with its clock stopped until the heal: it
 never notices by itself), one-way links, crash/restart with torn writes, pauses,
-snapshot requests, an operator's SHUTDOWN or ABORT, power cuts of one member, a
-minority or all: the members sync for real on the disk model of ``tests/sim/disk.py``,
-and a power cut loses what they had not synced) followed by a
+snapshot requests, an operator's SHUTDOWN or ABORT, a member's wall clock stepped back
+or forward, power cuts of one member, a minority or all: the members sync for real on
+the disk model of ``tests/sim/disk.py``, and a power cut loses what they had not
+synced) followed by a
 **liveness phase** (heal, restart everyone, require a leader and an acknowledged write
 within a bound, then all members converged).  :class:`Checker` tests the invariants every
 10 ms of virtual time and at the end:
@@ -50,7 +51,10 @@ within a bound, then all members converged).  :class:`Checker` tests the invaria
    the key's value in the committed log applied up to P, P is at most what was committed
    when it arrived, a linearizable one's P is at least the highest commit position any
    member had when the client first sent it, and every answer's P is at least the
-   ``min_position`` it asked for and every position its client had received before.
+   ``min_position`` it asked for and every position its client had received before;
+10. cluster time (issue 44, :mod:`tests.sim.clocks`, for the seeds that step members'
+    wall clocks): the committed log's timestamps never decrease, a timer fires at or
+    after its deadline and once, and every timer due fires.
 
 A task that keeps running while virtual time stands still (a spin on a deadline) fails
 the run as a livelock instead of hanging it.
