@@ -123,7 +123,7 @@ def recover(
     except ProtocolError as exc:
         at = ends[-1] - RECORD_HEADER_LENGTH - len(last)
         raise ArchiveCorruptionError(data_dir / "archive", at, str(exc)) from None
-    for entry in recording_log.entries:  # a snapshot with no log after it: its time
+    for entry in recording_log.snapshots():  # one with no log after it: its time
         cm.log.observe_timestamp(entry.timestamp)
     log_buffer.data = tail
     cm.restore(position, ends)
