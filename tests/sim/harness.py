@@ -1646,6 +1646,11 @@ class SimCluster:
             | {f"net_{k}": v for k, v in self.net.stats.items()}
             | {f"disk_{k}": v for k, v in self.disk.stats.items()}
             | (
+                {"timers_fired": len(self.checker.clocks.fired)}
+                if CLOCK_STEP in self.config.faults
+                else {}
+            )
+            | (
                 {f"adversary_{k}": v for k, v in self.adversary.stats.items()}
                 if self.adversary
                 else {}
