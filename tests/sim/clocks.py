@@ -2,10 +2,11 @@
 
 Cluster time is the leader's wall clock (Aeron's cluster clock), never behind the last
 timestamp of the log.  The fault :data:`CLOCK_STEP` steps one member's wall clock (the
-leader half the time) back or forward by up to three minutes; its monotonic clock, and
-so every timeout, goes on as before.  A seed that draws it also runs the workload's own
-cluster timers: every third write schedules one (a correlation id of its own, never
-rescheduled) due up to a second after the write's cluster time.
+leader half the time) back or forward by up to three minutes, and half the time another
+member's the other way; their monotonic clocks, and so every timeout, go on as before.
+A seed that draws it also runs the workload's own cluster timers: every third write
+schedules one (a correlation id of its own, never rescheduled) due up to a second after
+the write's cluster time.
 
 Invariant 10, checked on the committed log as it grows and at the end of the run:
 

@@ -1450,7 +1450,11 @@ class SimCluster:
             elif kind == CLOCK_STEP:
                 leader = self.leader()
                 victim = leader if leader is not None and rng.random() < 0.5 else rng.randrange(n)
-                self.step_clock(victim, draw_step(rng))
+                step = draw_step(rng)
+                self.step_clock(victim, step)
+                if n > 1 and rng.random() < 0.5:  # another member the other way
+                    other = rng.choice([i for i in range(n) if i != victim])
+                    self.step_clock(other, -draw_step(rng) if step > 0 else abs(draw_step(rng)))
             elif kind == "snapshot" and self.clients:
                 self.stats["snapshot_requests"] += 1
                 rng.choice(self.clients).request_snapshot()
