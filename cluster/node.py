@@ -87,21 +87,22 @@ class Node:
         authenticator: Authenticator | None = None,
         network: Network | None = None,
         clock_ns: Callable[[], int] | None = None,
-        epoch_offset_ns: int | None = None,
+        wall_clock_ns: Callable[[], int] | None = None,
         rng: random.Random | None = None,
         run_blocking: RunBlocking | None = None,
     ) -> None:
-        """``network``, ``clock_ns`` (monotonic ns), ``epoch_offset_ns`` (added to the clock to
-        get epoch time), ``rng`` and ``run_blocking`` (how archive reads, snapshots and,
-        with ``archive_io = "thread"``, log writes run: a worker thread by default) are
-        the seams the deterministic simulator replaces."""
+        """``network``, ``clock_ns`` (monotonic ns), ``wall_clock_ns`` (epoch ns: the wall
+        clock, read again every slow tick, so cluster time follows its steps forward and
+        holds through its steps back), ``rng`` and ``run_blocking`` (how archive reads,
+        snapshots and, with ``archive_io = "thread"``, log writes run: a worker thread
+        by default) are the seams the deterministic simulator replaces."""
         self.config = config
         self.service = service
         self.network = network or TcpNetwork()
         self._clock_ns = clock_ns or time.monotonic_ns
-        self.epoch_offset_ns = (
-            time.time_ns() - time.monotonic_ns() if epoch_offset_ns is None else epoch_offset_ns
-        )
+        self._wall_clock_ns = wall_clock_ns or time.time_ns
+        self.epoch_offset_ns = self.epoch_offset()
+        """Epoch time less the monotonic clock at start-up (the stall finder's)."""
         self.rng = rng or random.Random()
         # session secrets from the seed in a simulation, so that it replays the same log
         self._token = secrets.token_bytes if rng is None else self.rng.randbytes
@@ -137,6 +138,10 @@ class Node:
 
     def now_ns(self) -> int:
         return self._clock_ns()
+
+    def epoch_offset(self) -> int:
+        """The wall clock (epoch ns) less the monotonic clock, now."""
+        return self._wall_clock_ns() - self._clock_ns()
 
     # ------------------------------------------------------------------ start-up
 
@@ -248,6 +253,7 @@ class Node:
             leadership=self.leadership,
             timings=self.timings,
             now_ns=self.now_ns,
+            epoch_offset=self.epoch_offset,
         )
         self.archive_lock = trio.Lock()
         self.archive_agent = ArchiveAgent(

@@ -26,6 +26,7 @@ from .archive.snapshots import read_snapshot, snapshot_path
 from .core.consensus import ConsensusModule
 from .core.service_container import ServiceContainer
 from .core.snapshot import LoadedSnapshot, SnapshotError, load_snapshot, parse_snapshot
+from .protocol import LOG, ProtocolError
 
 log = logging.getLogger("cluster.node")
 
@@ -105,12 +106,25 @@ def recover(
         position += consumed
     log_buffer.base = log_buffer.applied = position
     tail = bytearray(archive.read(position, end)) if end > position else bytearray()
+    ends: list[int] = []
+    last: bytes | memoryview = b""
     try:  # the log buffer holds checked records only (it is applied without CRC checks)
-        ends = [position + o + RECORD_HEADER_LENGTH + len(b) for o, b in iter_records(tail)]
+        for offset, last in iter_records(tail):
+            ends.append(position + offset + RECORD_HEADER_LENGTH + len(last))
+        if last:
+            # cluster time never goes back (issue 44): should this member lead, its
+            # first entry is not stamped before the last one of its log, committed or
+            # not (its wall clock may be behind the leader's that stamped it)
+            cm.log.observe_timestamp(LOG.decode(last).timestamp)
     except RecordError as exc:
         raise ArchiveCorruptionError(
             data_dir / "archive", position + exc.offset, exc.reason
         ) from None
+    except ProtocolError as exc:
+        at = ends[-1] - RECORD_HEADER_LENGTH - len(last)
+        raise ArchiveCorruptionError(data_dir / "archive", at, str(exc)) from None
+    for entry in recording_log.snapshots():  # one with no log after it: its time
+        cm.log.observe_timestamp(entry.timestamp)
     log_buffer.data = tail
     cm.restore(position, ends)
     if end:

@@ -38,6 +38,10 @@ from .upkeep import LeaderWatchdog
 
 log = logging.getLogger("cluster.node")
 
+CLOCK_STEP_NS = 1_000_000_000
+"""A change of the wall clock against the monotonic clock this large, between two slow
+ticks, is a step (logged); less is a slew or the clocks' reading jitter."""
+
 
 class DutyCycle:
     """Drives one member's consensus module (the driver's Shell).
@@ -64,6 +68,7 @@ class DutyCycle:
         leadership: Leadership,
         timings: Timings,
         now_ns: Callable[[], int],
+        epoch_offset: Callable[[], int] | None = None,
     ) -> None:
         self.config = config
         self.cm = cm
@@ -75,6 +80,9 @@ class DutyCycle:
         self.leadership = leadership
         self.timings = timings
         self.now_ns = now_ns
+        self.epoch_offset = epoch_offset
+        """The wall clock less the monotonic clock, read every slow tick (None: the
+        offset the module was made with stays)."""
         self.nursery: trio.Nursery | None = None
         self.failure: ServiceFailure | None = None
         """Why the service stopped this member (``--on-service-error stop``): nothing
@@ -251,8 +259,27 @@ class DutyCycle:
             late = int((trio.current_time() - deadline) * 1e9)
             if late >= STALL_NS:  # this process did not run: not its clients' fault
                 self.cm.session_manager.forgive_stall(late)
+            if self.epoch_offset is not None:
+                self._read_wall_clock()
             self.cm.on_slow_tick(now)
             self.timings.sample(self.cm.followers, now)  # a leader's (else none)
             self.kick()
             if trio.current_time() > deadline + interval:
                 deadline = trio.current_time()  # overran: don't try to catch up
+
+    def _read_wall_clock(self) -> None:
+        """Cluster time follows this member's wall clock (Aeron's cluster clock is the
+        leader's wall clock): a step of it (an NTP correction, an operator) is noticed
+        here, within a slow tick.  Forward, cluster time moves on at once; back, it
+        stands at the last timestamp of the log until the clock passes it again
+        (:meth:`~cluster.core.log.ReplicatedLog.cluster_time`)."""
+        assert self.epoch_offset is not None
+        step = self.cm.log.set_epoch_offset(self.epoch_offset())
+        if step >= CLOCK_STEP_NS:
+            log.warning("wall clock jumped forward by %.3f s: cluster time follows it", step / 1e9)
+        elif step <= -CLOCK_STEP_NS:
+            log.warning(
+                "wall clock stepped back by %.3f s: cluster time stays at the log's last "
+                "timestamp until the clock passes it",
+                -step / 1e9,
+            )

@@ -187,6 +187,11 @@ class FollowerReplica:
             self.verified_end = max(self.verified_end, end_of_data)
         else:
             self.verified_end = max(self.verified_end, start)
+        if msg.timestamp > rlog.timestamp:
+            # the leader's cluster time, at or past every entry it sent: should this
+            # member lead next, its first entry is not stamped before them (its wall
+            # clock may be behind the leader's)
+            rlog.timestamp = msg.timestamp
         self.advance_commit(msg.commit_position)
         if not msg.data:
             self.report(now_ns, force=True)

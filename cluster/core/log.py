@@ -82,9 +82,21 @@ class ReplicatedLog:
     # ------------------------------------------------------------------ time
 
     def cluster_time(self, now_ns: int) -> int:
-        """Cluster time in ms, never behind the last timestamp put on the log."""
+        """Cluster time in ms: this member's wall clock (``now_ns`` plus the epoch
+        offset), never behind the last timestamp put on or seen in the log.  A wall
+        clock stepped back leaves cluster time standing until it passes that timestamp
+        again; one jumped forward moves it forward at once (timers due by then fire,
+        :data:`~cluster.core.timers.POLL_LIMIT` per cycle, as in Aeron)."""
         t = (now_ns + self.epoch_offset_ns) // 1_000_000
         return t if t > self.timestamp else self.timestamp
+
+    def set_epoch_offset(self, epoch_offset_ns: int) -> int:
+        """The shell read the wall clock again: ``epoch_offset_ns`` is epoch time less
+        the monotonic clock now.  Returns how far the wall clock moved since the last
+        reading (ns, negative: stepped back), as the monotonic clock measures it."""
+        step = epoch_offset_ns - self.epoch_offset_ns
+        self.epoch_offset_ns = epoch_offset_ns
+        return step
 
     def stamp(self, now_ns: int) -> int:
         """The timestamp for an entry about to be appended (and remember it)."""

@@ -166,6 +166,7 @@ class LeaderReplication:
             term_base_log_position=base,
             commit_position=commit,
             data=data,
+            timestamp=self.log.timestamp,
         )
 
     # ------------------------------------------------------------------ snapshots

@@ -133,7 +133,10 @@ class AppendRequest(Message, tag=59):
     ``prev_term_id`` is the term of the entry that ends at ``log_position`` in the leader's
     log (-1 at position 0): the follower appends only if its own log agrees there (Raft's
     log matching check).  All of ``data`` belongs to term ``data_term_id``, which began at
-    ``term_base_log_position``.  An empty ``data`` is a probe/heartbeat.
+    ``term_base_log_position``.  An empty ``data`` is a probe/heartbeat.  ``timestamp``:
+    the leader's cluster time, at or after every entry of its log, which a follower
+    never stamps before should it lead next (a trailing field: 0 from a leader that
+    predates it; a follower that predates it ignores it).
     """
 
     leadership_term_id: Int64
@@ -144,6 +147,7 @@ class AppendRequest(Message, tag=59):
     term_base_log_position: Int64
     commit_position: Int64
     data: bytes
+    timestamp: Int64 = 0
 
 
 MAX_SNAPSHOT_CHUNK = 1 << 20

@@ -16,10 +16,11 @@ replays exactly::
 A run is a **safety phase** (faults from the seed: delays, resets, partitions, the leader
 cut off from the majority (half the time with its clock stopped until the heal: it
 never notices by itself), one-way links, crash/restart with torn writes, pauses,
-snapshot requests, an operator's SHUTDOWN or ABORT, power cuts of one member, a
-minority or all: the members sync for real on the disk model of ``tests/sim/disk.py``,
-and a power cut loses what they had not synced; a slow disk, bit rot and misdirected
-writes: ``tests/sim/disk_faults.py``) followed by a
+snapshot requests, an operator's SHUTDOWN or ABORT, a member's wall clock stepped back
+or forward, power cuts of one member, a minority or all: the members sync for real on
+the disk model of ``tests/sim/disk.py``, and a power cut loses what they had not
+synced; a slow disk, bit rot and misdirected writes: ``tests/sim/disk_faults.py``)
+followed by a
 **liveness phase** (heal, restart everyone, require a leader and an acknowledged write
 within a bound, then all members converged).  :class:`Checker` tests the invariants every
 10 ms of virtual time and at the end:
@@ -59,6 +60,9 @@ within a bound, then all members converged).  :class:`Checker` tests the invaria
     invariant of its own in a seeded run (every other one holds through it); that a
     slow leader hands over (``--slow-disk-threshold``, 300 ms for 2 s here) is
     ``test_sim_disks.py``'s.
+11. cluster time (issue 44, :mod:`tests.sim.clocks`, for the seeds that step members'
+    wall clocks): the committed log's timestamps never decrease, a timer fires at or
+    after its deadline and once, and every timer due fires.
 
 A task that keeps running while virtual time stands still (a spin on a deadline) fails
 the run as a livelock instead of hanging it.
@@ -105,6 +109,7 @@ from cluster.service import ClientSession, Cluster
 from cluster.transport.sim import SimNetwork
 
 from .adversary import Adversary
+from .clocks import CLOCK_STEP, TIMER_BASE, ClockChecker, draw_step, timer_for
 from .disk import DiskModel, DiskModelError
 from .disk_faults import ROT, SLOW_DISK, DiskFaults
 from .queries import Answer, QueryChecker, encode_answer
@@ -252,6 +257,8 @@ class SimConfig:
             config.faults += (SLOW_DISK,)
         if random.Random(f"rot-{seed}").random() < 0.25:
             config.faults += (ROT,)
+        if random.Random(f"clock-step-{seed}").random() < 0.3:
+            config.faults += (CLOCK_STEP,)
         node_fields = {f.name for f in fields(NodeConfig)}
         for key, value in overrides.items():
             if hasattr(config, key):  # the simulator's (segment_size: both)
@@ -287,8 +294,15 @@ class SimKV(KeyValueService):
     counting the requests it applies, and telling ``on_reply`` each numbered reply it
     gives (exactly once out: the checker compares them with what clients receive)."""
 
-    def __init__(self, on_reply: ReplyGiven | None = None) -> None:
+    def __init__(
+        self,
+        on_reply: ReplyGiven | None = None,
+        on_timer: Callable[[int, int], None] | None = None,
+    ) -> None:
         super().__init__()
+        self.on_timer = on_timer
+        """Given: every third write schedules a timer of its own (``tests/sim/clocks.py``),
+        told here as (correlation id, deadline)."""
         self.journal: list[tuple[int, int, bytes]] = []
         self.applications: dict[int, int] = {}
         self.on_reply = on_reply
@@ -309,6 +323,10 @@ class SimKV(KeyValueService):
         self.cluster = cluster
         super().on_start(cluster, snapshot)
 
+    def on_timer_event(self, correlation_id: int, timestamp: int) -> None:
+        if correlation_id < TIMER_BASE:  # a TTL's (none in this workload)
+            super().on_timer_event(correlation_id, timestamp)
+
     def on_query(self, payload: bytes) -> bytes:
         """The value of the key ``payload`` names (:func:`~tests.sim.queries.encode_answer`);
         read-only."""
@@ -324,6 +342,11 @@ class SimKV(KeyValueService):
         self.journal.append((self.cluster.log_position, session.id, bytes(payload)))
         rid = _decode_put(payload).request_id
         self.applications[rid] = self.applications.get(rid, 0) + 1
+        if self.on_timer is not None:
+            timer = timer_for(self.cluster.log_position, rid, timestamp)
+            if timer is not None:
+                self.cluster.schedule_timer(*timer)
+                self.on_timer(*timer)
         # the container numbers and keeps each reply the service gives (every member)
         replies = session.replies  # type: ignore[attr-defined]
         before = replies.last
@@ -382,12 +405,21 @@ class SimNode:
     blocked_until: float = 0.0
     """An inline slow sync blocks its event loop until then: its clock reads at least
     this (it jumped when the sync returned) and its network is held until then."""
+    skew_ns: int = 0
+    """Its wall clock's distance from the others' (the seed's ``clock_skew_ms``)."""
+    clock_step_ns: int = 0
+    """How far its wall clock was stepped (the fault ``clock-step``; the machine's clock:
+    kept across restarts)."""
 
     def clock_ns(self) -> int:
         """The member's monotonic clock: virtual time, unless frozen (or blocked)."""
         frozen = self.frozen_at
         now = trio.current_time() if frozen is None else frozen
         return int(max(now, self.blocked_until) * 1e9)
+
+    def wall_clock_ns(self) -> int:
+        """The member's wall clock (epoch ns): its monotonic clock, skewed and stepped."""
+        return EPOCH_OFFSET_NS + self.skew_ns + self.clock_step_ns + self.clock_ns()
 
     def state(self) -> str:
         node = self.node
@@ -436,6 +468,8 @@ class Checker:
         self.delivered_checked: dict[int, int] = {}
         self.checks = 0
         self.elections_seen = 0
+        #: (11) cluster time and timers
+        self.clocks = ClockChecker(self.fail)
         #: (9) the queries' answers
         self.queries = QueryChecker(self.fail, lambda: len(self.committed))
 
@@ -451,6 +485,7 @@ class Checker:
             record = self.records[end] = LOG.decode(body)
             self._parsed = end
             self.queries.on_record(end, record, _decode_put)
+            self.clocks.on_record(end, record)
             if type(record) is SessionMessageHeader and record.sequence:
                 self._check_sequence(record, end)
             elif isinstance(record, SessionCloseEvent):
@@ -949,6 +984,7 @@ class SimCluster:
             "power_cuts": 0,
             "cluster_stops": 0,
             "stopped_by_action": 0,
+            "clock_steps": 0,
         }
         self.stops_seen: set[tuple[int, int]] = set()
         """(member, log position) of every SHUTDOWN or ABORT that stopped a member."""
@@ -1017,11 +1053,17 @@ class SimCluster:
         self, sn: SimNode, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         skew = self.config.clock_skew_ms[sn.index] if self.config.clock_skew_ms else 0
+        sn.skew_ns = skew * 1_000_000
         checker, member = self.checker, sn.index
         service = SimKV(
             lambda session_id, number, payload, trimmed: checker.reply_given(
                 member, session_id, number, payload, trimmed
-            )
+            ),
+            (
+                (lambda cid, deadline: checker.clocks.scheduled(member, cid, deadline))
+                if CLOCK_STEP in self.config.faults
+                else None
+            ),
         )
         sn.incarnation += 1
         sn.frozen_at = None  # a new process
@@ -1034,7 +1076,7 @@ class SimCluster:
             ),
             network=self.net.host(sn.host),
             clock_ns=sn.clock_ns,
-            epoch_offset_ns=EPOCH_OFFSET_NS + skew * 1_000_000,
+            wall_clock_ns=sn.wall_clock_ns,
             rng=random.Random(sn.rng.getrandbits(64)),
             run_blocking=lambda fn, *args: self._run_blocking(sn, fn, *args),
         )
@@ -1222,6 +1264,14 @@ class SimCluster:
             sn.frozen_at = trio.current_time()
             self.stats["freezes"] += 1
             self.event(sn.host, "freeze")
+
+    def step_clock(self, i: int, step_ns: int) -> None:
+        """Step member ``i``'s wall clock by ``step_ns`` (back if negative): its
+        monotonic clock goes on as before."""
+        sn = self.nodes[i]
+        sn.clock_step_ns += step_ns
+        self.stats["clock_steps"] += 1
+        self.event(sn.host, "clock-step", round(step_ns / 1e9, 3))
 
     def partition(self, *groups: list[int]) -> None:
         self.stats["partitions"] += 1
@@ -1445,6 +1495,14 @@ class SimCluster:
                 self.net.reset(self.nodes[victim].host)
             elif kind == STOP_CLUSTER:
                 await self.stop_cluster(abort=rng.random() < 0.5)
+            elif kind == CLOCK_STEP:
+                leader = self.leader()
+                victim = leader if leader is not None and rng.random() < 0.5 else rng.randrange(n)
+                step = draw_step(rng)
+                self.step_clock(victim, step)
+                if n > 1 and rng.random() < 0.5:  # another member the other way
+                    other = rng.choice([i for i in range(n) if i != victim])
+                    self.step_clock(other, -draw_step(rng) if step > 0 else abs(draw_step(rng)))
             elif kind == "snapshot" and self.clients:
                 self.stats["snapshot_requests"] += 1
                 rng.choice(self.clients).request_snapshot()
@@ -1497,8 +1555,18 @@ class SimCluster:
         await self.wait_for(
             "a query was not answered", lambda: not any(c.queries for c in self.clients), timeout
         )
+        await self.wait_for("a timer due did not fire", self._timers_fired, timeout)
         self.stop_workload()
         await self.wait_for("members did not converge", self._converged, timeout)
+
+    def _timers_fired(self) -> bool:
+        """(11) every timer due a second before the leader's cluster time has fired."""
+        leader = self.leader()
+        node = self.nodes[leader].node if leader is not None else None
+        if node is None:
+            return False
+        self.checker.check()
+        return not self.checker.clocks.overdue(node.cm.log.cluster_time(node.now_ns()))
 
     def _converged(self) -> bool:
         leader = self.leader()
@@ -1632,6 +1700,11 @@ class SimCluster:
             | {f"net_{k}": v for k, v in self.net.stats.items()}
             | {f"disk_{k}": v for k, v in self.disk.stats.items()}
             | {k: v for k, v in self.disk_faults.stats.items() if v}
+            | (
+                {"timers_fired": len(self.checker.clocks.fired)}
+                if CLOCK_STEP in self.config.faults
+                else {}
+            )
             | (
                 {f"adversary_{k}": v for k, v in self.adversary.stats.items()}
                 if self.adversary
