@@ -331,7 +331,9 @@ def pair(text: str) -> tuple[float, float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nemesis.py", description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="nemesis.py", description=(__doc__ or "").split("\n\n")[0].replace("\n", " ")
+    )
     parser.add_argument("--duration", type=float, default=120.0, help="seconds of faults")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="nemesis-out", help="report directory")
