@@ -381,9 +381,10 @@ def markdown(report: dict[str, Any]) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in report["timeline"]:
+        how = row["how"].replace("|", "\\|")  # a split's halves: not a column
         out.append(
             f"| {row['n']} | {row['start_s']:.2f} | {row['heal_s']:.2f} | {row['kind']} | "
-            f"{'-' if row['leader'] is None else row['leader']} | {row['how']} | "
+            f"{'-' if row['leader'] is None else row['leader']} | {how} | "
             f"{_ms(row['first_write_s'])} | {_ms(row['catch_up_s'])} |"
         )
     out += [
