@@ -27,6 +27,9 @@ from nemesis_report import analyze, load_lines, load_ops, markdown  # noqa: E402
 pytestmark = pytest.mark.slow
 
 SEED = 5
+FAULTS = "isolate-leader,split-leader-minority,split-leader-majority,bridge,one-way,flap"
+"""Named, so that the schedule does not depend on the machine (``loss`` is left out where
+``nft`` is missing: it would change the seed's shuffle where it is installed)."""
 """Its first faults (the shuffle of the first cycle): split-leader-minority (a deposed
 leader that clients still reach), isolate-leader, bridge, flap, ... (the run has time
 for 3 or 4)."""
@@ -60,7 +63,8 @@ def test_a_short_nemesis_run(tmp_path: Path) -> None:
     out = tmp_path / "out"
     code = nemesis.main(
         ["--duration", "10", "--seed", str(SEED), "--out", str(out), "--clients", "2",
-         "--sessions", "2", "--quiet", "0.8,1", "--hold", "2,2.2", "--recovery-bound", "5"]
+         "--sessions", "2", "--quiet", "0.8,1", "--hold", "2,2.2", "--recovery-bound", "5",
+         "--faults", FAULTS]
     )  # fmt: skip
     report = json.loads((out / "report.json").read_text())
     text = (out / "report.md").read_text()
