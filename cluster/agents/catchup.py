@@ -145,8 +145,8 @@ class CatchUp:
         self._installing = False
         self.nursery: trio.Nursery | None = None
         """The node's (set when it runs): a snapshot asked for, above a corrupt record."""
-        self._snapshot_asked: set[int] = set()
-        """Corrupt positions a snapshot was asked for, to send instead."""
+        self._snapshot_asked: set[tuple[int, int]] = set()
+        """(Term, corrupt position) a snapshot was asked for, to send instead."""
         self._nursery: trio.Nursery | None = None
         self.refused_installs = 0
         self.abandoned_installs = 0
@@ -208,11 +208,13 @@ class CatchUp:
         if replication.bad_positions.get(member_id) == position:
             return True
         if not replication.fall_back_to_snapshot(member_id, position, snapshot):
-            if position in self._snapshot_asked:
+            asked = (node.cm.leadership_term_id, position)
+            if asked in self._snapshot_asked:
                 return False  # asked already: the replicator tries again meanwhile
-            self._snapshot_asked.add(position)
             nursery = self.nursery
             asking = nursery is not None and node.cm.is_ready_leader
+            if asking:  # not yet ready: asked at a later try (seed 1011 was stuck)
+                self._snapshot_asked.add(asked)
             log.error(
                 "member %d needs the corrupt record at %d and no snapshot is above it: %s",
                 member_id,
@@ -222,7 +224,7 @@ class CatchUp:
                 else "it cannot catch up from this member",
             )
             if asking and nursery is not None:
-                nursery.start_soon(self._snapshot_above, position)
+                nursery.start_soon(self._snapshot_above, asked)
             return False
         node.cm.counters.snapshot_fallbacks += 1
         log.warning(
@@ -233,12 +235,14 @@ class CatchUp:
         )
         return True
 
-    async def _snapshot_above(self, position: int) -> None:
+    async def _snapshot_above(self, asked: tuple[int, int]) -> None:
         """Put a SNAPSHOT on the log so that a snapshot above the corrupt record at
-        ``position`` exists to send instead (the replicator tries again meanwhile)."""
+        ``asked`` (term, position) exists to send instead (the replicator tries again
+        meanwhile; a leader of a later term asks again: this one may never commit)."""
+        position = asked[1]
         ok, message = await self.node.request_action(ClusterAction.SNAPSHOT)
         if not ok:
-            self._snapshot_asked.discard(position)  # asked again at the next try
+            self._snapshot_asked.discard(asked)  # asked again at the next try
             log.warning("no snapshot above the corrupt record at %d: %s", position, message)
 
     def replicators(

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from .harness import SimCluster, SimFailure
-from .test_sim import _installs, _node, _sim
+from .test_sim import _installs, _node, _run, _sim
 
 
 def _acked(sim: SimCluster) -> int:
@@ -178,3 +178,14 @@ def test_seed_185_a_member_crashed_in_a_slow_sync_starts_again(tmp_path: Path) -
     waits for it, as the real writer thread's caller does."""
     result = _sim(185, 3, tmp_path, keep_dirs=False)[1]
     assert result.stats["slow_spells"] >= 1
+
+
+def test_seed_1011_a_leader_not_yet_ready_asks_for_its_snapshot_later(tmp_path: Path) -> None:
+    """Seed 1011 of the CI sweep (safety 6 s): a member whose disk rotted a record led
+    twice; the first time, not yet ready, it could not ask for a snapshot above the
+    rotted record, yet counted it as asked, so when it led again no snapshot was ever
+    taken and a follower that needed the record never caught up (liveness failed).  A
+    leader asks once it is ready, and again in each of its terms."""
+    result = _run(1011, 3, tmp_path, safety_duration=6.0)
+    assert result.stats["rots"] >= 1
+    assert result.stats["snapshots_installed"] >= 1
