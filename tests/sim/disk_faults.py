@@ -162,6 +162,8 @@ class DiskFaults:
             return None  # a member rebuilding (a wipe): a rotted one would be a second
         sn = self.sim.nodes[i]
         verified = self.sim.checker.verified.get(i, 0)
+        if not (sn.dir / "archive").is_dir():
+            return None  # its data directory is gone (a wipe, a power cut took it whole)
         segments = list_segments(sn.dir / "archive")
         candidates: list[tuple[Path, int, int, int]] = []
         disk = self.sim.disk
