@@ -553,7 +553,10 @@ class Checker:
                 )
             verified = min(archive.start_position, commit)
         if commit > verified:
-            data = archive.read(verified, commit)
+            try:
+                data = archive.read(verified, commit)
+            except OSError:  # its power went (a cut mid-operation): checked once back
+                return
             common = min(commit, len(self.committed))
             if common > verified:
                 mine = data[: common - verified]
