@@ -158,8 +158,11 @@ class DiskFaults:
             return None  # one rotted member at a time
         from .harness import _catching_up
 
-        if any(_catching_up(sn) for sn in self.sim.nodes if sn.running):
-            return None  # a member rebuilding (a wipe): a rotted one would be a second
+        if any(_catching_up(sn) for sn in self.sim.nodes):
+            # a member rebuilding (a wipe), running or down (seed 2437: a rebuilt member
+            # cut by a power cut, then a second rot: two of three members without their
+            # state), or one not yet started: a rotted one would be a second
+            return None
         sn = self.sim.nodes[i]
         verified = self.sim.checker.verified.get(i, 0)
         if not (sn.dir / "archive").is_dir():
