@@ -56,19 +56,12 @@ sys.path[:0] = [str(ROOT), str(SCRIPTS), str(ROOT / "tests" / "integration")]
 
 from nemesis_faults import KINDS, Fault, FaultLab  # noqa: E402
 from nemesis_report import analyze, load_lines, load_ops, markdown  # noqa: E402
-from netns import unavailable  # noqa: E402
+from netns import NODE_ARGS, unavailable  # noqa: E402
 
 from cluster.local import LocalCluster, free_ports  # noqa: E402
 
 SERVICE = "nemesis_service:NemesisService"
 CLIENT = SCRIPTS / "nemesis_client.py"
-HEARTBEAT_TIMEOUT = 1.0
-NODE_ARGS = [
-    "--insecure",  # plaintext on addresses that exist only inside the run's namespaces
-    "--leader-heartbeat-timeout", f"{HEARTBEAT_TIMEOUT:g}s",
-    "--leader-heartbeat-interval", "100ms",
-    "--election-timeout", "500ms",
-]  # fmt: skip
 STARTUP_LIMIT = 120.0
 """Seconds for a leader and the first ops (a busy machine)."""
 LEADER_WAIT = 5.0

@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
 
-from netns import SUBNET, Lab, _run
+from netns import Lab, _run, nft_drop
 
 KINDS = (
     "isolate-leader",
@@ -113,15 +113,7 @@ class FaultLab(Lab):
             self.down.add(member)
 
     def lose(self, member: int, percent: int) -> None:
-        ns = self.members[member]
-        _run("ip", "netns", "exec", ns, "nft", "add", "table", "inet", "loss")
-        for hook in ("input", "output"):
-            _run("ip", "netns", "exec", ns, "nft", "add", "chain", "inet", "loss", hook,
-                 f"{{ type filter hook {hook} priority 0 ; }}")  # fmt: skip
-            side = "saddr" if hook == "input" else "daddr"
-            _run("ip", "netns", "exec", ns, "nft", "add", "rule", "inet", "loss", hook,
-                 "ip", side, f"{SUBNET}.0/24", "numgen", "random", "mod", "100", "<",
-                 str(percent), "drop")  # fmt: skip
+        nft_drop(self.members[member], "loss", "numgen", "random", "mod", "100", "<", str(percent))
         self.lossy.add(member)
 
     def heal_all(self) -> None:

@@ -29,6 +29,15 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 SUBNET = "10.77.0"
+HEARTBEAT_TIMEOUT = 1.0
+"""The leader heartbeat timeout of members run in namespaces (seconds)."""
+NODE_ARGS = [
+    "--insecure",  # plaintext on addresses that exist only inside the namespaces
+    "--leader-heartbeat-timeout", f"{HEARTBEAT_TIMEOUT:g}s",
+    "--leader-heartbeat-interval", "100ms",
+    "--election-timeout", "500ms",
+]  # fmt: skip
+"""The members' settings in the namespace tests and the nemesis (faults of seconds)."""
 CLIENT_HOST = 100
 
 
@@ -37,6 +46,18 @@ def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if check and done.returncode != 0:
         raise RuntimeError(f"{' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
     return done
+
+
+def nft_drop(ns: str, table: str, *match: str) -> None:
+    """An nftables table ``table`` in namespace ``ns`` that drops the packets to and from
+    the members' subnet (those of them that also match ``match``, e.g. a random share)."""
+    _run("ip", "netns", "exec", ns, "nft", "add", "table", "inet", table)
+    for hook in ("input", "output"):
+        _run("ip", "netns", "exec", ns, "nft", "add", "chain", "inet", table, hook,
+             f"{{ type filter hook {hook} priority 0 ; }}")  # fmt: skip
+        side = "saddr" if hook == "input" else "daddr"
+        _run("ip", "netns", "exec", ns, "nft", "add", "rule", "inet", table, hook,
+             "ip", side, f"{SUBNET}.0/24", *match, "drop")  # fmt: skip
 
 
 def unavailable() -> str | None:
@@ -104,13 +125,7 @@ class Lab:
         """Drop every packet to and from the member (nothing reset); how it was done."""
         ns = self.members[member_id]
         if self.nft:
-            _run("ip", "netns", "exec", ns, "nft", "add", "table", "inet", "cut")
-            for hook in ("input", "output"):
-                _run("ip", "netns", "exec", ns, "nft", "add", "chain", "inet", "cut", hook,
-                     f"{{ type filter hook {hook} priority 0 ; }}")  # fmt: skip
-                side = "saddr" if hook == "input" else "daddr"
-                _run("ip", "netns", "exec", ns, "nft", "add", "rule", "inet", "cut", hook,
-                     "ip", side, f"{SUBNET}.0/24", "drop")  # fmt: skip
+            nft_drop(ns, "cut")
             return "nft drop rules in its namespace"
         _run("ip", "-n", self.bridge, "link", "set", self._port(member_id), "down")
         return "its bridge port set down"

@@ -24,19 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from netns import Lab, lab, unavailable
+from netns import HEARTBEAT_TIMEOUT, NODE_ARGS, Lab, lab, unavailable
 
 from cluster.local import LocalCluster, free_ports
 from tests.lincheck import Op, check, check_follower_reads
 
 KV = "cluster.examples.kv:KeyValueService"
-HEARTBEAT_TIMEOUT = 1.0
-NODE_ARGS = [
-    "--insecure",  # plaintext on addresses that exist only inside the test's namespaces
-    "--leader-heartbeat-timeout", f"{HEARTBEAT_TIMEOUT:g}s",
-    "--leader-heartbeat-interval", "100ms",
-    "--election-timeout", "500ms",
-]  # fmt: skip
 CUTS = [5.0, 7.0]
 """5 s, as in issue 44 (the suite runs it cut off from the members only: cut off from
 everyone, it passes with links left to the kernel too, see :data:`BOUND`); 7 s heals
